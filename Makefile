@@ -1,0 +1,42 @@
+# Thin wrapper over CMake + the Python package. Every target does its own set-up (scripts/setup.sh).
+BUILD ?= build
+VENV ?= .venv
+JOBS ?= $(shell nproc)
+PY := $(VENV)/bin/python
+CTEST := ctest --test-dir $(BUILD) --output-on-failure
+PYTEST := $(PY) -m pytest tests/python -q -p no:cacheprovider
+
+.PHONY: all setup build python test test-c test-python run bench clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# Installs the Python package (with its own copy of the shared library) into the virtual environment.
+python: build
+	@$(PY) -m pip install -q --no-build-isolation . 2>&1 | grep -v "^\s*$$" || true
+	@$(PY) -c "import mxfp8" || { echo "python: mxfp8 did not import"; exit 1; }
+
+test-c: build
+	$(CTEST)
+	MXFP8_ISA=scalar $(CTEST)
+
+test-python: python
+	$(PYTEST)
+	MXFP8_ISA=scalar $(PYTEST)
+
+test: test-c test-python
+
+run: build
+	$(BUILD)/mxfp8 moe-bwd
+
+bench: build
+	$(BUILD)/mxfp8 bench
+
+clean:
+	rm -rf $(BUILD)

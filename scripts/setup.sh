@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine (idempotent, quick when already done):
+# Debian packages (compiler, CMake, OpenMP, libcjson, oneDNN, Python venv) and a Python virtual environment
+# (.venv) holding the test dependencies and the mxfp8 package itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v gcc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)
+[ -f /usr/include/cjson/cJSON.h ] || need+=(libcjson-dev)
+[ -f /usr/include/oneapi/dnnl/dnnl.h ] || need+=(libdnnl-dev)
+ls /usr/lib/gcc/x86_64-linux-gnu/*/include/omp.h >/dev/null 2>&1 || need+=(libgomp1)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating the Python virtual environment $VENV"
+  python3 -m venv "$VENV"
+fi
+stamp="$VENV/.deps-stamp"
+reqs="numpy ml_dtypes pytest"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$reqs" ]; then
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q $reqs
+  echo "$reqs" > "$stamp"
+fi

@@ -1,0 +1,136 @@
+/* tensor.c -- tensor views: construction and the validation helpers every public entry uses. */
+#include <stdarg.h>
+
+#include "../internal.h"
+
+size_t mxfp8_dtype_size(mxfp8_dtype dtype) {
+    switch (dtype) {
+    case MXFP8_DTYPE_F32: case MXFP8_DTYPE_I32: case MXFP8_DTYPE_U32: return 4;
+    case MXFP8_DTYPE_BF16: case MXFP8_DTYPE_F16: return 2;
+    case MXFP8_DTYPE_E4M3: case MXFP8_DTYPE_E5M2: case MXFP8_DTYPE_E8M0: case MXFP8_DTYPE_U8: return 1;
+    case MXFP8_DTYPE_F64: return 8;
+    }
+    return 0;
+}
+
+const char *mxfp8_dtype_name(mxfp8_dtype dtype) {
+    static const char *names[] = {"f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "u8", "i32", "f64", "u32"};
+    if ((unsigned)dtype < sizeof names / sizeof names[0]) return names[dtype];
+    return "?";
+}
+
+mxfp8_tensor mxfp8_tensor_make(void *data, mxfp8_dtype dtype, int32_t ndim, const int64_t *shape) {
+    mxfp8_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    if (ndim < 0) ndim = 0;
+    if (ndim > MXFP8_MAX_DIMS) ndim = MXFP8_MAX_DIMS;
+    t.ndim = ndim;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t.shape[i] = shape ? shape[i] : 0;
+        t.strides[i] = stride;
+        if (t.shape[i] > 0 && stride <= INT64_MAX / t.shape[i]) stride *= t.shape[i];
+    }
+    return t;
+}
+
+int64_t mxfp8_tensor_numel(const mxfp8_tensor *t) {
+    if (!t || t->ndim < 0 || t->ndim > MXFP8_MAX_DIMS) return -1;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        if (!mxfp8i_mul_size(n, t->shape[i], &n)) return -1;
+    return n;
+}
+
+bool mxfp8i_norm_axis(int axis, int ndim, int *out) {
+    if (axis < 0) axis += ndim;
+    if (axis < 0 || axis >= ndim) return false;
+    *out = axis;
+    return true;
+}
+
+bool mxfp8i_view_span(const mxfp8_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+    if (!t->data) return false;
+    int64_t mn = 0, mx = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) return false;
+        int64_t ext = (t->shape[i] - 1) * t->strides[i];
+        if (ext < 0) mn += ext; else mx += ext;
+    }
+    int64_t es = (int64_t)mxfp8_dtype_size(t->dtype);
+    *lo = (uintptr_t)t->data + (intptr_t)(mn * es);
+    *hi = (uintptr_t)t->data + (intptr_t)((mx + 1) * es);
+    return true;
+}
+
+mxfp8_status mxfp8i_check_view(const char *fn, const char *name, const mxfp8_tensor *t) {
+    if (!t) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
+    if (t->ndim < 0 || t->ndim > MXFP8_MAX_DIMS)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s has ndim %d (must be 0..%d)", fn, name,
+                            (int)t->ndim, MXFP8_MAX_DIMS);
+    if (mxfp8_dtype_size(t->dtype) == 0)
+        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: %s has unknown dtype %d", fn, name, (int)t->dtype);
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0)
+            return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: %s has negative shape[%d] = %lld", fn, name, i,
+                                (long long)t->shape[i]);
+        if (!mxfp8i_mul_size(n, t->shape[i], &n))
+            return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: %s: the product of its shape overflows", fn, name);
+    }
+    /* The addressed span in bytes must not overflow. */
+    int64_t es = (int64_t)mxfp8_dtype_size(t->dtype), span = 0;
+    if (n > 0) {
+        for (int i = 0; i < t->ndim; i++) {
+            int64_t s = t->strides[i] < 0 ? -t->strides[i] : t->strides[i], ext;
+            if (t->strides[i] == INT64_MIN || !mxfp8i_mul_size(t->shape[i] - 1, s, &ext) || span > INT64_MAX - ext)
+                return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s: strides address beyond any buffer", fn, name);
+            span += ext;
+        }
+        if (!mxfp8i_mul_size(span + 1, es, &span))
+            return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s: strides address beyond any buffer", fn, name);
+    }
+    if (!t->data && n > 0) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s.data is NULL", fn, name);
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8i_check_rank(const char *fn, const char *name, const mxfp8_tensor *t, int ndim) {
+    mxfp8_status st = mxfp8i_check_view(fn, name, t);
+    if (st) return st;
+    if (ndim >= 0 && t->ndim != ndim)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must be %d-D, got %d-D", fn, name, ndim, (int)t->ndim);
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8i_check_dtype(const char *fn, const char *name, const mxfp8_tensor *t, int n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) {
+        if ((int)t->dtype == va_arg(ap, int)) {
+            va_end(ap);
+            return MXFP8_OK;
+        }
+    }
+    va_end(ap);
+    return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: %s has dtype %s, which is not accepted here", fn, name,
+                        mxfp8_dtype_name(t->dtype));
+}
+
+mxfp8_status mxfp8i_check_same_shape(const char *fn, const char *na, const mxfp8_tensor *a, const char *nb,
+                                     const mxfp8_tensor *b) {
+    bool same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+    if (!same) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s and %s have different shapes", fn, na, nb);
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8i_check_no_alias(const char *fn, const char *na, const mxfp8_tensor *a, const char *nb,
+                                   const mxfp8_tensor *b) {
+    uintptr_t alo, ahi, blo, bhi;
+    if (!a || !b || !mxfp8i_view_span(a, &alo, &ahi) || !mxfp8i_view_span(b, &blo, &bhi)) return MXFP8_OK;
+    if (alo < bhi && blo < ahi)
+        return mxfp8i_error(MXFP8_ERR_ALIASING, "%s: %s overlaps %s in memory", fn, na, nb);
+    return MXFP8_OK;
+}
