@@ -27,7 +27,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 stamp="$VENV/.deps-stamp"
-reqs="numpy ml_dtypes pytest"
+# scikit-build-core: the build backend of pyproject.toml, installed here so `make python` can reinstall the
+# package quickly with --no-build-isolation (CMake itself comes from apt above).
+reqs="numpy ml_dtypes pytest scikit-build-core"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$reqs" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q $reqs
