@@ -119,4 +119,139 @@ uint8_t mxfp8i_quantize_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8
 void mxfp8i_dequantize_group_ref(const uint8_t *codes, int n, uint8_t scale, mxfp8_format fmt, float *out);
 uint8_t mxfp8i_qdq_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, float *out);
 
+/* ==== quantization fast paths (owner: quant) ====================================================================
+ * src/quant/quantize.c (dispatch + reference panels), src/kernels/avx512/quant_avx512.c (AVX-512 panels).
+ * Unchecked internal entries for callers that validated their arguments (mxfp8_quantize, the GEMM packing).
+ * All are single-threaded and re-entrant; sizes may be 0; bit-identical to mxfp8i_quantize_group_ref whatever path
+ * runs (AVX-512 when mxfp8i_use_avx512(), else the reference).
+ *
+ * Geometry. A "rows" panel: element (r, k) at src[r*ld_src + k], R rows of K contiguous values, quantized along the
+ * row. A "cols" panel: element (k, c) at src[k*ld_src + c], src [K, C] row-major, quantized along K (down each
+ * column; no transpose). Outputs use the same geometry: rows: out[r*ld_out + k], scales[r*ld_scales + g];
+ * cols: out[k*ld_out + c], scales[g*ld_scales + c]; g < G = ceil(K/32) in compact group order (wrapX: group
+ * k0/32 + j of the (sub)tile at k0). `group` = MXFP8_GROUP_WRAPX needs K % 128 == 0 (the caller checks).
+ * src dtype: F32, BF16 or F16. ld_* are in elements of the buffer's own type.
+ *
+ * qdq = quantize then dequantize exactly: v = fp8(code) * 2^(scale-127) computed in FP32, which is exact except
+ * that a group whose amax lies at the very top of FP32's range can round up to 2^128 = Inf (same as the reference);
+ * a NaN group (scale 255) gives the canonical quiet NaN 0x7FC00000 (BF16 0x7FC0). The BF16/F16 variants round that
+ * FP32 value RNE; FP8 x 2^e is exact in BF16 unless |v| < 2^-126 (BF16 subnormal: low bits may be lost, possibly to
+ * zero); they RETURN the number of elements whose BF16/F16 value differs from the FP32 value (0 = exact panel; a
+ * caller that needs exactness can redo the panel with the F32 variant when the count is non-zero).
+ * `scales` may be NULL in the qdq variants (not stored). */
+
+/** Quantize rows: codes[r*ld_codes + k] (uint8 FP8 codes), scales[r*ld_scales + g]. */
+void mxfp8i_quantize_rows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src,
+                          mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes,
+                          int64_t ld_codes, uint8_t *scales, int64_t ld_scales);
+/** Quantize along columns: src [K, C] (row stride ld_src), codes [K, C] (ld_codes), scales [G, C] (ld_scales). */
+void mxfp8i_quantize_cols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src,
+                          mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes,
+                          int64_t ld_codes, uint8_t *scales, int64_t ld_scales);
+/** qdq rows into BF16 out[r*ld_out + k]; returns the count of BF16-inexact elements (see above). */
+int64_t mxfp8i_qdq_rows_bf16(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src,
+                             mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out,
+                             int64_t ld_out, uint8_t *scales, int64_t ld_scales);
+/** qdq along columns into BF16 out[k*ld_out + c]; returns the count of BF16-inexact elements. */
+int64_t mxfp8i_qdq_cols_bf16(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src,
+                             mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out,
+                             int64_t ld_out, uint8_t *scales, int64_t ld_scales);
+/** qdq rows into FP32 out[r*ld_out + k] (exact). */
+void mxfp8i_qdq_rows_f32(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
+                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out,
+                         uint8_t *scales, int64_t ld_scales);
+/** qdq along columns into FP32 out[k*ld_out + c] (exact). */
+void mxfp8i_qdq_cols_f32(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
+                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out,
+                         uint8_t *scales, int64_t ld_scales);
+/** Dequantize pre-quantized rows: codes[r*ld_codes + k], scales[r*ld_scales + g] -> out (F32, BF16 or F16)
+ *  [r*ld_out + k]. Returns the count of elements whose BF16/F16 value differs from the exact FP32 value. */
+int64_t mxfp8i_dequantize_rows(const uint8_t *codes, int64_t R, int64_t K, int64_t ld_codes, mxfp8_format fmt,
+                               const uint8_t *scales, int64_t ld_scales, mxfp8_group_scheme group, void *out,
+                               mxfp8_dtype out_dtype, int64_t ld_out);
+/** Dequantize along columns: codes [K, C] (ld_codes), scales [G, C] (ld_scales) -> out [K, C] (ld_out). */
+int64_t mxfp8i_dequantize_cols(const uint8_t *codes, int64_t K, int64_t C, int64_t ld_codes, mxfp8_format fmt,
+                               const uint8_t *scales, int64_t ld_scales, mxfp8_group_scheme group, void *out,
+                               mxfp8_dtype out_dtype, int64_t ld_out);
+
+/* The general form behind the wrappers above: `lines` independent lines of K values along the axis; element k of
+ * line l at base[l*ls + k*ks] (strides in elements, any sign). rows = (ls = ld, ks = 1); cols = (ls = 1, ks = ld).
+ * Quantize: out_dtype E4M3/E5M2/U8 stores codes, F32/BF16/F16 stores qdq values; scales (may be NULL) at
+ * scales[l*sc_ls + g*sc_gs]. Dequantize: codes + scales in, values out. Both return the BF16/F16-inexact count. */
+typedef struct mxfp8i_qpanel {
+    const void *src;
+    mxfp8_dtype src_dtype;
+    int64_t lines, K, src_ls, src_ks;
+    mxfp8_format fmt;
+    mxfp8_scale_rule rule;
+    mxfp8_group_scheme group;
+    void *out;
+    mxfp8_dtype out_dtype;
+    int64_t out_ls, out_ks;
+    uint8_t *scales;
+    int64_t sc_ls, sc_gs;
+} mxfp8i_qpanel;
+typedef struct mxfp8i_dqpanel {
+    const uint8_t *codes;
+    mxfp8_format fmt;
+    int64_t lines, K, codes_ls, codes_ks;
+    const uint8_t *scales;
+    int64_t sc_ls, sc_gs;
+    mxfp8_group_scheme group;
+    void *out;
+    mxfp8_dtype out_dtype;
+    int64_t out_ls, out_ks;
+} mxfp8i_dqpanel;
+/** Dispatch: AVX-512 for the rows/cols geometries (unit stride along the axis, or unit stride across lines for
+ *  src, out and scales) when available, else the reference. */
+int64_t mxfp8i_quantize_panel(const mxfp8i_qpanel *p);
+int64_t mxfp8i_dequantize_panel(const mxfp8i_dqpanel *p);
+/** The reference (any strides) and the AVX-512 versions. The __avx512 ones return -1 (doing nothing) when the
+ *  geometry is not rows/cols or the build lacks AVX-512; tests call both and compare. */
+int64_t mxfp8i_quantize_panel__ref(const mxfp8i_qpanel *p);
+int64_t mxfp8i_dequantize_panel__ref(const mxfp8i_dqpanel *p);
+int64_t mxfp8i_quantize_panel__avx512(const mxfp8i_qpanel *p);
+int64_t mxfp8i_dequantize_panel__avx512(const mxfp8i_dqpanel *p);
+
+/** wrapX: the (sub)tile of an axis of length K (K % 128 == 0) holding index k: start *k0, size *P (512, 256, 128). */
+static inline void mxfp8i_wrapx_tile_of(int64_t K, int64_t k, int64_t *k0, int64_t *P) {
+    int64_t full = (K / 512) * 512;
+    if (k < full) {
+        *k0 = k - k % 512;
+        *P = 512;
+        return;
+    }
+    int64_t rem = K - full;
+    if (rem >= 256 && k < full + 256) {
+        *k0 = full;
+        *P = 256;
+        return;
+    }
+    *k0 = full + (rem >= 256 ? 256 : 0);
+    *P = 128;
+}
+/** The indices along the axis of compact group g (ascending within each run); returns their count (<= 32). */
+static inline int mxfp8i_group_members(int64_t K, mxfp8_group_scheme group, int64_t g, int64_t idx[32]) {
+    if (group == MXFP8_GROUP_WRAPX) {
+        int64_t k0, P;
+        mxfp8i_wrapx_tile_of(K, g * 32, &k0, &P);
+        int64_t S = P / 4, j = g - k0 / 32;
+        for (int s = 0; s < 4; s++)
+            for (int q = 0; q < 8; q++) idx[s * 8 + q] = k0 + s * S + 8 * j + q;
+        return 32;
+    }
+    int n = K - g * 32 < 32 ? (int)(K - g * 32) : 32;
+    for (int i = 0; i < n; i++) idx[i] = g * 32 + i;
+    return n;
+}
+/** The compact group holding index k along the axis. */
+static inline int64_t mxfp8i_group_of(int64_t K, mxfp8_group_scheme group, int64_t k) {
+    if (group == MXFP8_GROUP_WRAPX) {
+        int64_t k0, P;
+        mxfp8i_wrapx_tile_of(K, k, &k0, &P);
+        return k0 / 32 + ((k - k0) % (P / 4)) / 8;
+    }
+    return k / 32;
+}
+
 #endif /* MXFP8_INTERNAL_H */

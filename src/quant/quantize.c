@@ -1,0 +1,365 @@
+/*
+ * quantize.c -- MX quantization and dequantization along an axis of an N-D tensor [OCP §6.3], [NKI-Q].
+ *
+ * Contract: mxfp8_quantize / mxfp8_dequantize (include/mxfp8.h) validate everything, then cut the tensor into
+ * "panels" (src/internal.h, mxfp8i_qpanel): `lines` lines of K values along the axis. When the axis has unit
+ * stride (rows) or another dimension has unit stride in every tensor (cols), the AVX-512 kernels run; otherwise
+ * the reference panel handles any strides. Every group goes through the arithmetic of
+ * mxfp8i_quantize_group_ref (the executable specification), so all paths agree bit for bit.
+ * Threads: panels are split into chunks of lines; each output element is written by exactly one thread.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../internal.h"
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Reference panels (any strides)                                                                             */
+/* ---------------------------------------------------------------------------------------------------------- */
+static inline int64_t store_value(void *out, mxfp8_dtype dt, int64_t off, float v) {
+    switch (dt) {
+    case MXFP8_DTYPE_F32: ((float *)out)[off] = v; return 0;
+    case MXFP8_DTYPE_BF16: {
+        uint16_t b = mxfp8_fp32_to_bf16(v);
+        ((uint16_t *)out)[off] = b;
+        return (v == v && mxfp8_bf16_to_fp32(b) != v) ? 1 : 0;
+    }
+    case MXFP8_DTYPE_F16: {
+        uint16_t h = mxfp8_fp32_to_fp16(v);
+        ((uint16_t *)out)[off] = h;
+        return (v == v && mxfp8_fp16_to_fp32(h) != v) ? 1 : 0;
+    }
+    default: return 0;
+    }
+}
+
+int64_t mxfp8i_quantize_panel__ref(const mxfp8i_qpanel *p) {
+    int64_t G = mxfp8i_ceil_div(p->K, 32), inexact = 0, idx[32];
+    bool codes_out = !mxfp8i_is_float_dtype(p->out_dtype);
+    float x[32], v[32];
+    uint8_t c[32];
+    for (int64_t l = 0; l < p->lines; l++) {
+        for (int64_t g = 0; g < G; g++) {
+            int n = mxfp8i_group_members(p->K, p->group, g, idx);
+            for (int i = 0; i < n; i++)
+                x[i] = mxfp8i_load_f32(p->src, p->src_dtype, l * p->src_ls + idx[i] * p->src_ks);
+            uint8_t s = mxfp8i_quantize_group_ref(x, n, p->fmt, p->rule, c);
+            if (p->scales) p->scales[l * p->sc_ls + g * p->sc_gs] = s;
+            if (codes_out) {
+                uint8_t *o = (uint8_t *)p->out;
+                for (int i = 0; i < n; i++) o[l * p->out_ls + idx[i] * p->out_ks] = c[i];
+            } else {
+                mxfp8i_dequantize_group_ref(c, n, s, p->fmt, v);
+                for (int i = 0; i < n; i++)
+                    inexact += store_value(p->out, p->out_dtype, l * p->out_ls + idx[i] * p->out_ks, v[i]);
+            }
+        }
+    }
+    return inexact;
+}
+
+int64_t mxfp8i_dequantize_panel__ref(const mxfp8i_dqpanel *p) {
+    int64_t G = mxfp8i_ceil_div(p->K, 32), inexact = 0, idx[32];
+    float v[32];
+    uint8_t c[32];
+    for (int64_t l = 0; l < p->lines; l++) {
+        for (int64_t g = 0; g < G; g++) {
+            int n = mxfp8i_group_members(p->K, p->group, g, idx);
+            for (int i = 0; i < n; i++) c[i] = p->codes[l * p->codes_ls + idx[i] * p->codes_ks];
+            mxfp8i_dequantize_group_ref(c, n, p->scales[l * p->sc_ls + g * p->sc_gs], p->fmt, v);
+            for (int i = 0; i < n; i++)
+                inexact += store_value(p->out, p->out_dtype, l * p->out_ls + idx[i] * p->out_ks, v[i]);
+        }
+    }
+    return inexact;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Dispatch and the wrappers of src/internal.h                                                                */
+/* ---------------------------------------------------------------------------------------------------------- */
+int64_t mxfp8i_quantize_panel(const mxfp8i_qpanel *p) {
+    if (p->lines <= 0 || p->K <= 0) return 0;
+    if (mxfp8i_use_avx512()) {
+        int64_t r = mxfp8i_quantize_panel__avx512(p);
+        if (r >= 0) return r;
+    }
+    return mxfp8i_quantize_panel__ref(p);
+}
+
+int64_t mxfp8i_dequantize_panel(const mxfp8i_dqpanel *p) {
+    if (p->lines <= 0 || p->K <= 0) return 0;
+    if (mxfp8i_use_avx512()) {
+        int64_t r = mxfp8i_dequantize_panel__avx512(p);
+        if (r >= 0) return r;
+    }
+    return mxfp8i_dequantize_panel__ref(p);
+}
+
+static int64_t qrows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
+                     mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype,
+                     int64_t ld_out, uint8_t *scales, int64_t ld_scales) {
+    mxfp8i_qpanel p = {src, dtype, R, K, ld_src, 1, fmt, rule, group, out, out_dtype, ld_out, 1,
+                       scales, ld_scales, 1};
+    return mxfp8i_quantize_panel(&p);
+}
+static int64_t qcols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
+                     mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype,
+                     int64_t ld_out, uint8_t *scales, int64_t ld_scales) {
+    mxfp8i_qpanel p = {src, dtype, C, K, 1, ld_src, fmt, rule, group, out, out_dtype, 1, ld_out,
+                       scales, 1, ld_scales};
+    return mxfp8i_quantize_panel(&p);
+}
+
+void mxfp8i_quantize_rows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src,
+                          mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes,
+                          int64_t ld_codes, uint8_t *scales, int64_t ld_scales) {
+    qrows(src, dtype, R, K, ld_src, fmt, rule, group, codes, MXFP8_DTYPE_U8, ld_codes, scales, ld_scales);
+}
+void mxfp8i_quantize_cols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src,
+                          mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes,
+                          int64_t ld_codes, uint8_t *scales, int64_t ld_scales) {
+    qcols(src, dtype, K, C, ld_src, fmt, rule, group, codes, MXFP8_DTYPE_U8, ld_codes, scales, ld_scales);
+}
+int64_t mxfp8i_qdq_rows_bf16(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src,
+                             mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out,
+                             int64_t ld_out, uint8_t *scales, int64_t ld_scales) {
+    return qrows(src, dtype, R, K, ld_src, fmt, rule, group, out, MXFP8_DTYPE_BF16, ld_out, scales, ld_scales);
+}
+int64_t mxfp8i_qdq_cols_bf16(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src,
+                             mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out,
+                             int64_t ld_out, uint8_t *scales, int64_t ld_scales) {
+    return qcols(src, dtype, K, C, ld_src, fmt, rule, group, out, MXFP8_DTYPE_BF16, ld_out, scales, ld_scales);
+}
+void mxfp8i_qdq_rows_f32(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
+                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out,
+                         uint8_t *scales, int64_t ld_scales) {
+    qrows(src, dtype, R, K, ld_src, fmt, rule, group, out, MXFP8_DTYPE_F32, ld_out, scales, ld_scales);
+}
+void mxfp8i_qdq_cols_f32(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
+                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out,
+                         uint8_t *scales, int64_t ld_scales) {
+    qcols(src, dtype, K, C, ld_src, fmt, rule, group, out, MXFP8_DTYPE_F32, ld_out, scales, ld_scales);
+}
+int64_t mxfp8i_dequantize_rows(const uint8_t *codes, int64_t R, int64_t K, int64_t ld_codes, mxfp8_format fmt,
+                               const uint8_t *scales, int64_t ld_scales, mxfp8_group_scheme group, void *out,
+                               mxfp8_dtype out_dtype, int64_t ld_out) {
+    mxfp8i_dqpanel p = {codes, fmt, R, K, ld_codes, 1, scales, ld_scales, 1, group, out, out_dtype, ld_out, 1};
+    return mxfp8i_dequantize_panel(&p);
+}
+int64_t mxfp8i_dequantize_cols(const uint8_t *codes, int64_t K, int64_t C, int64_t ld_codes, mxfp8_format fmt,
+                               const uint8_t *scales, int64_t ld_scales, mxfp8_group_scheme group, void *out,
+                               mxfp8_dtype out_dtype, int64_t ld_out) {
+    mxfp8i_dqpanel p = {codes, fmt, C, K, 1, ld_codes, scales, 1, ld_scales, group, out, out_dtype, 1, ld_out};
+    return mxfp8i_dequantize_panel(&p);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* N-D decomposition into panels                                                                              */
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Up to three tensors walked together: t[0] the source, t[1] the output, t[2] the scales (scales have G along the
+ * axis). A panel = the axis x one "line" dimension; every other dimension is an outer loop. */
+typedef struct nd_plan {
+    int ndim, axis, line_dim; /* line_dim = -1: a single line */
+    int64_t shape[MXFP8_MAX_DIMS];
+    int64_t st[3][MXFP8_MAX_DIMS];
+    int64_t outer;            /* product of the other dimensions */
+    int64_t lines, chunk;     /* lines per panel; lines per work item */
+} nd_plan;
+
+/* Choose the line dimension: for rows (the axis has unit stride in src and out), the largest other dimension; for
+ * cols, a dimension with unit stride in all three; else the largest other dimension (reference panel). */
+static void plan_make(nd_plan *pl, const mxfp8_tensor *t0, const mxfp8_tensor *t1, const mxfp8_tensor *t2,
+                      int axis) {
+    pl->ndim = t0->ndim;
+    pl->axis = axis;
+    for (int i = 0; i < t0->ndim; i++) {
+        pl->shape[i] = t0->shape[i];
+        pl->st[0][i] = t0->strides[i];
+        pl->st[1][i] = t1->strides[i];
+        pl->st[2][i] = t2->strides[i];
+    }
+    int best = -1;
+    bool rows = t0->strides[axis] == 1 && t1->strides[axis] == 1;
+    if (!rows) {
+        for (int i = 0; i < t0->ndim; i++)
+            if (i != axis && t0->shape[i] > 1 && t0->strides[i] == 1 && t1->strides[i] == 1 && t2->strides[i] == 1)
+                best = i;
+    }
+    if (best < 0) {
+        for (int i = 0; i < t0->ndim; i++)
+            if (i != axis && (best < 0 || t0->shape[i] > t0->shape[best])) best = i;
+    }
+    pl->line_dim = best;
+    pl->lines = best >= 0 ? t0->shape[best] : 1;
+    pl->outer = 1;
+    for (int i = 0; i < t0->ndim; i++)
+        if (i != axis && i != best) pl->outer *= t0->shape[i];
+}
+
+/* Offsets (elements) of the first line of outer panel `o` in each tensor. */
+static void plan_offsets(const nd_plan *pl, int64_t o, int64_t off[3]) {
+    off[0] = off[1] = off[2] = 0;
+    for (int i = pl->ndim - 1; i >= 0; i--) {
+        if (i == pl->axis || i == pl->line_dim) continue;
+        int64_t idx = o % pl->shape[i];
+        o /= pl->shape[i];
+        for (int t = 0; t < 3; t++) off[t] += idx * pl->st[t][i];
+    }
+}
+
+static void plan_split(nd_plan *pl, int64_t K, int nt) {
+    int64_t items_wanted = (int64_t)nt * 4;
+    int64_t per = pl->outer >= items_wanted ? pl->lines : mxfp8i_ceil_div(pl->lines, mxfp8i_ceil_div(items_wanted, pl->outer));
+    /* Keep chunks of whole SIMD widths for the cols geometry and at least ~16 KiB of work each. */
+    int64_t min_lines = K > 0 ? mxfp8i_ceil_div(16384, K) : 1;
+    if (per < min_lines) per = min_lines;
+    if (per < pl->lines) per = mxfp8i_ceil_div(per, 64) * 64;
+    if (per > pl->lines) per = pl->lines;
+    if (per < 1) per = 1;
+    pl->chunk = per;
+}
+
+static int threads_for(int64_t numel) {
+    int nt = mxfp8i_num_threads();
+    if (numel < (1 << 16)) nt = 1;
+    return nt < 1 ? 1 : nt;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Public API                                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+mxfp8_quant_params mxfp8_quant_params_default(void) {
+    mxfp8_quant_params p = {MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32};
+    return p;
+}
+
+/* Checks shared by quantize and dequantize: `scales` must be `ref`'s shape with the axis replaced by G. */
+static mxfp8_status check_scales_shape(const char *fn, const mxfp8_tensor *ref, int axis, const mxfp8_tensor *sc) {
+    bool ok = sc->ndim == ref->ndim;
+    for (int i = 0; ok && i < ref->ndim; i++)
+        ok = sc->shape[i] == (i == axis ? mxfp8i_ceil_div(ref->shape[i], 32) : ref->shape[i]);
+    if (!ok)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
+                            "%s: scales must have the data's shape with shape[%d] = ceil(%lld/32) = %lld", fn, axis,
+                            (long long)ref->shape[axis], (long long)mxfp8i_ceil_div(ref->shape[axis], 32));
+    return MXFP8_OK;
+}
+
+static mxfp8_status check_group(const char *fn, mxfp8_group_scheme group, int64_t len, int axis) {
+    if ((unsigned)group > (unsigned)MXFP8_GROUP_WRAPX)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: group scheme %d is not 1X32 (0) or WRAPX (1)", fn,
+                            (int)group);
+    if (group == MXFP8_GROUP_WRAPX && len % 128 != 0)
+        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
+                            "%s: group scheme WRAPX needs the axis length %% 128 == 0; shape[%d] = %lld", fn, axis,
+                            (long long)len);
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params,
+                            mxfp8_tensor *data, mxfp8_tensor *scales) {
+    static const char *fn = "mxfp8_quantize";
+    mxfp8i_clear_error();
+    mxfp8_status st;
+    if ((st = mxfp8i_check_view(fn, "src", src))) return st;
+    if (src->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1, got 0", fn);
+    if ((st = mxfp8i_check_dtype(fn, "src", src, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
+    mxfp8_quant_params qp = params ? *params : mxfp8_quant_params_default();
+    if ((unsigned)qp.fmt > (unsigned)MXFP8_FMT_E5M2)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params->fmt %d is not E4M3 (0) or E5M2 (1)", fn,
+                            (int)qp.fmt);
+    if ((unsigned)qp.rule > (unsigned)MXFP8_SCALE_RCEIL)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params->rule %d is not NKI (0), OCP (1) or RCEIL (2)",
+                            fn, (int)qp.rule);
+    int ax;
+    if (!mxfp8i_norm_axis(axis, src->ndim, &ax))
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,
+                            (int)src->ndim);
+    if ((st = check_group(fn, qp.group, src->shape[ax], ax))) return st;
+    if ((st = mxfp8i_check_view(fn, "data", data))) return st;
+    if (data->dtype != mxfp8i_fmt_dtype(qp.fmt))
+        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: data has dtype %s but params->fmt asks for %s", fn,
+                            mxfp8_dtype_name(data->dtype), mxfp8_dtype_name(mxfp8i_fmt_dtype(qp.fmt)));
+    if ((st = mxfp8i_check_same_shape(fn, "src", src, "data", data))) return st;
+    if ((st = mxfp8i_check_view(fn, "scales", scales))) return st;
+    if ((st = mxfp8i_check_dtype(fn, "scales", scales, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
+    if ((st = check_scales_shape(fn, src, ax, scales))) return st;
+    if ((st = mxfp8i_check_no_alias(fn, "data", data, "src", src))) return st;
+    if ((st = mxfp8i_check_no_alias(fn, "scales", scales, "src", src))) return st;
+    if ((st = mxfp8i_check_no_alias(fn, "data", data, "scales", scales))) return st;
+
+    int64_t numel = mxfp8_tensor_numel(src);
+    if (numel == 0) return MXFP8_OK;
+    nd_plan pl;
+    plan_make(&pl, src, data, scales, ax);
+    int64_t K = src->shape[ax];
+    int nt = threads_for(numel);
+    plan_split(&pl, K, nt);
+    int64_t per_panel = mxfp8i_ceil_div(pl.lines, pl.chunk), items = pl.outer * per_panel;
+    int64_t es_src = (int64_t)mxfp8_dtype_size(src->dtype);
+    int ld = pl.line_dim;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && items > 1)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t o = it / per_panel, l0 = (it % per_panel) * pl.chunk, off[3];
+        plan_offsets(&pl, o, off);
+        int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk;
+        int64_t ls0 = ld >= 0 ? pl.st[0][ld] : 0, ls1 = ld >= 0 ? pl.st[1][ld] : 0, ls2 = ld >= 0 ? pl.st[2][ld] : 0;
+        mxfp8i_qpanel p = {(const char *)src->data + (off[0] + l0 * ls0) * es_src, src->dtype, n, K, ls0,
+                           pl.st[0][ax], qp.fmt, qp.rule, qp.group,
+                           (uint8_t *)data->data + off[1] + l0 * ls1, MXFP8_DTYPE_U8, ls1, pl.st[1][ax],
+                           (uint8_t *)scales->data + off[2] + l0 * ls2, ls2, pl.st[2][ax]};
+        mxfp8i_quantize_panel(&p);
+    }
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis,
+                              mxfp8_group_scheme group, mxfp8_tensor *out) {
+    static const char *fn = "mxfp8_dequantize";
+    mxfp8i_clear_error();
+    mxfp8_status st;
+    if ((st = mxfp8i_check_view(fn, "data", data))) return st;
+    if (data->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: data must have rank >= 1, got 0", fn);
+    if ((st = mxfp8i_check_dtype(fn, "data", data, 2, MXFP8_DTYPE_E4M3, MXFP8_DTYPE_E5M2))) return st;
+    int ax;
+    if (!mxfp8i_norm_axis(axis, data->ndim, &ax))
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,
+                            (int)data->ndim);
+    if ((st = check_group(fn, group, data->shape[ax], ax))) return st;
+    if ((st = mxfp8i_check_view(fn, "scales", scales))) return st;
+    if ((st = mxfp8i_check_dtype(fn, "scales", scales, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
+    if ((st = check_scales_shape(fn, data, ax, scales))) return st;
+    if ((st = mxfp8i_check_view(fn, "out", out))) return st;
+    if ((st = mxfp8i_check_dtype(fn, "out", out, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
+    if ((st = mxfp8i_check_same_shape(fn, "data", data, "out", out))) return st;
+    if ((st = mxfp8i_check_no_alias(fn, "out", out, "data", data))) return st;
+    if ((st = mxfp8i_check_no_alias(fn, "out", out, "scales", scales))) return st;
+
+    int64_t numel = mxfp8_tensor_numel(data);
+    if (numel == 0) return MXFP8_OK;
+    mxfp8_format fmt = data->dtype == MXFP8_DTYPE_E5M2 ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3;
+    nd_plan pl;
+    plan_make(&pl, data, out, scales, ax);
+    int64_t K = data->shape[ax];
+    int nt = threads_for(numel);
+    plan_split(&pl, K, nt);
+    int64_t per_panel = mxfp8i_ceil_div(pl.lines, pl.chunk), items = pl.outer * per_panel;
+    int64_t es_out = (int64_t)mxfp8_dtype_size(out->dtype);
+    int ld = pl.line_dim;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && items > 1)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t o = it / per_panel, l0 = (it % per_panel) * pl.chunk, off[3];
+        plan_offsets(&pl, o, off);
+        int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk;
+        int64_t ls0 = ld >= 0 ? pl.st[0][ld] : 0, ls1 = ld >= 0 ? pl.st[1][ld] : 0, ls2 = ld >= 0 ? pl.st[2][ld] : 0;
+        mxfp8i_dqpanel p = {(const uint8_t *)data->data + off[0] + l0 * ls0, fmt, n, K, ls0, pl.st[0][ax],
+                            (const uint8_t *)scales->data + off[2] + l0 * ls2, ls2, pl.st[2][ax], group,
+                            (char *)out->data + (off[1] + l0 * ls1) * es_out, out->dtype, ls1, pl.st[1][ax]};
+        mxfp8i_dequantize_panel(&p);
+    }
+    return MXFP8_OK;
+}
