@@ -1,0 +1,79 @@
+/*
+ * cli.h -- shared pieces of the `mxfp8` command-line tool: the command table's function type, exit codes,
+ * option parsing and error reporting. The CLI is built on the public header include/mxfp8.h only.
+ *
+ * Exit codes (every command): 0 ok; 1 a check or pass criterion failed; 2 bad usage, bad input, or an IO error,
+ * with one line "mxfp8 <command>: error: <what>" on stderr.
+ */
+#ifndef MXFP8_TOOLS_CLI_H
+#define MXFP8_TOOLS_CLI_H
+
+#include <stdint.h>
+
+#include "mxfp8.h"
+
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+/** A command: gets argv with argv[0] = the command's name ("quantize"), returns an exit code. */
+typedef int (*cli_command_fn)(int argc, char **argv);
+
+int cmd_quantize(int argc, char **argv);
+int cmd_dequantize(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_matmul_bwd(int argc, char **argv);
+int cmd_moe_bwd(int argc, char **argv);
+/** `mxfp8 bench` lives in tools/cmd_bench.c (performance engineer). Declared weak so that the CLI builds and links
+ *  whether or not that file is present; main.c dispatches to it when it is linked in. */
+int cmd_bench(int argc, char **argv) __attribute__((weak));
+
+/* ---- option parsing ---- */
+/** One option of a command: --name VALUE, --name=VALUE, or -s VALUE (short_name); flags take no value. */
+typedef struct cli_opt {
+    const char *name;   /**< long name without dashes, e.g. "scale-rule" */
+    char short_name;    /**< 0 when none */
+    int is_flag;        /**< 1: takes no value */
+    const char *value;  /**< set by cli_parse (flags: "1"); NULL when not given */
+} cli_opt;
+
+/** Parse argv[1..] of command `cmd`. Positional arguments go to pos[0..*npos) (at most maxpos). Returns CLI_OK,
+ *  CLI_USAGE after printing the error, or -1 when --help / -h was given (the caller prints its help, exits 0). */
+int cli_parse(const char *cmd, int argc, char **argv, cli_opt *opts, int nopts, const char **pos, int maxpos,
+              int *npos);
+/** The value of option `name` (NULL when absent). */
+const char *cli_get(const cli_opt *opts, int nopts, const char *name);
+
+/** Print "mxfp8 <cmd>: error: <msg>" on stderr and return CLI_USAGE. */
+int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** The same for a failed library call: "<what>: <status string>: <last error message>". */
+int cli_lib_error(const char *cmd, const char *what, mxfp8_status st);
+
+/** Parse an integer option in [lo, hi]; on error prints and returns CLI_USAGE. Absent (s == NULL) keeps *out. */
+int cli_int(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/** Match s against choices[0..n); absent keeps *out. */
+int cli_choice(const char *cmd, const char *opt, const char *s, const char *const *choices, int n, int *out);
+
+/** Parsers of the shared option values (absent keeps *out). */
+int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out);  /* nki | ocp | rceil */
+int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out);     /* 1x32 | wrapx */
+/** --float8-dtype float8_e4m3fn | float8_e5m2 (also accepts e4m3 | e5m2). */
+int cli_float8_dtype(const char *cmd, const char *s, mxfp8_format *out);
+/** --threads N (N >= 1): mxfp8_set_num_threads. */
+int cli_threads(const char *cmd, const char *s);
+
+/** Wall-clock seconds (monotonic). */
+double cli_now(void);
+
+/* ---- a small seeded random generator (xoshiro256**, Box-Muller normals) for the default problems ---- */
+typedef struct cli_rng {
+    uint64_t s[4];
+    int has_spare;
+    double spare;
+} cli_rng;
+void cli_rng_seed(cli_rng *r, uint64_t seed);
+uint64_t cli_rng_u64(cli_rng *r);
+/** Uniform in [0, 1) with 53 random bits. */
+double cli_rng_uniform(cli_rng *r);
+/** Standard normal (Box-Muller). */
+double cli_rng_normal(cli_rng *r);
+
+#endif /* MXFP8_TOOLS_CLI_H */

@@ -1,0 +1,49 @@
+/* cmd_info.c -- `mxfp8 info`: library version, CPU features, the ISA path in use and why, thread count. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli.h"
+
+static void help(void) {
+    printf("usage: mxfp8 info [--threads N]\n\n"
+           "Prints the library version, the CPU features libmxfp8 looks for, the ISA path it chose and why, and the\n"
+           "number of threads a call uses.\n\n"
+           "options:\n"
+           "  --threads N   report as if N threads were requested (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS,\n"
+           "                else all cores)\n\n"
+           "environment: MXFP8_ISA=scalar|avx512|amx forces an ISA path; MXFP8_NUM_THREADS sets the thread count.\n");
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *cmd = "info";
+    cli_opt opts[] = {{"threads", 0, 0, NULL}};
+    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
+    const char *pos[1];
+    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 0, &npos);
+    if (rc < 0) {
+        help();
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if (cli_threads(cmd, cli_get(opts, nopts, "threads"))) return CLI_USAGE;
+    mxfp8_info in;
+    mxfp8_status st = mxfp8_get_info(&in);
+    if (st != MXFP8_OK) return cli_lib_error(cmd, "mxfp8_get_info", st);
+    const char *env_isa = getenv("MXFP8_ISA");
+    const char *env_thr = getenv("MXFP8_NUM_THREADS");
+    printf("mxfp8 %s (library %u)\n", mxfp8_version_string(), mxfp8_version_number());
+    printf("cpu features:\n");
+    printf("  avx512f       %s\n", in.has_avx512f ? "yes" : "no");
+    printf("  avx512bw      %s\n", in.has_avx512bw ? "yes" : "no");
+    printf("  avx512vl      %s\n", in.has_avx512vl ? "yes" : "no");
+    printf("  avx512_bf16   %s\n", in.has_avx512_bf16 ? "yes" : "no");
+    printf("  amx_tile      %s\n", in.has_amx_tile ? "yes" : "no");
+    printf("  amx_bf16      %s\n", in.has_amx_bf16 ? "yes" : "no");
+    printf("  amx permitted %s\n", in.has_amx_tile ? (in.amx_permitted ? "yes" : "no") : "n/a");
+    printf("isa path:       %s (%s)\n", in.isa_name ? in.isa_name : "?", in.isa_reason ? in.isa_reason : "");
+    printf("MXFP8_ISA:      %s\n", env_isa && *env_isa ? env_isa : "(unset)");
+    printf("threads:        %d%s%s\n", in.num_threads, env_thr && *env_thr ? "  (MXFP8_NUM_THREADS=" : "",
+           env_thr && *env_thr ? env_thr : "");
+    if (env_thr && *env_thr) printf(")\n");
+    return CLI_OK;
+}
