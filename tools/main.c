@@ -16,6 +16,8 @@ typedef struct {
 } command;
 
 static const command k_commands[] = {
+    {"quantize", cmd_quantize, "MX-quantize a .npy/.safetensors tensor along an axis -> data + scales"},
+    {"dequantize", cmd_dequantize, "dequantize data + scales back to F32, BF16 or F16"},
     {"info", cmd_info, "version, CPU features, the ISA path chosen and why, threads"},
 };
 

@@ -1,0 +1,241 @@
+/*
+ * cmd_quant.c -- `mxfp8 quantize` and `mxfp8 dequantize`: MX-quantize a tensor file along an axis, and back.
+ *
+ * quantize writes a .safetensors file with two tensors: `data` (F8_E4M3 / F8_E5M2 codes, the input's shape) and
+ * `scales` (U8 E8M0 codes, the input's shape with the axis replaced by ceil(len/32), compact group order).
+ * dequantize reads such a file (scales as U8 or F8_E8M0) and writes the values as F32, BF16 or F16.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "io/tensorfile.h"
+
+static void help_quantize(void) {
+    printf("usage: mxfp8 quantize IN -o OUT.safetensors [--fmt e4m3|e5m2] [--axis A] [--scale-rule nki|ocp|rceil]\n"
+           "                      [--group 1x32|wrapx] [--tensor NAME]\n\n"
+           "MX-quantizes a tensor along one axis (OCP MX v1.0): groups of 32 values share one E8M0 scale.\n\n"
+           "  IN                 .npy or .safetensors file; F32, BF16 or F16 values (F64 is rounded to F32 first)\n"
+           "  -o, --output OUT   .safetensors file to write, holding:\n"
+           "                       data    F8_E4M3 / F8_E5M2 codes, IN's shape\n"
+           "                       scales  U8 E8M0 codes, IN's shape with the axis replaced by ceil(len/32)\n"
+           "  --fmt F            element format: e4m3 (default) or e5m2\n"
+           "  --axis A           quantization axis (the contraction axis of the consuming GEMM); default -1 (last)\n"
+           "  --scale-rule R     nki (default; Trainium quantize_mx: floor(log2 amax) - (emax-1), never saturates),\n"
+           "                     ocp (OCP MX v1.0 6.3: floor(log2 amax) - emax), rceil (ceil(log2(amax/max_normal)))\n"
+           "  --group G          1x32 (default: 32 contiguous values) or wrapx (Trainium's tiling; axis %% 128 == 0)\n"
+           "  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n\n"
+           "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
+}
+
+static void help_dequantize(void) {
+    printf("usage: mxfp8 dequantize IN.safetensors -o OUT(.npy|.safetensors) [--axis A] [--group 1x32|wrapx]\n"
+           "                        [--dtype f32|bf16|f16]\n\n"
+           "Dequantizes the `data` and `scales` tensors written by mxfp8 quantize: value = fp8(data) * 2^(scale-127),\n"
+           "exact in F32 (rounded to nearest even for BF16/F16). Scale code 255 decodes to NaN.\n\n"
+           "  IN                 .safetensors with `data` (F8_E4M3 / F8_E5M2) and `scales` (U8 or F8_E8M0)\n"
+           "  -o, --output OUT   .npy (F32/F16 only) or .safetensors (tensor `dequantized`)\n"
+           "  --axis A           the quantization axis; default: the axis where the scales' shape differs, else -1\n"
+           "  --group G          the group scheme used to quantize: 1x32 (default) or wrapx\n"
+           "  --dtype D          output dtype: f32 (default), bf16 or f16\n\n"
+           "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
+}
+
+static int pick_tensor(const char *cmd, const char *path, tf_set *set, const char *name, tf_tensor **out) {
+    if (name) {
+        *out = tf_find(set, name);
+        if (!*out) return cli_error(cmd, "%s: no tensor named '%s'", path, name);
+        return CLI_OK;
+    }
+    if (set->n != 1)
+        return cli_error(cmd, "%s holds %d tensors; choose one with --tensor NAME", path, set->n);
+    *out = &set->t[0];
+    return CLI_OK;
+}
+
+int cmd_quantize(int argc, char **argv) {
+    const char *cmd = "quantize";
+    cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},   {"axis", 0, 0, NULL},
+                      {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL}, {"tensor", 0, 0, NULL}};
+    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
+    const char *pos[1];
+    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 1, &npos);
+    if (rc < 0) {
+        help_quantize();
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if (npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 quantize --help)");
+    const char *out_path = cli_get(opts, nopts, "output");
+    if (!out_path) return cli_error(cmd, "needs -o OUT.safetensors");
+    static const char *const fmts[] = {"e4m3", "e5m2"};
+    int fmt = 0;
+    int64_t axis = -1;
+    mxfp8_quant_params qp = mxfp8_quant_params_default();
+    if (cli_choice(cmd, "fmt", cli_get(opts, nopts, "fmt"), fmts, 2, &fmt) ||
+        cli_int(cmd, "axis", cli_get(opts, nopts, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
+        cli_scale_rule(cmd, cli_get(opts, nopts, "scale-rule"), &qp.rule) ||
+        cli_group(cmd, cli_get(opts, nopts, "group"), &qp.group))
+        return CLI_USAGE;
+    qp.fmt = fmt ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3;
+    char err[TF_ERR_LEN];
+    size_t olen = strlen(out_path);
+    if (olen < 12 || strcmp(out_path + olen - 12, ".safetensors"))
+        return cli_error(cmd, "%s: the output holds two tensors (data, scales): its name must end in .safetensors",
+                         out_path);
+    if (tf_check_writable(out_path, 2, err, sizeof err)) return cli_error(cmd, "%s", err);
+
+    tf_set in = {0}, out = {0};
+    rc = CLI_USAGE;
+    if (tf_load(pos[0], &in, err, sizeof err)) {
+        cli_error(cmd, "%s", err);
+        goto done;
+    }
+    tf_tensor *x;
+    if (pick_tensor(cmd, pos[0], &in, cli_get(opts, nopts, "tensor"), &x)) goto done;
+    if (x->dtype == TF_F64 && tf_to_f32(x, err, sizeof err)) {
+        cli_error(cmd, "%s", err);
+        goto done;
+    }
+    if (x->dtype != TF_F32 && x->dtype != TF_BF16 && x->dtype != TF_F16) {
+        cli_error(cmd, "%s: tensor '%s' has dtype %s; quantize needs F32, BF16 or F16 values", pos[0], x->name,
+                  tf_dtype_name(x->dtype));
+        goto done;
+    }
+    if (x->ndim < 1) {
+        cli_error(cmd, "%s: tensor '%s' is a scalar; quantize needs rank >= 1", pos[0], x->name);
+        goto done;
+    }
+    if (axis < -x->ndim || axis >= x->ndim) {
+        cli_error(cmd, "--axis %lld is out of range for the %d-D tensor '%s'", (long long)axis, x->ndim, x->name);
+        goto done;
+    }
+    int ax = (int)(axis < 0 ? axis + x->ndim : axis);
+    int64_t sshape[MXFP8_MAX_DIMS];
+    memcpy(sshape, x->shape, sizeof sshape);
+    sshape[ax] = (x->shape[ax] + 31) / 32;
+    tf_tensor *d = tf_add_new(&out, "data", qp.fmt == MXFP8_FMT_E4M3 ? TF_F8_E4M3 : TF_F8_E5M2, x->ndim, x->shape,
+                              err, sizeof err);
+    tf_tensor *s = d ? tf_add_new(&out, "scales", TF_U8, x->ndim, sshape, err, sizeof err) : NULL;
+    if (!s) {
+        cli_error(cmd, "%s", err);
+        goto done;
+    }
+    mxfp8_tensor src = tf_view(x), dv = tf_view(d), sv = tf_view(s);
+    mxfp8_status st = mxfp8_quantize(&src, ax, &qp, &dv, &sv);
+    if (st != MXFP8_OK) {
+        cli_lib_error(cmd, "mxfp8_quantize", st);
+        goto done;
+    }
+    if (tf_save(out_path, &out, err, sizeof err)) {
+        cli_error(cmd, "%s", err);
+        goto done;
+    }
+    rc = CLI_OK;
+done:
+    tf_free(&in);
+    tf_free(&out);
+    return rc;
+}
+
+int cmd_dequantize(int argc, char **argv) {
+    const char *cmd = "dequantize";
+    cli_opt opts[] = {{"output", 'o', 0, NULL}, {"axis", 0, 0, NULL}, {"group", 0, 0, NULL}, {"dtype", 0, 0, NULL}};
+    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
+    const char *pos[1];
+    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 1, &npos);
+    if (rc < 0) {
+        help_dequantize();
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if (npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 dequantize --help)");
+    const char *out_path = cli_get(opts, nopts, "output");
+    if (!out_path) return cli_error(cmd, "needs -o OUT(.npy|.safetensors)");
+    static const char *const dts[] = {"f32", "bf16", "f16"};
+    static const tf_dtype dtv[] = {TF_F32, TF_BF16, TF_F16};
+    int dt = 0;
+    int64_t axis = 0;
+    int axis_given = cli_get(opts, nopts, "axis") != NULL;
+    mxfp8_group_scheme group = MXFP8_GROUP_1X32;
+    if (cli_choice(cmd, "dtype", cli_get(opts, nopts, "dtype"), dts, 3, &dt) ||
+        cli_int(cmd, "axis", cli_get(opts, nopts, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
+        cli_group(cmd, cli_get(opts, nopts, "group"), &group))
+        return CLI_USAGE;
+    char err[TF_ERR_LEN];
+    if (tf_check_writable(out_path, 1, err, sizeof err)) return cli_error(cmd, "%s", err);
+    size_t olen = strlen(out_path);
+    if (dtv[dt] == TF_BF16 && olen >= 4 && !strcmp(out_path + olen - 4, ".npy"))
+        return cli_error(cmd, "%s: .npy cannot hold bf16; write .safetensors or use --dtype f32", out_path);
+
+    tf_set in = {0}, out = {0};
+    rc = CLI_USAGE;
+    if (tf_load(pos[0], &in, err, sizeof err)) {
+        cli_error(cmd, "%s", err);
+        goto done;
+    }
+    tf_tensor *d = tf_find(&in, "data"), *s = tf_find(&in, "scales");
+    if (!d || !s) {
+        cli_error(cmd, "%s: needs tensors 'data' and 'scales' (as written by mxfp8 quantize)", pos[0]);
+        goto done;
+    }
+    if (d->dtype != TF_F8_E4M3 && d->dtype != TF_F8_E5M2) {
+        cli_error(cmd, "%s: 'data' has dtype %s; F8_E4M3 or F8_E5M2 codes are needed", pos[0],
+                  tf_dtype_name(d->dtype));
+        goto done;
+    }
+    if (s->dtype != TF_U8 && s->dtype != TF_F8_E8M0) {
+        cli_error(cmd, "%s: 'scales' has dtype %s; U8 or F8_E8M0 codes are needed", pos[0], tf_dtype_name(s->dtype));
+        goto done;
+    }
+    char sb1[160], sb2[160];
+    if (d->ndim < 1 || d->ndim != s->ndim) {
+        cli_error(cmd, "%s: 'data' %s and 'scales' %s do not match", pos[0], tf_shape_str(d->ndim, d->shape, sb1, 160),
+                  tf_shape_str(s->ndim, s->shape, sb2, 160));
+        goto done;
+    }
+    int ax = -1;
+    if (axis_given) {
+        if (axis < -d->ndim || axis >= d->ndim) {
+            cli_error(cmd, "--axis %lld is out of range for the %d-D tensor 'data'", (long long)axis, d->ndim);
+            goto done;
+        }
+        ax = (int)(axis < 0 ? axis + d->ndim : axis);
+    } else {
+        for (int i = 0; i < d->ndim; i++)
+            if (d->shape[i] != s->shape[i]) {
+                if (ax >= 0) {
+                    ax = -2;
+                    break;
+                }
+                ax = i;
+            }
+        if (ax == -2) {
+            cli_error(cmd, "%s: 'data' %s and 'scales' %s differ in more than one axis", pos[0],
+                      tf_shape_str(d->ndim, d->shape, sb1, 160), tf_shape_str(s->ndim, s->shape, sb2, 160));
+            goto done;
+        }
+        if (ax < 0) ax = d->ndim - 1;
+    }
+    tf_tensor *o = tf_add_new(&out, "dequantized", dtv[dt], d->ndim, d->shape, err, sizeof err);
+    if (!o) {
+        cli_error(cmd, "%s", err);
+        goto done;
+    }
+    mxfp8_tensor dv = tf_view(d), sv = tf_view(s), ov = tf_view(o);
+    mxfp8_status st = mxfp8_dequantize(&dv, &sv, ax, group, &ov);
+    if (st != MXFP8_OK) {
+        cli_lib_error(cmd, "mxfp8_dequantize", st);
+        goto done;
+    }
+    if (tf_save(out_path, &out, err, sizeof err)) {
+        cli_error(cmd, "%s", err);
+        goto done;
+    }
+    rc = CLI_OK;
+done:
+    tf_free(&in);
+    tf_free(&out);
+    return rc;
+}
