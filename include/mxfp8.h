@@ -324,10 +324,24 @@ typedef struct mxfp8_matmul_config {
  *  spill_reload = 0, 1x32, NKI rule, BF16 output. */
 MXFP8_API void mxfp8_matmul_config_init(mxfp8_matmul_config *config);
 
-/** Block-scaled GEMM: C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k], A [M, K], B [N, K] operands quantized along
- *  K (or pre-quantized), FP32 accumulation in a fixed K order, C rounded once (RNE) to c's dtype (F32/BF16/F16).
- *  accumulate != 0 adds into C (C must then be F32). M, N, K >= 0; K = 0 gives zeros.
- *  Errors: NULL_POINTER, DTYPE, SHAPE_MISMATCH, INVALID_ARGUMENT, SIZE_OVERFLOW, ALIASING, OUT_OF_MEMORY. */
+/** Block-scaled GEMM: C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] [OCP §6], [NKI-Q nc_matmul_mx].
+ *  a: A [M, K], b: B [N, K], both with the contraction axis K LAST (any strides: pass a transposed view for a [K, R]
+ *  tensor). Each operand is high precision (F32/BF16/F16: MX-quantized on the fly along K with config->float8_dtype,
+ *  scale_rule, quant_scheme, then dequantized exactly) or pre-quantized (E4M3/E5M2/U8 codes [R, K], or U32 x4-packed
+ *  codes [R, ceil(K/4)], with scales in scale_layout for F = R rows). swizzled: values are NKI's [K/4, 4R] (x4:
+ *  [K/4, R]) arrangement. For x4-packed plain operands K is config->K when set, else the other operand's K, else
+ *  4 * words.
+ *  Arithmetic: every dequantized value is exact in FP32; each C element is acc = fmaf(a_k, b_k, acc) over k ascending
+ *  from +0 (one rounding per step), then rounded once (RNE) to c's dtype, or, with accumulate != 0, C = C + acc (C F32).
+ *  The result is bitwise independent of tiles, loop orders, shard axis, spill_reload, thread count and ISA path.
+ *  c: [M, N] F32/BF16/F16, any strides that address distinct elements; its dtype decides the output type
+ *  (config->output_dtype is not consulted here). Every element of c is written (M, N, K >= 0; K = 0 gives zeros).
+ *  config: NULL = mxfp8_matmul_config_init defaults; M/K/N when nonzero must match the operands.
+ *  Errors: NULL_POINTER (a, b, c, a view, codes without scales), DTYPE (bad dtype, codes of the other FP8 format,
+ *  accumulate into non-F32), SHAPE_MISMATCH (K, scales shape, c shape, config M/K/N), INVALID_ARGUMENT (config enums,
+ *  negative config sizes, scales given with a high-precision operand), UNSUPPORTED (wrapX or swizzled with
+ *  K % 128 != 0), BAD_STRIDES (c's elements overlap), SIZE_OVERFLOW, ALIASING (c overlaps an input), OUT_OF_MEMORY.
+ *  Thread-safe; uses mxfp8_set_num_threads threads. */
 MXFP8_API mxfp8_status mxfp8_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
                                   int accumulate, mxfp8_tensor *c);
 

@@ -1,0 +1,80 @@
+/*
+ * gemm.h -- internal API of the block-scaled GEMM (src/gemm/).
+ *
+ *   C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k]
+ *
+ * Both operands are logically [R, K] with the contraction axis K last (R = M for A, N for B). Each is either high
+ * precision (F32/BF16/F16, MX-quantized on the fly along K with the config's format, rule and group scheme, then
+ * dequantized exactly) or pre-quantized (FP8 codes, or x4-packed U32 words, plus E8M0 scales in any
+ * mxfp8_scale_layout), optionally in NKI's swizzled arrangement. The dequantized FP32 values feed microkernels that
+ * accumulate with fmaf in ascending k from +0 (src/gemm/ukernel.h), so the result does not depend on blocking, loop
+ * order, thread count, spill_reload or ISA. With accumulate, C (F32) gets C + sum (one rounding); otherwise the sum
+ * is rounded once (RNE) to C's dtype. Every element of C is written by exactly one thread.
+ */
+#ifndef MXFP8_GEMM_GEMM_H
+#define MXFP8_GEMM_GEMM_H
+
+#include "../internal.h"
+
+/** A validated operand, flattened for the packer. */
+typedef struct mxfp8i_gop {
+    const char *data;          /**< values: F32/BF16/F16 (high precision), E4M3/E5M2/U8 codes, U32 x4 codes */
+    mxfp8_dtype dtype;
+    int64_t R, K;              /**< logical [R, K] */
+    int64_t s0, s1;            /**< strides (elements) of the values view: plain [R, K] (x4: [R, ceil(K/4)]);
+                                    swizzled [K/4, 4R] (x4: [K/4, R]) */
+    int swizzled, x4, prequant;
+    const uint8_t *scales;     /**< pre-quantized only */
+    mxfp8_scale_layout layout;
+    int64_t ss0, ss1;          /**< strides of the scales view (for SWIZZLE_128X4 on a 1-D view: ss0 = C', ss1 = 1) */
+} mxfp8i_gop;
+
+/** Resolve the speed knobs of a config (copy in `out`): every 0 / auto field gets its value, tiles are rounded to the
+ *  microkernel's register tile. Never fails (the config must have been validated). */
+void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, int64_t M, int64_t N, int64_t K, int nthreads,
+                         mxfp8_matmul_config *out);
+
+/** Validate the non-tensor fields of a config (enum ranges, negative sizes). `fn` names the caller. */
+mxfp8_status mxfp8i_check_config(const char *fn, const char *name, const mxfp8_matmul_config *cfg);
+
+/** Validate a public operand and flatten it. K_hint: the contraction length when known from elsewhere (config->K or
+ *  the other operand), else -1; needed for x4-packed operands. On success *out is filled. */
+mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxfp8_operand *op, int64_t K_hint,
+                                     mxfp8_format fmt, mxfp8_group_scheme group, mxfp8i_gop *out);
+
+/** The GEMM on validated operands (a.K == b.K; C [a.R, b.R] F32/BF16/F16 view, F32 when accumulate), with
+ *  `config` (validated; resolved inside) and at most `num_threads` threads (1 = run on the calling thread, which may
+ *  be inside the caller's own parallel region). Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (then C is untouched). */
+mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
+                             int accumulate, const mxfp8_tensor *c, int num_threads);
+
+/** mxfp8_gemm without the validation and with an explicit thread count (for src/ops/moe.c and friends): same
+ *  arguments and semantics as mxfp8_gemm (config may be NULL = defaults). The caller guarantees what mxfp8_gemm
+ *  would check (views valid, shapes agree, no aliasing, dtypes accepted). Returns MXFP8_OK or OUT_OF_MEMORY (or the
+ *  error of an operand that fails mxfp8i_gop_from_operand, with the message set). */
+mxfp8_status mxfp8i_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
+                         int accumulate, mxfp8_tensor *c, int num_threads);
+
+/** Dequantized values of row r of an operand for k in [0, K): out[k] (exact FP32). Quantizes high-precision rows
+ *  group by group (reference quantizer). `tmp` holds at least K floats of scratch. */
+void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_scale_rule rule,
+                        mxfp8_group_scheme group, float *out, float *tmp);
+
+/** Row r of an operand as FP32 without quantizing: the high-precision values, or the exact dequantized values of a
+ *  pre-quantized operand. out[0..K). */
+void mxfp8i_gop_load_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_group_scheme group, float *out);
+
+/** The wrapX (sub)tile containing index k of an axis of length K (K % 128 == 0): start *k0 and size *P. */
+static inline void mxfp8i_wrapx_tile(int64_t k, int64_t K, int64_t *k0, int64_t *P) {
+    int64_t full = (K / 512) * 512;
+    if (k < full) { *k0 = (k / 512) * 512; *P = 512; return; }
+    int64_t rem = K - full, s = full;
+    if (rem >= 256) {
+        if (k < s + 256) { *k0 = s; *P = 256; return; }
+        s += 256;
+    }
+    *k0 = s;
+    *P = 128;
+}
+
+#endif /* MXFP8_GEMM_GEMM_H */

@@ -1,0 +1,290 @@
+/*
+ * matmul.c -- public block-scaled GEMM and matmul_mxfp8 forward/backward [NKI-M].
+ *
+ * Forward  Y[M, N]  = X[M, K] @ W[N, K]^T            (both quantized along K)
+ * dgrad    dX[M, K] = dY[M, N] @ W[N, K]              (dY, W quantized along N; W viewed as the [K, N] operand)
+ * wgrad    dW[N, K] = dY[M, N]^T @ X[M, K]            (dY, X quantized along M; both viewed transposed)
+ * dY is quantized twice, along N and along M, each time from its high-precision values (or, when given pre-quantized
+ * along N, from its exact dequantized values). Every knob of the phase configs is speed-only (see src/gemm/).
+ * Validation happens completely before the first output store.
+ */
+#include <stdlib.h>
+
+#include "../gemm/gemm.h"
+
+/* A 2-D output view must address M*N distinct elements (threads write disjoint elements). */
+static mxfp8_status check_injective(const char *fn, const char *name, const mxfp8_tensor *t) {
+    int64_t n0 = t->shape[0], n1 = t->shape[1];
+    int64_t a0 = t->strides[0] < 0 ? -t->strides[0] : t->strides[0];
+    int64_t a1 = t->strides[1] < 0 ? -t->strides[1] : t->strides[1];
+    if (n0 <= 1 || n1 <= 1) {
+        if ((n0 > 1 && a0 == 0) || (n1 > 1 && a1 == 0))
+            return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s has a zero stride, so elements overlap", fn, name);
+        return MXFP8_OK;
+    }
+    int ok = (a1 >= 1 && a0 >= a1 * n1) || (a0 >= 1 && a1 >= a0 * n0);
+    if (!ok)
+        return mxfp8i_error(MXFP8_ERR_BAD_STRIDES,
+                            "%s: %s strides [%lld, %lld] make elements of shape [%lld, %lld] overlap", fn, name,
+                            (long long)t->strides[0], (long long)t->strides[1], (long long)n0, (long long)n1);
+    return MXFP8_OK;
+}
+
+static mxfp8_status check_out_alias(const char *fn, const char *oname, const mxfp8_tensor *out, const char *iname,
+                                    const mxfp8_tensor *in) {
+    if (!in || !in->data) return MXFP8_OK;
+    return mxfp8i_check_no_alias(fn, oname, out, iname, in);
+}
+
+static mxfp8_status check_output(const char *fn, const char *name, const mxfp8_tensor *c, int64_t M, int64_t N,
+                                 int need_f32) {
+    mxfp8_status st;
+    if (!c) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
+    if ((st = mxfp8i_check_rank(fn, name, c, 2))) return st;
+    if ((st = mxfp8i_check_dtype(fn, name, c, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
+    if (need_f32 && c->dtype != MXFP8_DTYPE_F32)
+        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: accumulate needs an f32 %s, got %s", fn, name,
+                            mxfp8_dtype_name(c->dtype));
+    if (c->shape[0] != M || c->shape[1] != N)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s has shape [%lld, %lld], expected [%lld, %lld]", fn,
+                            name, (long long)c->shape[0], (long long)c->shape[1], (long long)M, (long long)N);
+    return check_injective(fn, name, c);
+}
+
+static mxfp8_status check_dims(const char *fn, const char *name, const mxfp8_matmul_config *c, int64_t M, int64_t K,
+                               int64_t N) {
+    if ((c->M && c->M != M) || (c->K && c->K != K) || (c->N && c->N != N))
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
+                            "%s: %s (M, K, N) = (%lld, %lld, %lld) disagrees with the tensors' (%lld, %lld, %lld)", fn,
+                            name, (long long)c->M, (long long)c->K, (long long)c->N, (long long)M, (long long)K,
+                            (long long)N);
+    return MXFP8_OK;
+}
+
+static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_operand *a, const char *nb,
+                                 const mxfp8_operand *b, const mxfp8_matmul_config *config, int accumulate,
+                                 const char *nc, mxfp8_tensor *c) {
+    mxfp8_status st;
+    mxfp8_matmul_config defaults;
+    if (!a) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, na);
+    if (!b) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, nb);
+    if (!c) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, nc);
+    if (config) {
+        if ((st = mxfp8i_check_config(fn, "config", config))) return st;
+    } else {
+        mxfp8_matmul_config_init(&defaults);
+        config = &defaults;
+    }
+    /* Contraction length: config->K, else the output-independent operand that knows it. */
+    int64_t hint = config->K > 0 ? config->K : -1;
+    mxfp8i_gop ga, gb;
+    int a_x4 = a->values.dtype == MXFP8_DTYPE_U32 && !a->swizzled;
+    if (hint < 0 && a_x4) {
+        if ((st = mxfp8i_gop_from_operand(fn, nb, b, -1, config->float8_dtype, config->quant_scheme, &gb)))
+            return st;
+        if (!(gb.x4 && !gb.swizzled)) hint = gb.K;
+    }
+    if ((st = mxfp8i_gop_from_operand(fn, na, a, hint, config->float8_dtype, config->quant_scheme, &ga))) return st;
+    if ((st = mxfp8i_gop_from_operand(fn, nb, b, ga.K, config->float8_dtype, config->quant_scheme, &gb))) return st;
+    if ((st = check_dims(fn, "config", config, ga.R, ga.K, gb.R))) return st;
+    if ((st = check_output(fn, nc, c, ga.R, gb.R, accumulate))) return st;
+    if ((st = check_out_alias(fn, nc, c, na, &a->values)) || (st = check_out_alias(fn, nc, c, na, &a->scales)) ||
+        (st = check_out_alias(fn, nc, c, nb, &b->values)) || (st = check_out_alias(fn, nc, c, nb, &b->scales)))
+        return st;
+    st = mxfp8i_gemm_gop(&ga, &gb, config, accumulate, c, mxfp8i_num_threads());
+    if (st) return mxfp8i_error(st, "%s: out of memory for the packed operands", fn);
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
+                        int accumulate, mxfp8_tensor *c) {
+    mxfp8i_clear_error();
+    return gemm_checked("mxfp8_gemm", "a", a, "b", b, config, accumulate, "c", c);
+}
+
+mxfp8_status mxfp8_matmul(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
+                          const mxfp8_matmul_config *config, mxfp8_tensor *output) {
+    mxfp8i_clear_error();
+    return gemm_checked("mxfp8_matmul", "input_activation", input_activation, "weights", weights, config, 0,
+                        "output", output);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* backward                                                                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args) {
+    if (!args) return;
+    memset(args, 0, sizeof *args);
+    args->tile_loop_order = MXFP8_LOOP_MNK;
+    args->float8_dtype = MXFP8_FMT_E5M2;
+    args->output_dtype = MXFP8_DTYPE_BF16;
+    args->run_with_lnc2 = 1;
+    args->lnc_2_shard_rhs = 1;
+    args->scale_layout = MXFP8_SCALES_COMPACT;
+    args->scale_rule = MXFP8_SCALE_NKI;
+    args->quant_scheme = MXFP8_GROUP_1X32;
+}
+
+/* The transposed 2-D view. */
+static mxfp8_tensor transpose2(const mxfp8_tensor *t) {
+    mxfp8_tensor r = *t;
+    r.shape[0] = t->shape[1];
+    r.shape[1] = t->shape[0];
+    r.strides[0] = t->strides[1];
+    r.strides[1] = t->strides[0];
+    return r;
+}
+
+/* Operand of a [C, F] tensor (contraction axis C first, e.g. W [N, K] in dgrad, X [M, K] in wgrad): plain views are
+ * transposed to [F, C]; swizzled views already are NKI's [C/4, 4F] (x4: [C/4, F]) of the [C, F] tensor. */
+static mxfp8_operand operand_cf(const mxfp8_tensor *v, const mxfp8_tensor *scales, mxfp8_scale_layout layout,
+                                int swizzled) {
+    mxfp8_operand op;
+    memset(&op, 0, sizeof op);
+    op.values = (swizzled || v->ndim != 2) ? *v : transpose2(v);
+    if (scales) op.scales = *scales;
+    op.scale_layout = layout;
+    op.swizzled = swizzled;
+    return op;
+}
+
+/* The phase config: the caller's (speed fields) or the args' defaults; result fields always from args. */
+static void phase_config(const mxfp8_matmul_bwd_args *a, const mxfp8_matmul_config *given, mxfp8_matmul_config *out) {
+    if (given) *out = *given;
+    else {
+        mxfp8_matmul_config_init(out);
+        out->tile_loop_order = a->tile_loop_order;
+        out->run_with_lnc2 = a->run_with_lnc2;
+        out->lnc_2_shard_rhs = a->lnc_2_shard_rhs ? 1 : 0;
+        out->spill_reload = a->spill_reload;
+    }
+    out->float8_dtype = a->float8_dtype;
+    out->scale_rule = a->scale_rule;
+    out->quant_scheme = a->quant_scheme;
+    out->output_dtype = a->output_dtype;
+    out->enable_scale_packing = a->use_scale_packing;
+    out->M = out->K = out->N = 0;
+}
+
+mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
+                                   mxfp8_tensor *weight_grad) {
+    static const char *fn = "mxfp8_matmul_backward";
+    mxfp8i_clear_error();
+    mxfp8_status st;
+    if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    if (!input_grad) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: input_grad is NULL", fn);
+    if (!weight_grad) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: weight_grad is NULL", fn);
+    if ((unsigned)args->tile_loop_order > MXFP8_LOOP_KNM)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: tile_loop_order %d is not a loop order", fn,
+                            (int)args->tile_loop_order);
+    if ((unsigned)args->float8_dtype > MXFP8_FMT_E5M2)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: float8_dtype %d is not E4M3 (0) or E5M2 (1)", fn,
+                            (int)args->float8_dtype);
+    if (!mxfp8i_is_float_dtype(args->output_dtype))
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: output_dtype %d is not f32, bf16 or f16", fn,
+                            (int)args->output_dtype);
+    if ((unsigned)args->scale_layout > MXFP8_SCALES_SWIZZLE_128X4)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: scale_layout %d is not a mxfp8_scale_layout", fn,
+                            (int)args->scale_layout);
+    if ((unsigned)args->scale_rule > MXFP8_SCALE_RCEIL)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: scale_rule %d is not a mxfp8_scale_rule", fn,
+                            (int)args->scale_rule);
+    if ((unsigned)args->quant_scheme > MXFP8_GROUP_WRAPX)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: quant_scheme %d is not 1x32 (0) or wrapX (1)", fn,
+                            (int)args->quant_scheme);
+    if (args->input_grad_config && (st = mxfp8i_check_config(fn, "input_grad_config", args->input_grad_config)))
+        return st;
+    if (args->weight_grad_config && (st = mxfp8i_check_config(fn, "weight_grad_config", args->weight_grad_config)))
+        return st;
+    /* Dimensions come from the outputs: dX [M, K], dW [N, K]. */
+    if ((st = mxfp8i_check_rank(fn, "input_grad", input_grad, 2))) return st;
+    if ((st = mxfp8i_check_rank(fn, "weight_grad", weight_grad, 2))) return st;
+    int64_t M = input_grad->shape[0], K = input_grad->shape[1], N = weight_grad->shape[0];
+    if ((st = check_output(fn, "input_grad", input_grad, M, K, 0))) return st;
+    if ((st = check_output(fn, "weight_grad", weight_grad, N, K, 0))) return st;
+    if (input_grad->dtype != args->output_dtype || weight_grad->dtype != args->output_dtype)
+        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: input_grad (%s) and weight_grad (%s) must have output_dtype %s", fn,
+                            mxfp8_dtype_name(input_grad->dtype), mxfp8_dtype_name(weight_grad->dtype),
+                            mxfp8_dtype_name(args->output_dtype));
+    mxfp8_scale_layout lay = args->use_scale_packing ? MXFP8_SCALES_NKI_PACKED : args->scale_layout;
+    mxfp8_matmul_config cx, cw;
+    phase_config(args, args->input_grad_config, &cx);
+    phase_config(args, args->weight_grad_config, &cw);
+    if (args->input_grad_config && (st = check_dims(fn, "input_grad_config", args->input_grad_config, M, N, K)))
+        return st;
+    if (args->weight_grad_config && (st = check_dims(fn, "weight_grad_config", args->weight_grad_config, N, M, K)))
+        return st;
+    /* dgrad operands: dY [M, N] (contraction N last), W [N, K] as [K, N]. */
+    mxfp8_operand op_dy, op_w, op_x;
+    memset(&op_dy, 0, sizeof op_dy);
+    op_dy.values = args->output_grad;
+    op_dy.scales = args->output_grad_scales;
+    op_dy.scale_layout = lay;
+    op_dy.swizzled = args->output_grad_is_swizzled;
+    op_w = operand_cf(&args->weights, &args->weight_scales, lay, args->weights_is_swizzled);
+    op_x = operand_cf(&args->input_activation, &args->input_scales, lay, args->input_is_swizzled);
+    mxfp8i_gop g_dy, g_w, g_x;
+    if ((st = mxfp8i_gop_from_operand(fn, "output_grad", &op_dy, N, args->float8_dtype, args->quant_scheme, &g_dy)))
+        return st;
+    if ((st = mxfp8i_gop_from_operand(fn, "weights", &op_w, N, args->float8_dtype, args->quant_scheme, &g_w)))
+        return st;
+    if ((st = mxfp8i_gop_from_operand(fn, "input_activation", &op_x, M, args->float8_dtype, args->quant_scheme,
+                                      &g_x)))
+        return st;
+    if (g_dy.R != M)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: output_grad has %lld rows but input_grad has M = %lld", fn,
+                            (long long)g_dy.R, (long long)M);
+    if (g_w.R != K)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: weights has %lld columns but input_grad has K = %lld", fn,
+                            (long long)g_w.R, (long long)K);
+    if (g_x.R != K)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: input_activation has %lld columns, expected K = %lld", fn,
+                            (long long)g_x.R, (long long)K);
+    if (args->quant_scheme == MXFP8_GROUP_WRAPX && M % 128)
+        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
+                            "%s: quant_scheme wrapX needs M %% 128 == 0 (dY is quantized along M), but M = %lld", fn,
+                            (long long)M);
+    const mxfp8_tensor *ins[6] = {&args->output_grad, &args->weights, &args->input_activation,
+                                  &args->output_grad_scales, &args->weight_scales, &args->input_scales};
+    static const char *inames[6] = {"output_grad", "weights", "input_activation", "output_grad_scales",
+                                    "weight_scales", "input_scales"};
+    for (int i = 0; i < 6; i++) {
+        if ((st = check_out_alias(fn, "input_grad", input_grad, inames[i], ins[i]))) return st;
+        if ((st = check_out_alias(fn, "weight_grad", weight_grad, inames[i], ins[i]))) return st;
+    }
+    if ((st = mxfp8i_check_no_alias(fn, "input_grad", input_grad, "weight_grad", weight_grad))) return st;
+
+    int nt = mxfp8i_num_threads();
+    /* wgrad operand dY^T [N, M]: the high-precision dY, transposed; when dY is swizzled or pre-quantized, its FP32
+     * values (exact dequantized values) are first written to a plain [M, N] workspace. */
+    float *dyf = NULL;
+    mxfp8i_gop g_dyt;
+    if (M > 0 && N > 0 && (g_dy.prequant || g_dy.swizzled)) {
+        int64_t n;
+        if (!mxfp8i_mul_size(M, N, &n) || !(dyf = malloc((size_t)n * sizeof(float))))
+            return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for dY's [%lld, %lld] workspace", fn,
+                                (long long)M, (long long)N);
+        for (int64_t m = 0; m < M; m++)
+            mxfp8i_gop_load_row(&g_dy, m, args->float8_dtype, args->quant_scheme, dyf + m * N);
+        int64_t shp[2] = {M, N};
+        mxfp8_tensor t = mxfp8_tensor_make(dyf, MXFP8_DTYPE_F32, 2, shp);
+        mxfp8_operand o;
+        memset(&o, 0, sizeof o);
+        o.values = transpose2(&t);
+        st = mxfp8i_gop_from_operand(fn, "output_grad", &o, M, args->float8_dtype, args->quant_scheme, &g_dyt);
+    } else {
+        mxfp8_operand o;
+        memset(&o, 0, sizeof o);
+        o.values = transpose2(&args->output_grad);
+        st = mxfp8i_gop_from_operand(fn, "output_grad", &o, M, args->float8_dtype, args->quant_scheme, &g_dyt);
+    }
+    if (st) { /* cannot happen after the checks above; keep outputs untouched */
+        free(dyf);
+        return st;
+    }
+    st = mxfp8i_gemm_gop(&g_dy, &g_w, &cx, 0, input_grad, nt);
+    if (!st) st = mxfp8i_gemm_gop(&g_dyt, &g_x, &cw, 0, weight_grad, nt);
+    free(dyf);
+    if (st) return mxfp8i_error(st, "%s: out of memory for the packed operands", fn);
+    return MXFP8_OK;
+}
