@@ -18,9 +18,12 @@ build: setup
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Installs the Python package (with its own copy of the shared library) into the virtual environment.
+# pyproject.toml (scikit-build-core) compiles the library in build-wheel/ (incremental); a failed install stops here
+# rather than leaving an older mxfp8 in place.
 python: build
-	@$(PY) -m pip install -q --no-build-isolation . 2>&1 | grep -v "^\s*$$" || true
-	@$(PY) -c "import mxfp8" || { echo "python: mxfp8 did not import"; exit 1; }
+	@$(PY) -m pip install -q --no-build-isolation . || { echo "python: pip install . failed"; exit 1; }
+	@cd /tmp && $(abspath $(PY)) -c "import mxfp8; i = mxfp8.info(); print('python: mxfp8', mxfp8.__version__, 'isa', i['isa'], 'from', i['library'])" \
+		|| { echo "python: mxfp8 did not import"; exit 1; }
 
 test-c: build
 	$(CTEST)
