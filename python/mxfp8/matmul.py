@@ -1,0 +1,358 @@
+"""matmul_mxfp8: forward and backward of an MXFP8 linear layer Y = X @ W^T (NKI nkilib.experimental.matmul_mxfp8),
+the golden references and the NKI pass criteria.
+
+    input_grad, weight_grad = mxfp8.matmul_mxfp8_backward(output_grad, weights, input_activation, ...)
+        dX [M, K] = dY [M, N] @ W [N, K]      (dY and W MX-quantized along N)
+        dW [N, K] = dY^T @ X [M, K]           (dY and X MX-quantized along M)
+    y = mxfp8.matmul_mxfp8(input_activation, weights, ...)     Y [M, N] = X @ W^T (both quantized along K)
+
+Arithmetic: each operand is quantized along its own contraction axis from high precision (dY twice), dequantized
+exactly, and every output element is an FP32 fused-multiply-add chain over the contraction index in ascending order,
+rounded once (RNE) to output_dtype. Results are bitwise independent of tile_loop_order, run_with_lnc2,
+lnc_2_shard_rhs, spill_reload, the tile/block sizes of the configs, the thread count and the ISA.
+
+Pre-quantized operands: pass FP8 codes (ml_dtypes float8 arrays of float8_dtype, or uint8 codes, or uint32
+x4-packed codes: byte c of word p = element 4p+c along the contraction axis) together with their E8M0 scales
+(uint8): output_grad [M, N] quantized along N with output_grad_scales for F = M rows; weights [N, K] quantized along N
+with weight_scales for F = K rows; input_activation [M, K] quantized along M with input_scales for F = K rows.
+Scale layout: use_scale_packing=True -> NKI packed; else `scale_layout` ("compact" [F, G], "nki_unpacked",
+"swizzle_128x4"). `*_is_swizzled`: the tensor is in NKI's swizzled [C/4, 4F] arrangement of its [C, F] form
+(C = contraction axis: N for output_grad and weights, M for input_activation; C % 128 == 0).
+
+Deviations from the seed page: any M, N, K >= 0 (no multiple-of-128/512 limits; 0 gives empty/zero outputs);
+quant_scheme defaults to "1x32" (NKI's "wrapX" is available where the contraction lengths are multiples of 128);
+scale_rule (keyword-only) picks the E8M0 rule ("nki" default, "ocp", "rceil").
+"""
+
+import ctypes
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import _lib
+
+__all__ = ["MatmulMxfp8KernelConfig", "matmul_mxfp8", "matmul_mxfp8_backward", "matmul_golden_unquantized",
+           "matmul_golden_quantized", "matmul_mxfp8_backward_golden", "compare_nki"]
+
+LOOP_ORDERS = {"mnk": 0, "mkn": 1, "nmk": 2, "nkm": 3, "kmn": 4, "knm": 5}
+
+
+class _Operand(ctypes.Structure):
+    _fields_ = [("values", _lib.Tensor), ("scales", _lib.Tensor), ("scale_layout", ctypes.c_int),
+                ("swizzled", ctypes.c_int)]
+
+
+class _Config(ctypes.Structure):
+    """Mirror of struct mxfp8_matmul_config."""
+    _fields_ = [(n, ctypes.c_int64) for n in ("M", "K", "N", "tile_m", "tile_k", "tile_n", "tiles_in_block_m",
+                                               "tiles_in_block_n", "tiles_in_block_k", "tiles_in_load_m",
+                                               "tiles_in_load_n")] + \
+               [(n, ctypes.c_int) for n in ("block_loop_order", "tile_loop_order", "float8_dtype",
+                                             "enable_scale_packing", "run_with_lnc2", "lnc_2_shard_rhs",
+                                             "spill_reload", "quant_scheme", "scale_rule", "output_dtype")]
+
+
+class _BwdArgs(ctypes.Structure):
+    """Mirror of struct mxfp8_matmul_bwd_args."""
+    _fields_ = [("output_grad", _lib.Tensor), ("weights", _lib.Tensor), ("input_activation", _lib.Tensor),
+                ("input_grad_config", ctypes.POINTER(_Config)), ("weight_grad_config", ctypes.POINTER(_Config)),
+                ("tile_loop_order", ctypes.c_int), ("float8_dtype", ctypes.c_int), ("output_dtype", ctypes.c_int),
+                ("run_with_lnc2", ctypes.c_int), ("lnc_2_shard_rhs", ctypes.c_int),
+                ("output_grad_scales", _lib.Tensor), ("weight_scales", _lib.Tensor), ("input_scales", _lib.Tensor),
+                ("use_scale_packing", ctypes.c_int), ("scale_layout", ctypes.c_int), ("spill_reload", ctypes.c_int),
+                ("output_grad_is_swizzled", ctypes.c_int), ("weights_is_swizzled", ctypes.c_int),
+                ("input_is_swizzled", ctypes.c_int), ("scale_rule", ctypes.c_int), ("quant_scheme", ctypes.c_int)]
+
+
+class _CompareResult(ctypes.Structure):
+    _fields_ = [("max_abs_golden", ctypes.c_double), ("max_abs_err", ctypes.c_double),
+                ("max_rel_err", ctypes.c_double), ("cosine", ctypes.c_double), ("norm_euclid", ctypes.c_double),
+                ("allclose", ctypes.c_int), ("num_nan", ctypes.c_int64)]
+
+
+def _loop_order(value, param):
+    if isinstance(value, str) and value.strip().lower() in LOOP_ORDERS:
+        return LOOP_ORDERS[value.strip().lower()]
+    raise ValueError(f"{param}: unknown loop order {value!r} (expected one of {', '.join(LOOP_ORDERS)})")
+
+
+def _float8(value, param="float8_dtype"):
+    return _lib.parse_format(value, param)
+
+
+@dataclass
+class MatmulMxfp8KernelConfig:
+    """MatmulMxfp8KernelConfig [NKI-M]. On a CPU the tiles and blocks are cache blocking (speed only):
+    tile_m/tile_n are rounded up to the microkernel's 8 x 32 register tile; TILES_IN_BLOCK_M/N set the block that
+    one thread owns; TILES_IN_BLOCK_K and TILES_IN_LOAD_M/N are accepted and have no effect. run_with_lnc2 lets
+    threads split the work, along N when lnc_2_shard_rhs (None = N if N >= M), else along M. spill_reload keeps the
+    quantized LHS in a workspace instead of quantizing it again per thread. None / 0 = auto-resolve.
+    M, K, N are the phase's logical sizes (dgrad: M, N (contraction), K; wgrad: N, M (contraction), K); when set
+    they must match the tensors. float8_dtype, quant_scheme and output_dtype: when given they must agree with the
+    call (the call's values govern both phases; a disagreeing value raises ValueError)."""
+    M: int = 0
+    K: int = 0
+    N: int = 0
+    tile_m: Optional[int] = None
+    tile_k: Optional[int] = None
+    tile_n: Optional[int] = None
+    TILES_IN_BLOCK_M: Optional[int] = None
+    TILES_IN_BLOCK_N: Optional[int] = None
+    TILES_IN_BLOCK_K: Optional[int] = None
+    TILES_IN_LOAD_M: Optional[int] = None
+    TILES_IN_LOAD_N: Optional[int] = None
+    block_loop_order: str = "mnk"
+    tile_loop_order: str = "mnk"
+    float8_dtype: Optional[str] = None
+    enable_scale_packing: bool = False
+    run_with_lnc2: bool = True
+    lnc_2_shard_rhs: Optional[bool] = None
+    spill_reload: bool = False
+    quant_scheme: Optional[str] = None
+    output_dtype: Optional[str] = None
+
+    def _to_c(self, fmt, rule, group, out_code, param):
+        c = _Config()
+        _lib.function("mxfp8_matmul_config_init")(ctypes.byref(c))
+        for name, attr in (("M", "M"), ("K", "K"), ("N", "N"), ("tile_m", "tile_m"), ("tile_k", "tile_k"),
+                           ("tile_n", "tile_n"), ("tiles_in_block_m", "TILES_IN_BLOCK_M"),
+                           ("tiles_in_block_n", "TILES_IN_BLOCK_N"), ("tiles_in_block_k", "TILES_IN_BLOCK_K"),
+                           ("tiles_in_load_m", "TILES_IN_LOAD_M"), ("tiles_in_load_n", "TILES_IN_LOAD_N")):
+            v = getattr(self, attr)
+            if v is None:
+                v = 0
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{param}.{attr}: expected a non-negative int or None, got {v!r}")
+            setattr(c, name, int(v))
+        c.block_loop_order = _loop_order(self.block_loop_order, f"{param}.block_loop_order")
+        c.tile_loop_order = _loop_order(self.tile_loop_order, f"{param}.tile_loop_order")
+        if self.float8_dtype is not None and _float8(self.float8_dtype, f"{param}.float8_dtype") != fmt:
+            raise ValueError(f"{param}.float8_dtype {self.float8_dtype!r} disagrees with float8_dtype of the call")
+        if self.quant_scheme is not None and _lib.parse(_lib.GROUPS, self.quant_scheme,
+                                                        f"{param}.quant_scheme") != group:
+            raise ValueError(f"{param}.quant_scheme {self.quant_scheme!r} disagrees with quant_scheme of the call")
+        if self.output_dtype is not None and _lib.parse_out_dtype(self.output_dtype,
+                                                                  f"{param}.output_dtype") != out_code:
+            raise ValueError(f"{param}.output_dtype {self.output_dtype!r} disagrees with output_dtype of the call")
+        c.float8_dtype = fmt
+        c.scale_rule = rule
+        c.quant_scheme = group
+        c.output_dtype = out_code
+        c.enable_scale_packing = int(bool(self.enable_scale_packing))
+        c.run_with_lnc2 = int(bool(self.run_with_lnc2))
+        c.lnc_2_shard_rhs = -1 if self.lnc_2_shard_rhs is None else int(bool(self.lnc_2_shard_rhs))
+        c.spill_reload = int(bool(self.spill_reload))
+        return c
+
+
+def _values(x, name, fmt):
+    """View of an operand's values: high precision (f32/bf16/f16), FP8 codes (float8 of fmt or uint8) or uint32 x4."""
+    ok = (_lib.F32, _lib.BF16, _lib.F16, _lib.E4M3, _lib.E5M2, _lib.U8, _lib.U32)
+    arr = _lib.as_array(x, ok, name)
+    if arr.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array, got shape {arr.shape}")
+    return arr
+
+
+def _scales(s, name):
+    if s is None:
+        return None
+    arr = _lib.as_array(s, name=name)
+    code = _lib.U8 if arr.dtype == np.uint8 else None
+    return _lib.view(arr, code)
+
+
+def _is_codes(arr):
+    return _lib.dtype_code(arr.dtype) in (_lib.E4M3, _lib.E5M2, _lib.U8, _lib.U32)
+
+
+def _cf_dims(arr, swizzled):
+    """(C, F) of a [C, F]-form operand (contraction first) as given: plain, swizzled, x4 (C rounded up to 4)."""
+    x4 = arr.dtype == np.uint32
+    if swizzled:
+        return arr.shape[0] * 4, (arr.shape[1] if x4 else arr.shape[1] // 4)
+    return (arr.shape[0] * 4 if x4 else arr.shape[0]), arr.shape[1]
+
+
+def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_config=None, weight_grad_config=None,
+                          tile_loop_order="mnk", float8_dtype="float8_e5m2", output_dtype="bfloat16",
+                          run_with_lnc2=True, lnc_2_shard_rhs=True, output_grad_scales=None, weight_scales=None,
+                          input_scales=None, use_scale_packing=False, spill_reload=False,
+                          output_grad_is_swizzled=False, weights_is_swizzled=False, input_is_swizzled=False, *,
+                          scale_rule="nki", quant_scheme="1x32", scale_layout="compact", shape=None):
+    """Backward of Y = X @ W^T with MXFP8 quantization [NKI-M]. Returns (input_grad [M, K], weight_grad [N, K]) as
+    arrays of output_dtype ("bfloat16" -> ml_dtypes.bfloat16, "float16", "float32").
+
+    output_grad: dY [M, N]; weights: W [N, K]; input_activation: X [M, K] (float32 / bfloat16 / float16, or
+    pre-quantized codes with their scales, see the module doc). float8_dtype: "float8_e4m3fn" | "float8_e5m2"
+    (any other value raises ValueError). tile_loop_order: "mnk" | "mkn" | "nmk" | "nkm" | "kmn" | "knm".
+    shape: optional (M, N, K), needed only when both dY and W are x4-packed plain arrays whose N is not a multiple
+    of 4. Raises ValueError for bad option values, TypeError for unaccepted dtypes, MXFP8Error for the library's
+    checks (shapes, scales, aliasing)."""
+    fmt = _float8(float8_dtype)
+    out_code = _lib.parse_out_dtype(output_dtype, "output_dtype")
+    rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
+    group = _lib.parse(_lib.GROUPS, quant_scheme, "quant_scheme")
+    lay = _lib.parse(_lib.LAYOUTS, scale_layout, "scale_layout")
+    tlo = _loop_order(tile_loop_order, "tile_loop_order")
+    dy = _values(output_grad, "output_grad", fmt)
+    w = _values(weights, "weights", fmt)
+    x = _values(input_activation, "input_activation", fmt)
+    if shape is not None:
+        M, N, K = (int(v) for v in shape)
+    else:
+        # dY as the [N, M] contraction-first form when swizzled, else [M, N] (x4 along N)
+        if output_grad_is_swizzled:
+            N, M = _cf_dims(dy, True)
+        else:
+            M = dy.shape[0]
+            N = dy.shape[1] * 4 if dy.dtype == np.uint32 else dy.shape[1]
+        Nw, K = _cf_dims(w, weights_is_swizzled)
+        if dy.dtype == np.uint32 and not output_grad_is_swizzled and not (w.dtype == np.uint32 and
+                                                                            not weights_is_swizzled):
+            N = Nw
+    ig = _lib.empty((M, K), out_code)
+    wg = _lib.empty((N, K), out_code)
+    a = _BwdArgs()
+    _lib.function("mxfp8_matmul_bwd_args_init")(ctypes.byref(a))
+    a.output_grad = _lib.view(dy)
+    a.weights = _lib.view(w)
+    a.input_activation = _lib.view(x)
+    keep = []
+    if input_grad_config is not None:
+        if not isinstance(input_grad_config, MatmulMxfp8KernelConfig):
+            raise TypeError("input_grad_config: expected a MatmulMxfp8KernelConfig")
+        cx = input_grad_config._to_c(fmt, rule, group, out_code, "input_grad_config")
+        keep.append(cx)
+        a.input_grad_config = ctypes.pointer(cx)
+    if weight_grad_config is not None:
+        if not isinstance(weight_grad_config, MatmulMxfp8KernelConfig):
+            raise TypeError("weight_grad_config: expected a MatmulMxfp8KernelConfig")
+        cw = weight_grad_config._to_c(fmt, rule, group, out_code, "weight_grad_config")
+        keep.append(cw)
+        a.weight_grad_config = ctypes.pointer(cw)
+    a.tile_loop_order = tlo
+    a.float8_dtype = fmt
+    a.output_dtype = out_code
+    a.run_with_lnc2 = int(bool(run_with_lnc2))
+    a.lnc_2_shard_rhs = int(bool(lnc_2_shard_rhs))
+    for field, s, nm in (("output_grad_scales", output_grad_scales, "output_grad_scales"),
+                         ("weight_scales", weight_scales, "weight_scales"),
+                         ("input_scales", input_scales, "input_scales")):
+        v = _scales(s, nm)
+        if v is not None:
+            setattr(a, field, v)
+            keep.append(v)
+    a.use_scale_packing = int(bool(use_scale_packing))
+    a.scale_layout = lay
+    a.spill_reload = int(bool(spill_reload))
+    a.output_grad_is_swizzled = int(bool(output_grad_is_swizzled))
+    a.weights_is_swizzled = int(bool(weights_is_swizzled))
+    a.input_is_swizzled = int(bool(input_is_swizzled))
+    a.scale_rule = rule
+    a.quant_scheme = group
+    vig, vwg = _lib.view(ig), _lib.view(wg)
+    keep += [dy, w, x]
+    _lib.call("mxfp8_matmul_backward", ctypes.byref(a), ctypes.byref(vig), ctypes.byref(vwg))
+    return ig, wg
+
+
+def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5m2", output_dtype="bfloat16",
+                 input_scales=None, weight_scales=None, use_scale_packing=False, input_is_swizzled=False,
+                 weights_is_swizzled=False, *, scale_rule="nki", quant_scheme="1x32", scale_layout="compact",
+                 tile_loop_order=None, K=None):
+    """Forward Y [M, N] = X [M, K] @ W [N, K]^T, both MX-quantized along K. Pre-quantized X / W: codes [M, K] / [N, K]
+    (or uint32 x4 [., ceil(K/4)]) with scales for F = M / N rows (layout: NKI packed when use_scale_packing, else
+    scale_layout). *_is_swizzled: NKI's [K/4, 4F] arrangement of the [K, F] (transposed) tensor. Returns Y of
+    output_dtype."""
+    fmt = _float8(float8_dtype)
+    out_code = _lib.parse_out_dtype(output_dtype, "output_dtype")
+    rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
+    group = _lib.parse(_lib.GROUPS, quant_scheme, "quant_scheme")
+    lay = 2 if use_scale_packing else _lib.parse(_lib.LAYOUTS, scale_layout, "scale_layout")
+    if config is None:
+        config = MatmulMxfp8KernelConfig()
+    if not isinstance(config, MatmulMxfp8KernelConfig):
+        raise TypeError("config: expected a MatmulMxfp8KernelConfig")
+    c = config._to_c(fmt, rule, group, out_code, "config")
+    if tile_loop_order is not None:
+        c.tile_loop_order = _loop_order(tile_loop_order, "tile_loop_order")
+    if K is not None:
+        c.K = int(K)
+    x = _values(input_activation, "input_activation", fmt)
+    w = _values(weights, "weights", fmt)
+    M = x.shape[1] // (1 if x.dtype == np.uint32 else 4) if input_is_swizzled else x.shape[0]
+    N = w.shape[1] // (1 if w.dtype == np.uint32 else 4) if weights_is_swizzled else w.shape[0]
+    y = _lib.empty((M, N), out_code)
+    ops = []
+    for arr, s, swz, nm in ((x, input_scales, input_is_swizzled, "input_scales"),
+                            (w, weight_scales, weights_is_swizzled, "weight_scales")):
+        o = _Operand()
+        o.values = _lib.view(arr)
+        v = _scales(s, nm)
+        if v is not None:
+            o.scales = v
+        o.scale_layout = lay
+        o.swizzled = int(bool(swz))
+        ops.append((o, v, arr))
+    vy = _lib.view(y)
+    _lib.call("mxfp8_matmul", ctypes.byref(ops[0][0]), ctypes.byref(ops[1][0]), ctypes.byref(c), ctypes.byref(vy))
+    return y
+
+
+def matmul_golden_unquantized(a, b, round_to_bf16=True):
+    """C [M, N] = A [M, K] @ B [N, K]^T in float32 (fmaf over k ascending) from the operands rounded to bfloat16
+    first (round_to_bf16), as the upstream test's golden."""
+    A = _lib.as_array(a, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "a")
+    B = _lib.as_array(b, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "b")
+    if A.ndim != 2 or B.ndim != 2:
+        raise ValueError("a, b: expected 2-D arrays")
+    c = np.empty((A.shape[0], B.shape[0]), np.float32)
+    va, vb, vc = _lib.view(A), _lib.view(B), _lib.view(c)
+    _lib.call("mxfp8_gemm_golden_unquantized", ctypes.byref(va), ctypes.byref(vb), int(bool(round_to_bf16)),
+              ctypes.byref(vc))
+    return c
+
+
+def matmul_golden_quantized(a, b, float8_dtype="float8_e5m2", scale_rule="nki", quant_scheme="1x32"):
+    """C [M, N] (float64) = deq(Q(A)) @ deq(Q(B))^T: both operands MX-quantized along K (the last axis) by the
+    library's reference quantizer, dequantized exactly, accumulated in float64."""
+    A = _lib.as_array(a, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "a")
+    B = _lib.as_array(b, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "b")
+    if A.ndim != 2 or B.ndim != 2:
+        raise ValueError("a, b: expected 2-D arrays")
+    p = _lib.QuantParams(_float8(float8_dtype), _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule"),
+                         _lib.parse(_lib.GROUPS, quant_scheme, "quant_scheme"))
+    c = np.empty((A.shape[0], B.shape[0]), np.float64)
+    va, vb, vc = _lib.view(A), _lib.view(B), _lib.view(c)
+    _lib.call("mxfp8_gemm_golden_quantized", ctypes.byref(va), ctypes.byref(vb), ctypes.byref(p), ctypes.byref(vc))
+    return c
+
+
+def matmul_mxfp8_backward_golden(output_grad, weights, input_activation, quantized=False,
+                                 float8_dtype="float8_e5m2", scale_rule="nki", quant_scheme="1x32"):
+    """Golden (input_grad, weight_grad) of the backward: unquantized (bfloat16-rounded inputs, float32
+    accumulation; float32 results) or quantized (each operand quantized along its contraction axis, float64)."""
+    dy = np.asarray(output_grad)
+    w = np.asarray(weights)
+    x = np.asarray(input_activation)
+    if quantized:
+        return (matmul_golden_quantized(dy, w.T, float8_dtype, scale_rule, quant_scheme),
+                matmul_golden_quantized(dy.T, x.T, float8_dtype, scale_rule, quant_scheme))
+    return matmul_golden_unquantized(dy, w.T), matmul_golden_unquantized(dy.T, x.T)
+
+
+def compare_nki(kernel, golden, atol_frac=0.2, rtol=1e-3):
+    """The NKI pass criteria of a kernel output against a golden: dict with max_abs_golden, max_abs_err,
+    max_rel_err, cosine, norm_euclid, allclose (|k-g| <= atol_frac*max|g| + rtol*|g| everywhere), num_nan and
+    passed (allclose and cosine >= 0.995 and norm_euclid <= 0.10, the upstream matmul test's thresholds)."""
+    k = _lib.as_array(kernel, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "kernel")
+    g = _lib.as_array(golden, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "golden")
+    r = _CompareResult()
+    vk, vg = _lib.view(k), _lib.view(g)
+    _lib.call("mxfp8_compare", ctypes.byref(vk), ctypes.byref(vg), float(atol_frac), float(rtol), ctypes.byref(r))
+    d = {f: getattr(r, f) for f, _ in _CompareResult._fields_}
+    d["allclose"] = bool(d["allclose"])
+    d["passed"] = d["allclose"] and d["cosine"] >= 0.995 and d["norm_euclid"] <= 0.10 and d["num_nan"] == 0
+    return d
