@@ -221,10 +221,10 @@ def as_array(x, allowed=None, name="x"):
         arr = x
     else:
         arr = np.asarray(x)
-        if arr.dtype == np.float64 and not isinstance(x, np.generic):
-            arr = arr.astype(np.float32)
-        elif arr.dtype.kind in "iu" and allowed is not None and I32 not in allowed and U8 not in allowed:
-            arr = arr.astype(np.float32)
+        if not isinstance(x, np.generic) and (arr.dtype == np.float64 or arr.dtype.kind in "biu"):
+            # Python numbers: floats (and ints, unless the parameter takes integer dtypes) become float32
+            if arr.dtype.kind == "f" or allowed is None or not any(c in allowed for c in (I32, U8, U32)):
+                arr = arr.astype(np.float32)
     if allowed is not None:
         code = _CODE_OF_NP.get(arr.dtype)
         if code not in allowed:
@@ -233,14 +233,18 @@ def as_array(x, allowed=None, name="x"):
     return arr
 
 
-def view(arr, code=None):
+def view(arr, code=None, name="array"):
     """A Tensor view of numpy array `arr` (strides in elements, as numpy has them). `code` overrides the dtype
-    code (e.g. E8M0 for a uint8 array of scale codes). The view keeps `arr` alive (view.array)."""
+    code (e.g. E8M0 for a uint8 array of scale codes). The view keeps `arr` alive (view.array). `name` is the
+    parameter named in a TypeError (dtype with no mxfp8 equivalent) or ValueError (rank above MAX_DIMS)."""
     arr = np.asarray(arr)
     if arr.ndim > MAX_DIMS:
-        raise ValueError(f"array of rank {arr.ndim} exceeds the library's maximum rank {MAX_DIMS}")
+        raise ValueError(f"{name}: rank {arr.ndim} exceeds the library's maximum rank {MAX_DIMS}")
     if code is None:
-        code = dtype_code(arr.dtype)
+        try:
+            code = dtype_code(arr.dtype)
+        except TypeError:
+            raise TypeError(f"{name}: dtype {arr.dtype} has no mxfp8 equivalent") from None
     item = arr.dtype.itemsize
     if any(s % item for s in arr.strides):
         arr = np.ascontiguousarray(arr)

@@ -50,7 +50,7 @@ def quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32"):
     sshape[ax] = -(-x.shape[ax] // 32)
     scales = _lib.empty(sshape, _lib.U8)
     params = _lib.QuantParams(f, rule, grp)
-    vx, vd, vs = _lib.view(x), _lib.view(data), _lib.view(scales)
+    vx, vd, vs = _lib.view(x, name="x"), _lib.view(data), _lib.view(scales)
     _lib.call("mxfp8_quantize", _lib.ref(vx), ax, _lib.ref(params), _lib.ref(vd), _lib.ref(vs))
     return data, scales
 
@@ -80,7 +80,7 @@ def dequantize(data, scales, axis=-1, group="1x32", out_dtype="float32", fmt=Non
     ax = _norm_axis(axis, data.ndim)
     out = _lib.empty(data.shape, code_out)
     scode = _lib.U8 if scales.dtype == np.uint8 else None
-    vd, vs, vo = _lib.view(data, dcode), _lib.view(scales, scode), _lib.view(out)
+    vd, vs, vo = _lib.view(data, dcode, "data"), _lib.view(scales, scode, "scales"), _lib.view(out)
     _lib.call("mxfp8_dequantize", _lib.ref(vd), _lib.ref(vs), ax, grp, _lib.ref(vo))
     return out
 
@@ -138,7 +138,7 @@ def pack_x4(data, axis=-1):
     shape = list(data.shape)
     shape[ax] = -(-shape[ax] // 4)
     out = _lib.empty(shape, _lib.U32)
-    vi, vo = _lib.view(data), _lib.view(out)
+    vi, vo = _lib.view(data, name="data"), _lib.view(out)
     _lib.call("mxfp8_pack_x4", _lib.ref(vi), ax, _lib.ref(vo))
     return out
 
@@ -157,7 +157,7 @@ def unpack_x4(words, length, axis=-1, fmt="e4m3"):
     shape = list(words.shape)
     shape[ax] = length
     out = _lib.empty(shape, code)
-    vi, vo = _lib.view(words), _lib.view(out)
+    vi, vo = _lib.view(words, name="words"), _lib.view(out)
     _lib.call("mxfp8_unpack_x4", _lib.ref(vi), ax, _lib.ref(vo))
     return out
 
@@ -168,8 +168,9 @@ def swizzle_nki(x):
     x = _lib.as_array(x)
     if x.ndim != 2:
         raise ValueError(f"x: expected a 2-D array [K, F], got shape {x.shape}")
-    out = _lib.empty((x.shape[0] // 4, 4 * x.shape[1]), _lib.dtype_code(x.dtype))
-    vi, vo = _lib.view(x), _lib.view(out)
+    vi = _lib.view(x, name="x")
+    out = _lib.empty((x.shape[0] // 4, 4 * x.shape[1]), vi.dtype)
+    vo = _lib.view(out)
     _lib.call("mxfp8_swizzle_nki", _lib.ref(vi), _lib.ref(vo))
     return out
 
@@ -179,8 +180,9 @@ def unswizzle_nki(x):
     x = _lib.as_array(x)
     if x.ndim != 2:
         raise ValueError(f"x: expected a 2-D array [K/4, 4F], got shape {x.shape}")
-    out = _lib.empty((4 * x.shape[0], x.shape[1] // 4), _lib.dtype_code(x.dtype))
-    vi, vo = _lib.view(x), _lib.view(out)
+    vi = _lib.view(x, name="x")
+    out = _lib.empty((4 * x.shape[0], x.shape[1] // 4), vi.dtype)
+    vo = _lib.view(out)
     _lib.call("mxfp8_unswizzle_nki", _lib.ref(vi), _lib.ref(vo))
     return out
 

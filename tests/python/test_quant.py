@@ -357,6 +357,12 @@ def test_bad_option_strings_raise_value_error():
         mxfp8.dequantize(d, s, fmt="e5m2")  # disagrees with the data's dtype
 
 
+def test_python_numbers_become_float32():
+    d, s = mxfp8.quantize([[1, 2, 3], [0.5, -0.25, 7.0]])
+    d32, s32 = mxfp8.quantize(np.array([[1, 2, 3], [0.5, -0.25, 7.0]], np.float32))
+    assert np.array_equal(bits(d), bits(d32)) and np.array_equal(s, s32)
+
+
 def test_options_are_case_insensitive_and_accept_dtypes():
     x = np.linspace(-3, 3, 256, dtype=np.float32).reshape(2, 128)
     a = mxfp8.quantize(x, fmt="E5M2", scale_rule="OCP", group="wrapX")
@@ -383,8 +389,10 @@ def test_library_errors_raise_mxfp8error():
     with pytest.raises(mxfp8.MXFP8Error) as e:
         mxfp8.set_num_threads(-1)
     assert e.value.status == _lib.ERR_INVALID_ARGUMENT and "-1" in e.value.message
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^x: dtype int16"):
         mxfp8.quantize(np.ones((2, 32), np.int16))  # no mxfp8 dtype at all
+    with pytest.raises(TypeError, match="^scales: dtype int16"):
+        mxfp8.dequantize(d, s.astype(np.int16))
     err = pickle.loads(pickle.dumps(mxfp8.MXFP8Error(3, "m")))
     assert err.status == 3 and err.message == "m" and "MXFP8_ERR_SHAPE_MISMATCH" in str(err)
 
