@@ -63,8 +63,8 @@ float mxfp8_fp8_to_fp32(uint8_t code, mxfp8_format fmt) {
     int m = fmt == MXFP8_FMT_E5M2 ? 2 : 3, bias = fmt == MXFP8_FMT_E5M2 ? 15 : 7;
     int e = (code & 0x7F) >> m, f = code & ((1 << m) - 1);
     float s = (code & 0x80) ? -1.0f : 1.0f;
-    if (fmt == MXFP8_FMT_E4M3 && (code & 0x7F) == 0x7F) return s * NAN;
-    if (fmt == MXFP8_FMT_E5M2 && e == 31) return f ? s * NAN : s * INFINITY;
+    if (fmt == MXFP8_FMT_E4M3 && (code & 0x7F) == 0x7F) return copysignf(NAN, s); /* s * NAN drops the sign */
+    if (fmt == MXFP8_FMT_E5M2 && e == 31) return f ? copysignf(NAN, s) : s * INFINITY;
     if (e == 0) return s * ldexpf((float)f, 1 - bias - m);
     return s * ldexpf((float)((1 << m) + f), e - bias - m);
 }
@@ -95,7 +95,7 @@ uint16_t mxfp8_fp32_to_fp16(float x) {
 float mxfp8_fp16_to_fp32(uint16_t h) {
     int e = (h >> 10) & 0x1F, f = h & 0x3FF;
     float s = (h & 0x8000) ? -1.0f : 1.0f;
-    if (e == 31) return f ? s * NAN : s * INFINITY;
+    if (e == 31) return f ? copysignf(NAN, s) : s * INFINITY;
     if (e == 0) return s * ldexpf((float)f, -24);
     return s * ldexpf((float)(1024 + f), e - 25);
 }

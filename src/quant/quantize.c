@@ -213,7 +213,8 @@ static void plan_offsets(const nd_plan *pl, int64_t o, int64_t off[3]) {
 
 static void plan_split(nd_plan *pl, int64_t K, int nt) {
     int64_t items_wanted = (int64_t)nt * 4;
-    int64_t per = pl->outer >= items_wanted ? pl->lines : mxfp8i_ceil_div(pl->lines, mxfp8i_ceil_div(items_wanted, pl->outer));
+    int64_t per = pl->lines;
+    if (pl->outer < items_wanted) per = mxfp8i_ceil_div(pl->lines, mxfp8i_ceil_div(items_wanted, pl->outer));
     /* Keep chunks of whole SIMD widths for the cols geometry and at least ~16 KiB of work each. */
     int64_t min_lines = K > 0 ? mxfp8i_ceil_div(16384, K) : 1;
     if (per < min_lines) per = min_lines;

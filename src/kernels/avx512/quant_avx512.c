@@ -1,10 +1,462 @@
 /*
- * quant_avx512.c -- AVX-512 MX quantize / qdq / dequantize panels (contract: src/internal.h, "quantization fast
- * paths"). Bit-identical to the reference panels. (First version: not yet vectorized; returns -1 so the
- * dispatcher uses the reference.)
+ * quant_avx512.c -- AVX-512 MX quantize / qdq / dequantize panels.
+ *
+ * Contract (src/internal.h, "quantization fast paths"): mxfp8i_quantize_panel__avx512 and
+ * mxfp8i_dequantize_panel__avx512 handle the "rows" geometry (unit stride along the axis for src and out) and the
+ * "cols" geometry (unit stride across lines for src, out and scales), 1x32 and wrapX groups, F32/BF16/F16 sources,
+ * E4M3/E5M2, the three scale rules; outputs codes, or exact qdq values as F32/BF16/F16. Any other geometry returns
+ * -1 and writes nothing. Results equal the reference panels (src/quant/quantize.c) bit for bit:
+ *  - amax is the unsigned-integer max of |x| bits (NaN > Inf > finite), so a non-finite group is seen exactly as the
+ *    reference sees it, and the scale code is read from amax's exponent field exactly as mxfp8_scale_code does
+ *    (an FP32-subnormal amax always clamps to code 0 under every rule);
+ *  - y = x * 2^-e is the same IEEE multiply as the reference; the FP8 code of |y| is an integer round-to-nearest-even
+ *    of the FP32 bits in the normal range and a magic-number addition (RNE by the FPU) in the subnormal range,
+ *    after saturating |y| to max normal (rounding is monotonic, so saturating first is the same as after);
+ *  - qdq values are the rounded |y| times 2^(s-127) (the same multiply the reference dequantizer does), sign OR-ed.
+ * Rows: one 32-group per step, horizontal max by shuffles. Cols: 32 columns per step, the group's 32 source rows
+ * read twice (amax, then quantize; the second read hits L1). wrapX rows: each (sub)tile is gathered into group
+ * order in a small buffer, processed as 1x32, and scattered back.
  */
 #include "../../internal.h"
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+
+#define AI static inline __attribute__((always_inline))
+
+enum { OUT_CODES = 0, OUT_F32 = 1, OUT_BF16 = 2, OUT_F16 = 3 };
+
+static int out_kind(mxfp8_dtype dt) {
+    switch (dt) {
+    case MXFP8_DTYPE_F32: return OUT_F32;
+    case MXFP8_DTYPE_BF16: return OUT_BF16;
+    case MXFP8_DTYPE_F16: return OUT_F16;
+    default: return OUT_CODES;
+    }
+}
+static int out_size(int ok) { return ok == OUT_CODES ? 1 : ok == OUT_F32 ? 4 : 2; }
+
+AI __m512i set1(uint32_t v) { return _mm512_set1_epi32((int)v); }
+AI __m512 set1f_bits(uint32_t v) { return _mm512_castsi512_ps(_mm512_set1_epi32((int)v)); }
+AI __mmask32 tail_mask(int64_t n) { return n >= 32 ? 0xFFFFFFFFu : (((__mmask32)1 << n) - 1); }
+
+/* ---- per-format constants ---- */
+AI int f_shift(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 21 : 20; }
+AI uint32_t f_off(int fmt) { return fmt == MXFP8_FMT_E5M2 ? (112u << 2) : (120u << 3); }
+AI uint32_t f_minnorm(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x38800000u : 0x3C800000u; } /* 2^-14, 2^-6 */
+AI uint32_t f_magic(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x43000000u : 0x46800000u; }   /* 2^7, 2^14 */
+AI uint32_t f_maxn(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x47600000u : 0x43E00000u; }    /* 57344, 448 */
+AI uint32_t f_nan(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x7Eu : 0x7Fu; }
+
+/* ---- loads: 32 values (n <= 32 valid, rest zero) as two F32 vectors ---- */
+AI void load32(const void *p, int dt, __mmask32 m, bool full, __m512 *lo, __m512 *hi) {
+    if (dt == MXFP8_DTYPE_F32) {
+        const float *f = (const float *)p;
+        if (full) {
+            *lo = _mm512_loadu_ps(f);
+            *hi = _mm512_loadu_ps(f + 16);
+        } else {
+            *lo = _mm512_maskz_loadu_ps((__mmask16)m, f);
+            *hi = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), f + 16);
+        }
+        return;
+    }
+    __m512i v = full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(m, p);
+    __m256i a = _mm512_castsi512_si256(v), b = _mm512_extracti64x4_epi64(v, 1);
+    if (dt == MXFP8_DTYPE_BF16) {
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(a), 16));
+        *hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+    } else {
+        *lo = _mm512_cvtph_ps(a);
+        *hi = _mm512_cvtph_ps(b);
+    }
+}
+
+AI __m512i abs_bits(__m512 x) { return _mm512_and_si512(_mm512_castps_si512(x), set1(0x7FFFFFFFu)); }
+
+/* E8M0 codes from amax bits: clamp(expfield - d (+1 for rceil when the fraction > 0.75), 0, 254); 255 when
+ * amax is NaN/Inf. d = emax-1 (nki) or emax (ocp, rceil). */
+AI __m512i scale_codes(__m512i ab, int d, __m512i rceil_mask) {
+    __m512i s = _mm512_sub_epi32(_mm512_srli_epi32(ab, 23), _mm512_set1_epi32(d));
+    __mmask16 up = _mm512_cmpgt_epu32_mask(_mm512_and_si512(ab, rceil_mask), set1(0x600000u));
+    s = _mm512_mask_add_epi32(s, up, s, set1(1));
+    s = _mm512_max_epi32(s, _mm512_setzero_si512());
+    s = _mm512_min_epi32(s, set1(254));
+    __mmask16 nf = _mm512_cmpge_epu32_mask(ab, set1(0x7F800000u));
+    return _mm512_mask_mov_epi32(s, nf, set1(255));
+}
+/* 2^-e = 2^(127-s) (s <= 247 for any finite amax, so this is a normal float). */
+AI __m512 inv_scale(__m512i s) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(set1(254), s), 23)); }
+/* 2^(s-127) as mxfp8_e8m0_to_fp32 gives it (s = 0: the FP32 subnormal 2^-127). */
+AI __m512 scale_value(__m512i s) {
+    __mmask16 z = _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512());
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(s, 23), z, set1(0x00400000u)));
+}
+
+/* Rounded |y| (saturated) as FP8: code (unsigned) or value (FP32). */
+AI __m512i fp8_code_abs(__m512 a, int fmt) {
+    const int sh = f_shift(fmt);
+    __m512i u = _mm512_castps_si512(a);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, sh), set1(1));
+    __m512i nrm = _mm512_add_epi32(_mm512_add_epi32(u, set1((1u << (sh - 1)) - 1)), lsb);
+    nrm = _mm512_sub_epi32(_mm512_srli_epi32(nrm, sh), set1(f_off(fmt)));
+    __m512 mg = set1f_bits(f_magic(fmt));
+    __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, mg)), set1(f_magic(fmt)));
+    __mmask16 small = _mm512_cmp_ps_mask(a, set1f_bits(f_minnorm(fmt)), _CMP_LT_OQ);
+    return _mm512_mask_mov_epi32(nrm, small, sub);
+}
+AI __m512 fp8_value_abs(__m512 a, int fmt) {
+    const int sh = f_shift(fmt);
+    __m512i u = _mm512_castps_si512(a);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, sh), set1(1));
+    __m512i nrm = _mm512_add_epi32(_mm512_add_epi32(u, set1((1u << (sh - 1)) - 1)), lsb);
+    nrm = _mm512_and_si512(nrm, set1(~((1u << sh) - 1)));
+    __m512 mg = set1f_bits(f_magic(fmt));
+    __m512 sub = _mm512_sub_ps(_mm512_add_ps(a, mg), mg);
+    __mmask16 small = _mm512_cmp_ps_mask(a, set1f_bits(f_minnorm(fmt)), _CMP_LT_OQ);
+    return _mm512_mask_mov_ps(_mm512_castsi512_ps(nrm), small, sub);
+}
+
+/* Codes (int32 lanes, 8 significant bits) of 16 values x with multiplier inv; lanes in nf get NaN codes. */
+AI __m512i quant16(__m512 x, __m512 inv, __mmask16 nf, int fmt) {
+    __m512 a = _mm512_abs_ps(_mm512_mul_ps(x, inv));
+    a = _mm512_min_ps(a, set1f_bits(f_maxn(fmt)));
+    __m512i c = fp8_code_abs(a, fmt);
+    c = _mm512_mask_mov_epi32(c, nf, set1(f_nan(fmt)));
+    /* c | ((x >> 24) & 0x80): the sign of x (= the sign of x * 2^-e, including -0 and underflow) */
+    return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(_mm512_castps_si512(x), 24), set1(0x80), 0xF8);
+}
+/* qdq values of 16 values x; lanes in nf get the canonical quiet NaN. */
+AI __m512 qdq16(__m512 x, __m512 inv, __m512 sv, __mmask16 nf, int fmt) {
+    __m512 y = _mm512_mul_ps(x, inv);
+    __m512 a = _mm512_min_ps(_mm512_abs_ps(y), set1f_bits(f_maxn(fmt)));
+    __m512 v = _mm512_mul_ps(fp8_value_abs(a, fmt), sv);
+    __m512i r = _mm512_ternarylogic_epi32(_mm512_castps_si512(v), _mm512_castps_si512(y), set1(0x80000000u), 0xF8);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nf, set1(0x7FC00000u)));
+}
+
+/* Decode 16 FP8 codes (int32 lanes) to FP32 exactly, as mxfp8_fp8_to_fp32 (NaN codes: quiet NaN, sign kept). */
+AI __m512 decode16(__m512i c, int fmt) {
+    __m512i m = _mm512_and_si512(c, set1(0x7F));
+    __m512i v;
+    if (fmt == MXFP8_FMT_E5M2) {
+        __m512i t = _mm512_slli_epi32(m, 21);
+        v = _mm512_add_epi32(t, set1(112u << 23));
+        __m512 sub = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(t, set1(113u << 23))), set1f_bits(0x38800000u));
+        v = _mm512_mask_mov_epi32(v, _mm512_cmplt_epi32_mask(m, set1(4)), _mm512_castps_si512(sub));
+        v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(m, set1(0x7C)), set1(0x7F800000u));
+        v = _mm512_mask_mov_epi32(v, _mm512_cmpgt_epi32_mask(m, set1(0x7C)), set1(0x7FC00000u));
+    } else {
+        __m512i t = _mm512_slli_epi32(m, 20);
+        v = _mm512_add_epi32(t, set1(120u << 23));
+        __m512 sub = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(t, set1(121u << 23))), set1f_bits(0x3C800000u));
+        v = _mm512_mask_mov_epi32(v, _mm512_cmplt_epi32_mask(m, set1(8)), _mm512_castps_si512(sub));
+        v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(m, set1(0x7F)), set1(0x7FC00000u));
+    }
+    v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(c, set1(0x80)), 24));
+    return _mm512_castsi512_ps(v);
+}
+
+/* ---- stores of 32 results; return the number of BF16/F16-inexact lanes ---- */
+AI void store_codes(uint8_t *p, __m512i lo, __m512i hi, __mmask32 m, bool full) {
+    __m256i c = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(lo)), _mm512_cvtepi32_epi8(hi), 1);
+    if (full) _mm256_storeu_si256((__m256i *)p, c);
+    else _mm256_mask_storeu_epi8(p, m, c);
+}
+AI __m256i bf16_of(__m512 v, __mmask16 *inexact) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, set1(0x7FFF)), _mm512_and_si512(_mm512_srli_epi32(u, 16), set1(1)));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), set1(0x40)));
+    *inexact = _mm512_mask_cmpneq_epi32_mask((__mmask16)~nan, _mm512_slli_epi32(r, 16), u);
+    return _mm512_cvtepi32_epi16(r);
+}
+AI __m256i f16_of(__m512 v, __mmask16 *inexact) {
+    __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    *inexact = _mm512_cmp_ps_mask(_mm512_cvtph_ps(h), v, _CMP_NEQ_OQ);
+    return h;
+}
+AI int64_t store_vals(void *p, int ok, __m512 lo, __m512 hi, __mmask32 m, bool full) {
+    if (ok == OUT_F32) {
+        float *f = (float *)p;
+        if (full) {
+            _mm512_storeu_ps(f, lo);
+            _mm512_storeu_ps(f + 16, hi);
+        } else {
+            _mm512_mask_storeu_ps(f, (__mmask16)m, lo);
+            _mm512_mask_storeu_ps(f + 16, (__mmask16)(m >> 16), hi);
+        }
+        return 0;
+    }
+    __mmask16 ia, ib;
+    __m256i a = ok == OUT_BF16 ? bf16_of(lo, &ia) : f16_of(lo, &ia);
+    __m256i b = ok == OUT_BF16 ? bf16_of(hi, &ib) : f16_of(hi, &ib);
+    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    uint32_t inx = ((uint32_t)ia | ((uint32_t)ib << 16)) & m;
+    if (full) _mm512_storeu_si512(p, w);
+    else _mm512_mask_storeu_epi16(p, m, w);
+    return __builtin_popcount(inx);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Quantize: rows (1x32 on a contiguous segment)                                                              */
+/* ---------------------------------------------------------------------------------------------------------- */
+typedef struct qctx {
+    int d;              /* emax-1 (nki) or emax */
+    uint32_t rceil;     /* 0x7FFFFF for rceil, else 0 */
+} qctx;
+
+AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx cx, void *out, uint8_t *sc,
+                     int64_t sc_gs) {
+    const int es = dt == MXFP8_DTYPE_F32 ? 4 : 2, os = out_size(ok);
+    const __m512i rcm = set1(cx.rceil);
+    int64_t inexact = 0;
+    for (int64_t k = 0, g = 0; k < K; k += 32, g++) {
+        int64_t n = K - k;
+        bool full = n >= 32;
+        __mmask32 m = tail_mask(n);
+        __m512 lo, hi;
+        load32((const char *)src + k * es, dt, m, full, &lo, &hi);
+        __m512i ab = _mm512_max_epu32(abs_bits(lo), abs_bits(hi));
+        ab = _mm512_max_epu32(ab, _mm512_shuffle_i32x4(ab, ab, 0x4E));
+        ab = _mm512_max_epu32(ab, _mm512_shuffle_i32x4(ab, ab, 0xB1));
+        ab = _mm512_max_epu32(ab, _mm512_shuffle_epi32(ab, (_MM_PERM_ENUM)0x4E));
+        ab = _mm512_max_epu32(ab, _mm512_shuffle_epi32(ab, (_MM_PERM_ENUM)0xB1));
+        __m512i s = scale_codes(ab, cx.d, rcm);
+        int sv = _mm_cvtsi128_si32(_mm512_castsi512_si128(s));
+        if (sc) sc[g * sc_gs] = (uint8_t)sv;
+        __mmask16 nf = sv == 255 ? 0xFFFF : 0;
+        __m512 inv = inv_scale(s);
+        void *o = (char *)out + k * os;
+        if (ok == OUT_CODES) {
+            store_codes((uint8_t *)o, quant16(lo, inv, nf, fmt), quant16(hi, inv, nf, fmt), m, full);
+        } else {
+            __m512 svv = scale_value(s);
+            inexact += store_vals(o, ok, qdq16(lo, inv, svv, nf, fmt), qdq16(hi, inv, svv, nf, fmt), m, full);
+        }
+    }
+    return inexact;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Quantize: cols (32 columns per step, rows of a group given by index)                                       */
+/* ---------------------------------------------------------------------------------------------------------- */
+AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
+    const int es = dt == MXFP8_DTYPE_F32 ? 4 : 2, os = out_size(ok);
+    const __m512i rcm = set1(cx.rceil);
+    const int64_t C = p->lines, K = p->K, G = mxfp8i_ceil_div(K, 32);
+    const char *src = (const char *)p->src;
+    char *out = (char *)p->out;
+    int64_t inexact = 0, idx[32];
+    for (int64_t g = 0; g < G; g++) {
+        int n = mxfp8i_group_members(K, p->group, g, idx);
+        for (int64_t c0 = 0; c0 < C; c0 += 32) {
+            bool full = C - c0 >= 32;
+            __mmask32 m = tail_mask(C - c0);
+            __m512i alo = _mm512_setzero_si512(), ahi = _mm512_setzero_si512();
+            for (int i = 0; i < n; i++) {
+                __m512 lo, hi;
+                load32(src + (idx[i] * p->src_ks + c0) * es, dt, m, full, &lo, &hi);
+                alo = _mm512_max_epu32(alo, abs_bits(lo));
+                ahi = _mm512_max_epu32(ahi, abs_bits(hi));
+            }
+            __m512i slo = scale_codes(alo, cx.d, rcm), shi = scale_codes(ahi, cx.d, rcm);
+            if (p->scales) store_codes(p->scales + g * p->sc_gs + c0, slo, shi, m, full);
+            __mmask16 nlo = _mm512_cmpeq_epi32_mask(slo, set1(255)), nhi = _mm512_cmpeq_epi32_mask(shi, set1(255));
+            __m512 ilo = inv_scale(slo), ihi = inv_scale(shi);
+            __m512 vlo = scale_value(slo), vhi = scale_value(shi);
+            for (int i = 0; i < n; i++) {
+                __m512 lo, hi;
+                load32(src + (idx[i] * p->src_ks + c0) * es, dt, m, full, &lo, &hi);
+                void *o = out + (idx[i] * p->out_ks + c0) * os;
+                if (ok == OUT_CODES)
+                    store_codes((uint8_t *)o, quant16(lo, ilo, nlo, fmt), quant16(hi, ihi, nhi, fmt), m, full);
+                else
+                    inexact += store_vals(o, ok, qdq16(lo, ilo, vlo, nlo, fmt), qdq16(hi, ihi, vhi, nhi, fmt), m,
+                                          full);
+            }
+        }
+    }
+    return inexact;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Dequantize                                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+AI void dq32(const uint8_t *c, __mmask32 m, bool full, __m512 slo, __m512 shi, int fmt, __m512 *lo, __m512 *hi) {
+    __m256i b = full ? _mm256_loadu_si256((const __m256i *)c) : _mm256_maskz_loadu_epi8(m, c);
+    *lo = _mm512_mul_ps(decode16(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b)), fmt), slo);
+    *hi = _mm512_mul_ps(decode16(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b, 1)), fmt), shi);
+}
+
+AI int64_t dq_row_seg(const uint8_t *codes, int64_t K, int fmt, int ok, const uint8_t *sc, int64_t sc_gs, void *out) {
+    const int os = out_size(ok);
+    int64_t inexact = 0;
+    for (int64_t k = 0, g = 0; k < K; k += 32, g++) {
+        bool full = K - k >= 32;
+        __mmask32 m = tail_mask(K - k);
+        uint8_t s = sc[g * sc_gs];
+        __m512 lo, hi;
+        if (s == 255) {
+            lo = hi = set1f_bits(0x7FC00000u);
+        } else {
+            __m512 sv = scale_value(set1(s));
+            dq32(codes + k, m, full, sv, sv, fmt, &lo, &hi);
+        }
+        inexact += store_vals((char *)out + k * os, ok, lo, hi, m, full);
+    }
+    return inexact;
+}
+
+AI int64_t dq_cols(const mxfp8i_dqpanel *p, int fmt, int ok) {
+    const int os = out_size(ok);
+    const int64_t C = p->lines, K = p->K, G = mxfp8i_ceil_div(K, 32);
+    int64_t inexact = 0, idx[32];
+    for (int64_t g = 0; g < G; g++) {
+        int n = mxfp8i_group_members(K, p->group, g, idx);
+        for (int64_t c0 = 0; c0 < C; c0 += 32) {
+            bool full = C - c0 >= 32;
+            __mmask32 m = tail_mask(C - c0);
+            const uint8_t *sp = p->scales + g * p->sc_gs + c0;
+            __m256i sb = full ? _mm256_loadu_si256((const __m256i *)sp) : _mm256_maskz_loadu_epi8(m, sp);
+            __m512i slo = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(sb));
+            __m512i shi = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(sb, 1));
+            __mmask16 nlo = _mm512_cmpeq_epi32_mask(slo, set1(255)), nhi = _mm512_cmpeq_epi32_mask(shi, set1(255));
+            __m512 vlo = scale_value(slo), vhi = scale_value(shi);
+            for (int i = 0; i < n; i++) {
+                __m512 lo, hi;
+                dq32(p->codes + idx[i] * p->codes_ks + c0, m, full, vlo, vhi, fmt, &lo, &hi);
+                lo = _mm512_mask_mov_ps(lo, nlo, set1f_bits(0x7FC00000u));
+                hi = _mm512_mask_mov_ps(hi, nhi, set1f_bits(0x7FC00000u));
+                inexact += store_vals((char *)p->out + (idx[i] * p->out_ks + c0) * os, ok, lo, hi, m, full);
+            }
+        }
+    }
+    return inexact;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Instantiation: one specialized function per (source dtype, format, output kind)                            */
+/* ---------------------------------------------------------------------------------------------------------- */
+typedef int64_t (*q_row_fn)(const void *, int64_t, qctx, void *, uint8_t *, int64_t);
+typedef int64_t (*q_cols_fn)(const mxfp8i_qpanel *, qctx);
+typedef int64_t (*dq_row_fn)(const uint8_t *, int64_t, const uint8_t *, int64_t, void *);
+typedef int64_t (*dq_cols_fn)(const mxfp8i_dqpanel *);
+
+/* Source dtypes by their fixed enum values: 0 = F32, 1 = BF16, 2 = F16; formats 0 = E4M3, 1 = E5M2. */
+_Static_assert(MXFP8_DTYPE_F32 == 0 && MXFP8_DTYPE_BF16 == 1 && MXFP8_DTYPE_F16 == 2, "dtype values");
+#define QINST(DT, FMT, OK)                                                                                      \
+    static int64_t qrow_##DT##_##FMT##_##OK(const void *s, int64_t K, qctx cx, void *o, uint8_t *sc, int64_t gs) { \
+        return q_row_seg(s, DT, K, FMT, OK, cx, o, sc, gs);                                                     \
+    }                                                                                                            \
+    static int64_t qcols_##DT##_##FMT##_##OK(const mxfp8i_qpanel *p, qctx cx) { return q_cols(p, DT, FMT, OK, cx); }
+#define QINST_OK(DT, FMT) QINST(DT, FMT, 0) QINST(DT, FMT, 1) QINST(DT, FMT, 2) QINST(DT, FMT, 3)
+#define QINST_FMT(DT) QINST_OK(DT, 0) QINST_OK(DT, 1)
+QINST_FMT(0)
+QINST_FMT(1)
+QINST_FMT(2)
+#define QROW_OK(DT, FMT) {qrow_##DT##_##FMT##_0, qrow_##DT##_##FMT##_1, qrow_##DT##_##FMT##_2, qrow_##DT##_##FMT##_3}
+#define QCOL_OK(DT, FMT)                                                                                        \
+    {qcols_##DT##_##FMT##_0, qcols_##DT##_##FMT##_1, qcols_##DT##_##FMT##_2, qcols_##DT##_##FMT##_3}
+static const q_row_fn q_row_tab[3][2][4] = {{QROW_OK(0, 0), QROW_OK(0, 1)},
+                                            {QROW_OK(1, 0), QROW_OK(1, 1)},
+                                            {QROW_OK(2, 0), QROW_OK(2, 1)}};
+static const q_cols_fn q_cols_tab[3][2][4] = {{QCOL_OK(0, 0), QCOL_OK(0, 1)},
+                                              {QCOL_OK(1, 0), QCOL_OK(1, 1)},
+                                              {QCOL_OK(2, 0), QCOL_OK(2, 1)}};
+
+#define DQINST(FMT, OK)                                                                                         \
+    static int64_t dqrow_##FMT##_##OK(const uint8_t *c, int64_t K, const uint8_t *sc, int64_t gs, void *o) {   \
+        return dq_row_seg(c, K, FMT, OK, sc, gs, o);                                                            \
+    }                                                                                                            \
+    static int64_t dqcols_##FMT##_##OK(const mxfp8i_dqpanel *p) { return dq_cols(p, FMT, OK); }
+DQINST(0, 1) DQINST(0, 2) DQINST(0, 3) DQINST(1, 1) DQINST(1, 2) DQINST(1, 3)
+static const dq_row_fn dq_row_tab[2][4] = {{NULL, dqrow_0_1, dqrow_0_2, dqrow_0_3},
+                                           {NULL, dqrow_1_1, dqrow_1_2, dqrow_1_3}};
+static const dq_cols_fn dq_cols_tab[2][4] = {{NULL, dqcols_0_1, dqcols_0_2, dqcols_0_3},
+                                             {NULL, dqcols_1_1, dqcols_1_2, dqcols_1_3}};
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* wrapX rows: gather a (sub)tile into group order, run 1x32, scatter back                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+/* tmp[j*32 + s*8 + q] <-> row[k0 + s*S + 8j + q], element size es. */
+static void wrapx_gather(const char *row, int64_t k0, int64_t P, int es, char *tmp) {
+    int64_t S = P / 4;
+    for (int64_t j = 0; j < P / 32; j++)
+        for (int s = 0; s < 4; s++) memcpy(tmp + (j * 32 + s * 8) * es, row + (k0 + s * S + 8 * j) * es, 8 * (size_t)es);
+}
+static void wrapx_scatter(const char *tmp, int64_t k0, int64_t P, int es, char *row) {
+    int64_t S = P / 4;
+    for (int64_t j = 0; j < P / 32; j++)
+        for (int s = 0; s < 4; s++) memcpy(row + (k0 + s * S + 8 * j) * es, tmp + (j * 32 + s * 8) * es, 8 * (size_t)es);
+}
+
+static int dt_index(mxfp8_dtype dt) { return dt == MXFP8_DTYPE_F32 ? 0 : dt == MXFP8_DTYPE_BF16 ? 1 : 2; }
+
+int64_t mxfp8i_quantize_panel__avx512(const mxfp8i_qpanel *p) {
+    if (!mxfp8i_is_float_dtype(p->src_dtype) || (unsigned)p->fmt > 1u || (unsigned)p->rule > 2u) return -1;
+    const int ok = out_kind(p->out_dtype), fmt = (int)p->fmt;
+    const int es = (int)mxfp8_dtype_size(p->src_dtype), os = out_size(ok);
+    const int emax = mxfp8i_fmt(p->fmt).emax;
+    qctx cx = {p->rule == MXFP8_SCALE_NKI ? emax - 1 : emax, p->rule == MXFP8_SCALE_RCEIL ? 0x7FFFFFu : 0u};
+    const int di = dt_index(p->src_dtype);
+    if (p->src_ks == 1 && p->out_ks == 1) {
+        q_row_fn f = q_row_tab[di][fmt][ok];
+        int64_t inexact = 0;
+        for (int64_t l = 0; l < p->lines; l++) {
+            const char *s = (const char *)p->src + l * p->src_ls * es;
+            char *o = (char *)p->out + l * p->out_ls * os;
+            uint8_t *sc = p->scales ? p->scales + l * p->sc_ls : NULL;
+            if (p->group != MXFP8_GROUP_WRAPX) {
+                inexact += f(s, p->K, cx, o, sc, p->sc_gs);
+                continue;
+            }
+            _Alignas(64) char tin[512 * 4], tout[512 * 4];
+            for (int64_t k0 = 0, P; k0 < p->K; k0 += P) {
+                int64_t t0;
+                mxfp8i_wrapx_tile_of(p->K, k0, &t0, &P);
+                wrapx_gather(s, k0, P, es, tin);
+                inexact += f(tin, P, cx, tout, sc ? sc + (k0 / 32) * p->sc_gs : NULL, p->sc_gs);
+                wrapx_scatter(tout, k0, P, os, o);
+            }
+        }
+        return inexact;
+    }
+    if (p->src_ls == 1 && p->out_ls == 1 && (!p->scales || p->sc_ls == 1)) return q_cols_tab[di][fmt][ok](p, cx);
+    return -1;
+}
+
+int64_t mxfp8i_dequantize_panel__avx512(const mxfp8i_dqpanel *p) {
+    const int ok = out_kind(p->out_dtype), fmt = (int)p->fmt;
+    if (ok == OUT_CODES || (unsigned)p->fmt > 1u) return -1;
+    const int os = out_size(ok);
+    if (p->codes_ks == 1 && p->out_ks == 1) {
+        dq_row_fn f = dq_row_tab[fmt][ok];
+        int64_t inexact = 0;
+        for (int64_t l = 0; l < p->lines; l++) {
+            const uint8_t *c = p->codes + l * p->codes_ls, *sc = p->scales + l * p->sc_ls;
+            char *o = (char *)p->out + l * p->out_ls * os;
+            if (p->group != MXFP8_GROUP_WRAPX) {
+                inexact += f(c, p->K, sc, p->sc_gs, o);
+                continue;
+            }
+            _Alignas(64) char tin[512], tout[512 * 4];
+            for (int64_t k0 = 0, P; k0 < p->K; k0 += P) {
+                int64_t t0;
+                mxfp8i_wrapx_tile_of(p->K, k0, &t0, &P);
+                wrapx_gather((const char *)c, k0, P, 1, tin);
+                inexact += f((const uint8_t *)tin, P, sc + (k0 / 32) * p->sc_gs, p->sc_gs, tout);
+                wrapx_scatter(tout, k0, P, os, o);
+            }
+        }
+        return inexact;
+    }
+    if (p->codes_ls == 1 && p->out_ls == 1 && p->sc_ls == 1) return dq_cols_tab[fmt][ok](p);
+    return -1;
+}
+
+#else /* no AVX-512 in this build: the dispatcher falls back to the reference */
 int64_t mxfp8i_quantize_panel__avx512(const mxfp8i_qpanel *p) {
     (void)p;
     return -1;
@@ -13,3 +465,4 @@ int64_t mxfp8i_dequantize_panel__avx512(const mxfp8i_dqpanel *p) {
     (void)p;
     return -1;
 }
+#endif

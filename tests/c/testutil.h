@@ -1,0 +1,89 @@
+/*
+ * testutil.h -- tiny shared helpers for the C tests (header-only; each test is its own executable).
+ *
+ *   TU_CHECK(cond, fmt, ...)   count a failure and print one line (at most TU_MAX_PRINT lines per test)
+ *   tu_rng / tu_next / tu_uniform   a deterministic xorshift-style generator (splitmix64)
+ *   tu_f32_bits / tu_bits_f32      bit casts
+ *   tu_has_avx512()             AVX-512F+BW present on this CPU (mxfp8_get_info), for skips
+ *   tu_finish(name)             print a summary; returns the exit code (0 pass, 1 fail)
+ * Exit codes: 0 pass, 77 skip (TU_SKIP), anything else fail.
+ */
+#ifndef MXFP8_TESTUTIL_H
+#define MXFP8_TESTUTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mxfp8.h"
+
+#define TU_SKIP 77
+#ifndef TU_MAX_PRINT
+#define TU_MAX_PRINT 30
+#endif
+
+static long tu_failures = 0;
+static long tu_checks = 0;
+
+#define TU_CHECK(cond, ...)                                                                                     \
+    do {                                                                                                         \
+        tu_checks++;                                                                                             \
+        if (!(cond)) {                                                                                           \
+            if (tu_failures++ < TU_MAX_PRINT) {                                                                  \
+                fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
+                fprintf(stderr, __VA_ARGS__);                                                                    \
+                fputc('\n', stderr);                                                                             \
+            }                                                                                                    \
+        }                                                                                                        \
+    } while (0)
+
+static inline int tu_finish(const char *name) {
+    if (tu_failures) {
+        fprintf(stderr, "%s: %ld of %ld checks FAILED\n", name, tu_failures, tu_checks);
+        return 1;
+    }
+    printf("%s: all %ld checks passed\n", name, tu_checks);
+    return 0;
+}
+
+typedef struct tu_rng {
+    uint64_t s;
+} tu_rng;
+static inline uint64_t tu_next(tu_rng *r) {
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/** Uniform in [0, 1). */
+static inline double tu_uniform(tu_rng *r) { return (double)(tu_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+static inline uint32_t tu_f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static inline float tu_bits_f32(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static inline int tu_has_avx512(void) {
+    mxfp8_info in;
+    if (mxfp8_get_info(&in) != MXFP8_OK) return 0;
+    return in.has_avx512f && in.has_avx512bw && in.has_avx512vl;
+}
+
+/** malloc that never returns NULL (tests abort on OOM with a message). */
+static inline void *tu_alloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "test: out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+#endif /* MXFP8_TESTUTIL_H */
