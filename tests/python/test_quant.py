@@ -435,6 +435,9 @@ def test_info_and_version():
         pkg = os.path.dirname(os.path.abspath(mxfp8.__file__))
         repo_build = os.path.join(os.path.dirname(os.path.dirname(pkg)), "build")
         assert os.path.dirname(inf["library"]) in (pkg, repo_build)
+        if os.path.dirname(inf["library"]) == pkg:  # installed by pip: the distribution's version agrees
+            import importlib.metadata
+            assert importlib.metadata.version("mxfp8") == mxfp8.__version__
 
 
 def test_results_independent_of_thread_count(rng):
