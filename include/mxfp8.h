@@ -410,122 +410,238 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Blockwise MoE (seed page [NKI-E])                                                                              */
 /* ------------------------------------------------------------------------------------------------------------ */
+/*
+ * The layer (issue 4). X = hidden_states [T, H]; W1 = gate_up_proj_weight [E, H, 2, I]; W2 = down_proj_weight
+ * [E, I, H]; a = expert_affinities_masked [T*E, 1] (a[t*E + e]); optional biases b1 [E, 2, I], b2 [E, H].
+ * Tokens are processed in N blocks of B = block_size positions; block n belongs to expert e = block_to_expert[n];
+ * position p of block n holds token t = token_position_to_id[n*B + p], or padding. Padding positions are zero rows:
+ * they are never read from the inputs and contribute nothing.
+ *   forward, per (block, position) with token t, expert e:
+ *     g = clamp(X[t] @ W1[e][:, 0, :] + b1[e, 0], gate limits); u = clamp(X[t] @ W1[e][:, 1, :] + b1[e, 1], up limits)
+ *     inter = act(g) * u;  down = inter @ W2[e] + b2[e];  output[t] += a[t*E+e] * down
+ *   backward (the exact derivative, with MXFP8 GEMMs), per block (dY_blk = gathered dY rows, zero for padding):
+ *     Phase 1  dI_raw = dY_blk @ W2[e]^T            (both operands quantized along H)
+ *              AFFINITY_ON_I: da = sum_i dI_raw*inter + sum_h dY*b2;  dI = a * dI_raw
+ *              AFFINITY_ON_H: D = a*dY_blk (down_proj_act_checkpoint), dI = D @ W2[e]^T;  da = sum_h dY * down
+ *              d_gate = dI * u * act'(g) * [lo_g < g < hi_g];  d_up = dI * act(g) * [lo_u < u < hi_u];  dGU = [d_gate | d_up]
+ *     Phase 2  dX_blk = dGU @ W1[e]^T  (W1[e] viewed [H, 2I]; quantized along 2I); hidden_states_grad[t] += dX_blk[p]
+ *     Phase 3  dW1[e] += X_blk^T @ dGU              (quantized along the block's B positions)
+ *     Phase 4  dW2[e] += (a*inter)^T @ dY_blk       (ON_I; ON_H: inter^T @ D; quantized along B)
+ *              db1[e] += sum_p dGU;  db2[e] += sum_p a*dY
+ * Quantization: every GEMM quantizes both operands from FP32 values along its own contraction axis in 1x32 groups
+ * with config->quant_dtype and config->scale_rule (never transposes a quantized tensor). GEMMs accumulate in FP32;
+ * weight and bias gradients accumulate over a expert's blocks in block order in FP32 and are rounded once to the
+ * output dtype; hidden_states_grad rows accumulate over blocks in block order in FP32 and are rounded once.
+ * Activation and affinity math is FP32 (sums for the affinity gradient and bias gradients in FP64, then FP32).
+ * Results are bitwise identical for any thread count (threads split GEMM output tiles and rows, never a sum).
+ *
+ * Padding and token ids. With config->skip_token = 1 (default) the padding id is -1 and valid ids are [0, T); with
+ * skip_token = 0 the padding id is T (NKI's implicit zero row) and -1 is rejected. Anything else is
+ * MXFP8_ERR_INDEX_OUT_OF_RANGE, as is an expert id outside [0, E) (checked for every block, padding-only blocks
+ * included). A token may appear in several blocks (of different experts, or even of one expert): its
+ * contributions add up.
+ *
+ * Deviations from the seed page (and why):
+ *  - Any B >= 1, H >= 1, I >= 1, T >= 0 (no hardware multiple-of-128 limits); groups along an axis whose length is
+ *    not a multiple of 32 end with a short group (OCP).
+ *  - Biases: the seed's bwd has no bias inputs; here b1/b2 are optional inputs of both passes (absent = zero):
+ *    b2 enters the affinity gradient, b1 the recomputation of g and u.
+ *  - compute_dtype (BF16 or F32) is accepted but intermediates are always FP32 on a CPU (at least BF16's
+ *    precision); shard_option, transpose modes, swizzle modes, skip_weight and use_fast_dma are hardware knobs:
+ *    validated, no effect on results. Per-phase matmul configs only set blocking (speed); their element format,
+ *    scale rule and output dtype are taken from this config (quant_dtype, scale_rule, FP32); a phase config with
+ *    quant_scheme wrapX is UNSUPPORTED (MoE groups are 1x32).
+ *  - single_expert_dense defaults to 0 (the NKI default 1 would make every multi-expert call an error). When set:
+ *    E must be 1, routing is the identity (position p of block n holds token n*B + p, positions >= T are padding),
+ *    N = ceil(T/B) (NKI needs T % B == 0), token_position_to_id / block_to_expert are ignored and may be absent.
+ *  - num_valid_tokens (requires single_expert_dense, else INVALID_ARGUMENT; negative is INVALID_ARGUMENT; values
+ *    above T clamp to T): tokens >= the count act as padding. Rows of hidden_states_grad / output and entries of
+ *    expert_affinities_masked_grad past the count are set to zero (NKI: undefined); with
+ *    accumulate_hidden_states_grad those rows are left as given. Together with a scaled-intermediate checkpoint or
+ *    with bias it is UNSUPPORTED (as on the seed page).
+ *  - down_proj_act_checkpoint (a*dY, a backward quantity) cannot come from the forward; the forward instead offers
+ *    down_proj_output_checkpoint (ours: inter @ W2 + b2 before the affinity) which the AFFINITY_ON_H backward reads
+ *    for the affinity gradient; when absent, the backward recomputes it per block with the forward's MXFP8 GEMM
+ *    (inter and W2 quantized along I) plus b2, bitwise equal to the forward's F32 checkpoint.
+ *  - Checkpoints (F32/BF16/F16): when gate_up_proj_act_checkpoint_T is absent, g and u are recomputed per block
+ *    with the forward's MXFP8 GEMM (X and W1 quantized along H), bias and clamp (NKI requires the act/inter
+ *    checkpoints instead; here every combination works). Given F32 checkpoints written by mxfp8_moe_forward, the
+ *    backward is bitwise equal to recomputing. Checkpoint entries at padding positions are written as 0 by the
+ *    forward and never read by the backward.
+ *  - Pre-quantized weights (codes of dtype matching quant_dtype + compact E8M0/U8 scales, both as produced by
+ *    mxfp8_quantize along the stated axis with 1x32 groups) are used as they are by the GEMM that contracts along
+ *    that axis (bitwise equal to quantizing on the fly); a GEMM contracting along another axis dequantizes them
+ *    exactly and re-quantizes (the highest precision available). Layouts:
+ *      backward: W1 along 2I: gate_up_weight_scales [E, H, ceil(2I/32)] (W1 viewed [E, H, 2I], axis 2);
+ *                W2 along H:  down_weight_scales   [E, I, ceil(H/32)]  (axis 2).
+ *      forward:  W1 along H:  gate_up_weight_scales [E, ceil(H/32), 2, I] (axis 1);
+ *                W2 along I:  down_weight_scales   [E, ceil(I/32), H]  (axis 1).
+ *  - expert_affinities_masked_grad is always overwritten; entries of (t, e) pairs that no block routes are 0.
+ *
+ * Errors (all validated before any output is written; on error every output is untouched): NULL_POINTER, DTYPE,
+ * SHAPE_MISMATCH (ranks/extents disagree; the token_position_to_id length is not a multiple of B), INVALID_ARGUMENT
+ * (enum values, block_size < 1, H or I < 1, clamp limit NaN or lower > upper, num_valid_tokens misuse, bias tensors
+ * given with config->bias = 0), INDEX_OUT_OF_RANGE (token or expert ids), UNSUPPORTED (see above), ALIASING (an
+ * output overlaps an input or another output), SIZE_OVERFLOW, BAD_STRIDES, OUT_OF_MEMORY (workspaces are allocated
+ * before the first store).
+ */
 typedef enum mxfp8_activation {
-    MXFP8_ACT_SILU = 0,         /**< x * sigmoid(x) (default) */
-    MXFP8_ACT_SWISH = 1,        /**< x * sigmoid(1.702 x) */
-    MXFP8_ACT_SQUARED_RELU = 2  /**< max(x, 0)^2 */
+    MXFP8_ACT_SILU = 0,         /**< act(x) = x * sigmoid(x) (default; the only one of the NKI MXFP8 kernel) */
+    MXFP8_ACT_SWISH = 1,        /**< act(x) = x * sigmoid(1.702 x) (NKI golden) */
+    MXFP8_ACT_SQUARED_RELU = 2  /**< act(x) = max(x, 0)^2 (NKI golden) */
 } mxfp8_activation;
 
 typedef enum mxfp8_affinity_option {
-    MXFP8_AFFINITY_ON_I = 0,    /**< affinity scales the intermediate (default) */
-    MXFP8_AFFINITY_ON_H = 1     /**< affinity scales the hidden-size output */
+    MXFP8_AFFINITY_ON_I = 0,    /**< the affinity scales the intermediate in the backward's Phase 1/4 (default) */
+    MXFP8_AFFINITY_ON_H = 1     /**< the affinity scales dY (down_proj_act_checkpoint = a * dY) */
 } mxfp8_affinity_option;
 
-/** Number of blocks N = ceil((T*K - (E-1)) / B) + E - 1 (at least E... see mxfp8_moe_route) for T tokens, top-K,
- *  E experts and block size B. Errors: INVALID_ARGUMENT (E < 1, B < 1, K < 1), SIZE_OVERFLOW. */
+/** Number of blocks N = ceil((T*K - (E-1)) / B) + E - 1 (the upstream convention: enough for any routing of T
+ *  tokens to K distinct experts each, one partial block per expert; ceil of a negative value rounds toward zero)
+ *  for T tokens, top-K, E experts and block size B. T = 0 gives E - 1 padding-only blocks.
+ *  Errors: NULL_POINTER (num_blocks), INVALID_ARGUMENT (T < 0, K < 1, K > E, E < 1, B < 1), SIZE_OVERFLOW. */
 MXFP8_API mxfp8_status mxfp8_moe_num_blocks(int64_t T, int64_t top_k, int64_t num_experts, int64_t block_size,
                                             int64_t *num_blocks);
 
-/** Router helper: from topk_ids [T, K] (I32, each in [0, E), distinct per row) and topk_weights [T, K] (F32/BF16/F16)
- *  build token_position_to_id [N*B] I32, block_to_expert [N] or [N, 1] I32 and expert_affinities_masked [T*E, 1]
- *  (F32/BF16; a[t*E+e] = weight of e in row t, 0 if unrouted). Each expert gets ceil(count/B) blocks in expert order,
- *  its tokens ascending, padded with `padding_id` (-1, or T for the zero-row convention); leftover blocks are all
- *  padding and assigned to expert E-1 (the upstream test convention). N from mxfp8_moe_num_blocks.
- *  Errors: NULL_POINTER, DTYPE, SHAPE_MISMATCH, INDEX_OUT_OF_RANGE (expert id), INVALID_ARGUMENT (duplicate ids in a
- *  row, padding_id not -1 or T, E or B < 1). */
+/** Router helper (upstream test convention): from topk_ids [T, K] (I32, each in [0, E), distinct within a row) and
+ *  topk_weights [T, K] (F32/BF16/F16) build
+ *    token_position_to_id [N*B] I32: expert 0's blocks first, then expert 1's, ...; expert e gets ceil(count_e/B)
+ *        blocks holding its tokens in ascending order, the last one padded with padding_id; the remaining blocks up
+ *        to N (mxfp8_moe_num_blocks) are all padding;
+ *    block_to_expert [N] or [N, 1] I32: the expert of each block; padding-only leftover blocks get expert E-1;
+ *    expert_affinities_masked [T*E, 1] or [T*E] (F32/BF16/F16/F64): a[t*E+e] = the weight of e in row t, 0 where
+ *        row t does not route to e (weights are copied, not normalized).
+ *  padding_id: -1 (config skip_token = 1) or T (skip_token = 0).
+ *  Errors: NULL_POINTER, DTYPE, SHAPE_MISMATCH, INDEX_OUT_OF_RANGE (an id outside [0, E)), INVALID_ARGUMENT
+ *  (duplicate id in a row, padding_id not -1 or T, E or B < 1, K > E), ALIASING, SIZE_OVERFLOW. */
 MXFP8_API mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *topk_weights,
                                        int64_t num_experts, int64_t block_size, int32_t padding_id,
                                        mxfp8_tensor *token_position_to_id, mxfp8_tensor *block_to_expert,
                                        mxfp8_tensor *expert_affinities_masked);
 
-/** MXFP8MOEBwdConfig [NKI-E] (also used by the forward). Clamp limits: -INFINITY / +INFINITY mean "None". */
+/** MXFP8MOEBwdConfig [NKI-E] (also used by the forward and the golden references). Clamp limits: -INFINITY /
+ *  +INFINITY mean "None"; a clamp clips g (u) to [lower, upper] in the forward and the backward's masks are strict
+ *  (lower < g < upper), so a value exactly at a limit gets zero gradient. */
 typedef struct mxfp8_moe_config {
-    mxfp8_dtype compute_dtype;           /**< BF16 (default) or F32: dtype of gathered operands before quantization */
-    mxfp8_format quant_dtype;            /**< E4M3 (default) or E5M2 */
-    mxfp8_scale_rule scale_rule;         /**< ours; default NKI */
+    mxfp8_dtype compute_dtype;           /**< BF16 (default) or F32; intermediates are FP32 regardless (see above) */
+    mxfp8_format quant_dtype;            /**< E4M3 (default) or E5M2: element format of every GEMM operand */
+    mxfp8_scale_rule scale_rule;         /**< ours; default MXFP8_SCALE_NKI */
     mxfp8_activation activation;         /**< default SiLU */
-    int shard_option;                    /**< hardware-only (SHARD_ON_FREE=0 ...): accepted, no effect on results */
-    mxfp8_affinity_option affinity_option;
-    mxfp8_matmul_config phase1, phase2, phase3, phase4; /**< per-phase configs (blocking; speed only) */
+    int shard_option;                    /**< hardware-only (SHARD_ON_FREE = 0 default, SHARD_ON_BLOCK = 1,
+                                              SHARD_ON_INTERMEDIATE = 2): validated, no effect on results */
+    mxfp8_affinity_option affinity_option; /**< default AFFINITY_ON_I */
+    mxfp8_matmul_config phase1, phase2, phase3, phase4; /**< per-phase blocking (speed only; see above) */
     int p3_transpose_mode, p4_transpose_mode;           /**< hardware-only: accepted, no effect on results */
     int hidden_states_swizzle_mode, output_grad_swizzle_mode, weight_swizzle_mode; /**< hardware-only: no effect */
     float gate_clamp_lower, gate_clamp_upper, up_clamp_lower, up_clamp_upper; /**< +-INFINITY = no limit */
     int skip_token;                      /**< SkipMode.skip_token: 1 = padding id is -1 (default); 0 = padding id T */
     int skip_weight;                     /**< SkipMode.skip_weight: hardware-only, no effect on results */
     int accumulate_hidden_states_grad;   /**< add into hidden_states_grad instead of overwriting it */
-    int skip_grad_initialization;        /**< weight/bias grads are NOT zeroed first: accumulate into them */
-    int single_expert_dense;             /**< E = 1 dense layout: T % B == 0, N = T/B, identity routing */
-    int bias;                            /**< biases present; bias grads returned */
+    int skip_grad_initialization;        /**< weight and bias grads are NOT zeroed first: the backward adds into them */
+    int single_expert_dense;             /**< E = 1 identity routing (see above); default 0 */
+    int bias;                            /**< the layer has biases b1, b2; bias grads are returned */
     int use_fast_dma;                    /**< hardware-only: no effect on results */
 } mxfp8_moe_config;
 
-/** Defaults of MXFP8MOEBwdConfig(): BF16 compute, E4M3, NKI rule, SiLU, AFFINITY_ON_I, phase configs from
- *  mxfp8_matmul_config_init (with E4M3), no clamp limits, skip_token = 1, all flags 0. */
+/** Defaults of MXFP8MOEBwdConfig(): BF16 compute, E4M3, NKI rule, SiLU, SHARD_ON_FREE, AFFINITY_ON_I, phase configs
+ *  from mxfp8_matmul_config_init (float8_dtype E4M3, output F32), no clamp limits, skip_token = 1, every other flag 0
+ *  (single_expert_dense 0: see above). NULL is ignored. */
 MXFP8_API void mxfp8_moe_config_init(mxfp8_moe_config *config);
 
-/** Forward of the blockwise MoE layer (the pass that produces the backward's checkpoints). */
+/** Inputs of the forward of the blockwise MoE layer (the pass that produces the backward's checkpoints). */
 typedef struct mxfp8_moe_fwd_args {
     mxfp8_tensor hidden_states;            /**< X [T, H], F32/BF16/F16 */
     mxfp8_tensor expert_affinities_masked; /**< a [T*E, 1] (or [T*E]), F32/BF16/F16 */
-    mxfp8_tensor gate_up_proj_weight;      /**< W1 [E, H, 2, I]: high precision, or codes with scales */
-    mxfp8_tensor down_proj_weight;         /**< W2 [E, I, H]: high precision, or codes with scales */
+    mxfp8_tensor gate_up_proj_weight;      /**< W1 [E, H, 2, I]: F32/BF16/F16, or codes with gate_up_weight_scales */
+    mxfp8_tensor down_proj_weight;         /**< W2 [E, I, H]: F32/BF16/F16, or codes with down_weight_scales */
     mxfp8_tensor token_position_to_id;     /**< [N*B] I32; padding -1 (skip_token) or T */
     mxfp8_tensor block_to_expert;          /**< [N] or [N, 1] I32 */
     int64_t block_size;                    /**< B >= 1 */
-    mxfp8_tensor gate_and_up_proj_bias;    /**< b1 [E, 2, I] (config->bias) */
-    mxfp8_tensor down_proj_bias;           /**< b2 [E, H] (config->bias) */
+    mxfp8_tensor gate_and_up_proj_bias;    /**< ours: b1 [E, 2, I] F32/BF16/F16, only with config->bias; absent = 0 */
+    mxfp8_tensor down_proj_bias;           /**< ours: b2 [E, H] F32/BF16/F16, only with config->bias; absent = 0 */
     const mxfp8_moe_config *config;        /**< NULL = defaults */
-    mxfp8_tensor gate_up_weight_scales;    /**< W1 pre-quantized along H: compact [E, 2, I, ceil(H/32)] */
-    mxfp8_tensor down_weight_scales;       /**< W2 pre-quantized along I (fwd) -- see mxfp8_moe_backward */
-    mxfp8_tensor num_valid_tokens;         /**< [1] I32; requires single_expert_dense */
+    mxfp8_tensor gate_up_weight_scales;    /**< W1 pre-quantized along H: [E, ceil(H/32), 2, I] E8M0/U8 */
+    mxfp8_tensor down_weight_scales;       /**< W2 pre-quantized along I: [E, ceil(I/32), H] E8M0/U8 */
+    mxfp8_tensor num_valid_tokens;         /**< [1] (or 0-D) I32; requires single_expert_dense */
 } mxfp8_moe_fwd_args;
 
+/** Outputs of the forward. Checkpoints are optional (absent = not written), F32/BF16/F16; entries at padding
+ *  positions are written as 0. */
 typedef struct mxfp8_moe_fwd_outputs {
-    mxfp8_tensor output;                           /**< [T, H] F32/BF16/F16, required */
-    mxfp8_tensor gate_up_proj_act_checkpoint_T;    /**< [N, 2, I, B]: clamped g at [n,0], u at [n,1]; optional */
-    mxfp8_tensor gate_act_checkpoint_T;            /**< [N, I, B]: act(g); optional */
-    mxfp8_tensor intermediate_checkpoint_T;        /**< [N, I, B]: act(g) * u; optional */
-    mxfp8_tensor scaled_intermediate_checkpoint_T; /**< [N, I, B]: a * act(g) * u; optional */
-    mxfp8_tensor down_proj_output_checkpoint;      /**< ours, [N, B, H]: inter @ W2 + b2 before the affinity;
-                                                        read by the AFFINITY_ON_H backward for the affinity grad */
+    mxfp8_tensor output;                           /**< [T, H] F32/BF16/F16, required; overwritten (rows no block
+                                                        routes are 0); accumulated over blocks in FP32, rounded once */
+    mxfp8_tensor gate_up_proj_act_checkpoint_T;    /**< [N, 2, I, B]: clamped g at [n, 0, i, p], u at [n, 1, i, p] */
+    mxfp8_tensor gate_act_checkpoint_T;            /**< [N, I, B]: act(g) */
+    mxfp8_tensor intermediate_checkpoint_T;        /**< [N, I, B]: act(g) * u */
+    mxfp8_tensor scaled_intermediate_checkpoint_T; /**< [N, I, B]: a * act(g) * u */
+    mxfp8_tensor down_proj_output_checkpoint;      /**< ours, [N, B, H]: inter @ W2 + b2 before the affinity */
 } mxfp8_moe_fwd_outputs;
 
+/** Forward of the blockwise MoE layer (see the section comment). GEMM 1: X_blk [B, H] @ W1[e] [H, 2I], both
+ *  quantized along H; GEMM 2: inter [B, I] @ W2[e] [I, H], both quantized along I; the affinity is applied in FP32
+ *  to the GEMM 2 result (for both affinity options; NKI's AFFINITY_ON_I forward scales inter before quantizing:
+ *  equal in exact arithmetic, and the backward's checkpoints stay independent of the option).
+ *  Errors: see the section comment. */
 MXFP8_API mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs);
 
-/** All parameters of blockwise_mm_bwd_mxfp8 [NKI-E] with the seed page's names (+ optional biases, ours). */
+/** All parameters of blockwise_mm_bwd_mxfp8 [NKI-E] with the seed page's names (+ ours, marked). */
 typedef struct mxfp8_moe_bwd_args {
-    mxfp8_tensor hidden_states;                    /**< X [T, H] */
-    mxfp8_tensor expert_affinities_masked;         /**< a [T*E, 1] */
-    mxfp8_tensor gate_up_proj_weight;              /**< W1 [E, H, 2, I] */
-    mxfp8_tensor down_proj_weight;                 /**< W2 [E, I, H] */
-    mxfp8_tensor token_position_to_id;             /**< [N*B] I32 */
-    mxfp8_tensor block_to_expert;                  /**< [N] or [N, 1] I32 */
-    mxfp8_tensor output_hidden_states_grad;        /**< dY [T, H] */
+    mxfp8_tensor hidden_states;                    /**< X [T, H] F32/BF16/F16 */
+    mxfp8_tensor expert_affinities_masked;         /**< a [T*E, 1] (or [T*E]) F32/BF16/F16 */
+    mxfp8_tensor gate_up_proj_weight;              /**< W1 [E, H, 2, I]: F32/BF16/F16, or codes (see above) */
+    mxfp8_tensor down_proj_weight;                 /**< W2 [E, I, H]: F32/BF16/F16, or codes (see above) */
+    mxfp8_tensor token_position_to_id;             /**< [N*B] I32 (ignored with single_expert_dense) */
+    mxfp8_tensor block_to_expert;                  /**< [N] or [N, 1] I32 (ignored with single_expert_dense) */
+    mxfp8_tensor output_hidden_states_grad;        /**< dY [T, H] F32/BF16/F16 */
     int64_t block_size;                            /**< B >= 1 (upstream 128..4096; any here) */
     mxfp8_tensor gate_up_proj_act_checkpoint_T;    /**< [N, 2, I, B] optional: recomputed from X, W1 when absent */
-    mxfp8_tensor gate_act_checkpoint_T;            /**< [N, I, B] optional */
-    mxfp8_tensor intermediate_checkpoint_T;        /**< [N, I, B] optional */
-    mxfp8_tensor scaled_intermediate_checkpoint_T; /**< [N, I, B] optional */
-    mxfp8_tensor down_proj_act_checkpoint;         /**< [N, B, H] optional: a * dY[t] (AFFINITY_ON_H) */
-    mxfp8_tensor down_proj_output_checkpoint;      /**< ours, [N, B, H] optional: inter @ W2 + b2 (AFFINITY_ON_H) */
-    mxfp8_tensor gate_and_up_proj_bias;            /**< ours, b1 [E, 2, I] (config->bias) */
-    mxfp8_tensor down_proj_bias;                   /**< ours, b2 [E, H] (config->bias) */
+    mxfp8_tensor gate_act_checkpoint_T;            /**< [N, I, B] optional: act(g); recomputed when absent */
+    mxfp8_tensor intermediate_checkpoint_T;        /**< [N, I, B] optional: act(g)*u; recomputed when absent */
+    mxfp8_tensor scaled_intermediate_checkpoint_T; /**< [N, I, B] optional: a*act(g)*u (ON_I Phase 4 operand) */
+    mxfp8_tensor down_proj_act_checkpoint;         /**< [N, B, H] optional: a*dY[t] (ON_H Phase 1/4 operand) */
+    mxfp8_tensor down_proj_output_checkpoint;      /**< ours, [N, B, H] optional: inter @ W2 + b2 (ON_H da) */
+    mxfp8_tensor gate_and_up_proj_bias;            /**< ours, b1 [E, 2, I], only with config->bias; absent = 0 */
+    mxfp8_tensor down_proj_bias;                   /**< ours, b2 [E, H], only with config->bias; absent = 0 */
     const mxfp8_moe_config *config;                /**< NULL = defaults */
-    mxfp8_tensor gate_up_weight_scales;            /**< W1 codes' scales (see the .c doc) */
-    mxfp8_tensor down_weight_scales;               /**< W2 codes' scales */
-    mxfp8_tensor num_valid_tokens;                 /**< [1] I32; requires single_expert_dense */
+    mxfp8_tensor gate_up_weight_scales;            /**< W1 pre-quantized along 2I: [E, H, ceil(2I/32)] E8M0/U8 */
+    mxfp8_tensor down_weight_scales;               /**< W2 pre-quantized along H: [E, I, ceil(H/32)] E8M0/U8 */
+    mxfp8_tensor num_valid_tokens;                 /**< [1] (or 0-D) I32; requires single_expert_dense */
 } mxfp8_moe_bwd_args;
 
+/** Gradients returned by the backward (the seed's return tuple). F32/BF16/F16 each (F64/F32 for the goldens). */
 typedef struct mxfp8_moe_bwd_grads {
-    mxfp8_tensor hidden_states_grad;          /**< [T, H] */
-    mxfp8_tensor expert_affinities_masked_grad; /**< [T*E, 1] */
-    mxfp8_tensor gate_up_proj_weight_grad;    /**< [E, H, 2, I] */
-    mxfp8_tensor down_proj_weight_grad;       /**< [E, I, H] */
-    mxfp8_tensor gate_and_up_proj_bias_grad;  /**< [E, 2, I] when config->bias */
-    mxfp8_tensor down_proj_bias_grad;         /**< [E, H] when config->bias */
+    mxfp8_tensor hidden_states_grad;            /**< [T, H]; += with accumulate_hidden_states_grad */
+    mxfp8_tensor expert_affinities_masked_grad; /**< [T*E, 1] (or [T*E]); overwritten, unrouted pairs 0 */
+    mxfp8_tensor gate_up_proj_weight_grad;      /**< [E, H, 2, I]; += with skip_grad_initialization */
+    mxfp8_tensor down_proj_weight_grad;         /**< [E, I, H]; += with skip_grad_initialization */
+    mxfp8_tensor gate_and_up_proj_bias_grad;    /**< [E, 2, I], required iff config->bias */
+    mxfp8_tensor down_proj_bias_grad;           /**< [E, H], required iff config->bias */
 } mxfp8_moe_bwd_grads;
 
+/** Seed defaults for the args: every tensor absent, block_size 4096, config NULL. NULL is ignored. */
+MXFP8_API void mxfp8_moe_bwd_args_init(mxfp8_moe_bwd_args *args);
+/** Forward args defaults: every tensor absent, block_size 4096, config NULL. NULL is ignored. */
+MXFP8_API void mxfp8_moe_fwd_args_init(mxfp8_moe_fwd_args *args);
+
+/** blockwise_mm_bwd_mxfp8 [NKI-E]: the MXFP8 backward of the layer (see the section comment for the math,
+ *  quantization axes, precision, checkpoints, deviations and errors). */
 MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads);
+
+/** Golden references (FP64, scalar, slow: for tests and the NKI criteria of `mxfp8 moe-bwd`).
+ *  Same args as mxfp8_moe_forward / mxfp8_moe_backward (same validation and errors); outputs/grads are F64 or F32
+ *  views (rounded once from FP64). Everything is computed in FP64 from the inputs (exactly widened); checkpoints in
+ *  args are ignored (the golden recomputes every intermediate itself; for AFFINITY_ON_H, D = a*dY and the down
+ *  projection output come from its own forward). Flags (accumulate_hidden_states_grad, skip_grad_initialization,
+ *  num_valid_tokens, clamps, biases, activation, affinity option) have the same meaning as in the kernels.
+ *  quantized = 0: the unquantized layer (pre-quantized weights enter as their exact dequantized values).
+ *  quantized = 1: every GEMM operand is MX-quantized along that GEMM's contraction axis (1x32 groups,
+ *  config->quant_dtype and scale_rule, values rounded to FP32 first: the quantizer's input type) and dequantized
+ *  exactly, the GEMM then runs in FP64 -- the kernel without its FP32 rounding. Pre-quantized weights are used as
+ *  given where their axis matches, re-quantized from their exact values otherwise (as the kernels do). */
+MXFP8_API mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs,
+                                                int quantized);
+MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads,
+                                                 int quantized);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,177 @@
+/*
+ * moe_internal.h -- what the blockwise MoE files (src/ops/moe_*.c) share: validated problem description, resolved
+ * routing, per-expert weight preparation, the GEMM entry they use, and the FP32 / FP64 activation functions.
+ *
+ * The layer, its backward and every deviation from the seed page are documented in include/mxfp8.h (section
+ * "Blockwise MoE"). The files:
+ *   moe_common.c  config/args defaults, validation (shared by kernels and goldens), routing, weights, GEMM wrapper
+ *   moe_route.c   mxfp8_moe_num_blocks, mxfp8_moe_route
+ *   moe_fwd.c     mxfp8_moe_forward
+ *   moe_bwd.c     mxfp8_moe_backward (phases 1-4)
+ *   moe_golden.c  FP64 references (unquantized and quantized)
+ */
+#ifndef MXFP8_OPS_MOE_INTERNAL_H
+#define MXFP8_OPS_MOE_INTERNAL_H
+
+#include <math.h>
+
+#include "../internal.h"
+
+/** Inputs common to the forward and the backward (pointers into the caller's args). */
+typedef struct mxfp8i_moe_in {
+    const mxfp8_tensor *X, *a, *W1, *W2, *tok, *b2e, *b1, *b2, *W1s, *W2s, *nvt;
+    const mxfp8_tensor *dY; /**< backward only (NULL for the forward) */
+    int64_t B;
+    const mxfp8_moe_config *cfg;
+} mxfp8i_moe_in;
+
+/** A validated problem. Tensor copies have data NULL when absent. */
+typedef struct mxfp8i_moe {
+    const char *fn;
+    int bwd;                          /**< 1: pre-quantized weights use the backward's axes */
+    int64_t T, H, I, E, N, B, V;      /**< V: tokens [0, V) are real (num_valid_tokens, else T) */
+    mxfp8_moe_config cfg;
+    mxfp8_tensor X, a, W1, W2, b1, b2, W1s, W2s, dY;
+    int w1_prequant, w2_prequant;
+    int32_t *tok;                     /**< [N*B]: token in [0, V), or -1 for padding (owned; mxfp8i_moe_free) */
+    int32_t *expert;                  /**< [N] */
+} mxfp8i_moe;
+
+/** Validate the inputs and the config, fill *p (dims, copies) and resolve the routing (allocates p->tok and
+ *  p->expert; INDEX_OUT_OF_RANGE for bad ids). On error nothing is allocated. */
+mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p);
+void mxfp8i_moe_free(mxfp8i_moe *p);
+
+/** Optional tensor check: absent is fine; else rank `ndim`, dtype in {F32, BF16, F16} (plus F64 when allow_f64) and
+ *  the given extents. */
+mxfp8_status mxfp8i_moe_check_tensor(const char *fn, const char *name, const mxfp8_tensor *t, int required,
+                                     int allow_f64, int ndim, const int64_t *shape);
+/** A [n, 1] or [n] float tensor (affinities and their gradient). */
+mxfp8_status mxfp8i_moe_check_vec(const char *fn, const char *name, const mxfp8_tensor *t, int allow_f64, int64_t n);
+/** Error ALIASING if output `o` overlaps any of the `n` views in `v` (absent views are skipped). */
+mxfp8_status mxfp8i_moe_check_alias(const char *fn, const char *oname, const mxfp8_tensor *o, int n,
+                                    const mxfp8_tensor *const *v, const char *const *names);
+
+/** Element (i) of a [n, 1] / [n] view. */
+static inline int64_t mxfp8i_moe_vec_off(const mxfp8_tensor *t, int64_t i) { return i * t->strides[0]; }
+/** Element (r, c) of a 2-D view, as float. */
+static inline float mxfp8i_moe_ld2(const mxfp8_tensor *t, int64_t r, int64_t c) {
+    return mxfp8i_load_f32(t->data, t->dtype, r * t->strides[0] + c * t->strides[1]);
+}
+/** Affinity a[t*E + e] as float. */
+static inline float mxfp8i_moe_aff(const mxfp8i_moe *p, int64_t t, int64_t e) {
+    return mxfp8i_load_f32(p->a.data, p->a.dtype, mxfp8i_moe_vec_off(&p->a, t * p->E + e));
+}
+/** Exact FP32 values of W1[e] as [H][2I] (column j*I + i) and W2[e] as [I][H] (pre-quantized weights dequantized
+ *  with the pass's scale layout). */
+void mxfp8i_moe_load_w1(const mxfp8i_moe *p, int64_t e, float *w1f);
+void mxfp8i_moe_load_w2(const mxfp8i_moe *p, int64_t e, float *w2f);
+/** Bias values b1[e] [2I] and b2[e] [H] as float (zeros when absent or config.bias == 0). */
+void mxfp8i_moe_load_b1(const mxfp8i_moe *p, int64_t e, float *b1);
+void mxfp8i_moe_load_b2(const mxfp8i_moe *p, int64_t e, float *b2);
+
+/** One GEMM operand, logically [R, K] (K = contraction). Either FP32 values quantized on the fly along K
+ *  (v != NULL: element (r, k) at v[r*rs + k*ks]) or pre-quantized 1x32 codes (codes[r*crs + k*cks]) with E8M0
+ *  scales (scales[r*srs + g*sgs]). */
+typedef struct mxfp8i_moe_op {
+    const float *v;
+    int64_t rs, ks;
+    const uint8_t *codes;
+    int64_t crs, cks;
+    const uint8_t *scales;
+    int64_t srs, sgs;
+} mxfp8i_moe_op;
+
+/** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k], C F32 row-major with leading dimension ldc. Both operands
+ *  quantized along K with p->cfg.quant_dtype / scale_rule, 1x32. Deterministic for any thread count.
+ *  Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY. */
+mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, const mxfp8i_moe_op *A,
+                             const mxfp8i_moe_op *B, int accumulate, float *C, int64_t ldc);
+
+/** Per-expert quantized weights (built once per expert, reused by every block of that expert). */
+typedef struct mxfp8i_moe_wq {
+    int64_t e;                       /**< expert held, -1 = none */
+    int want_bwd, want_fwd;          /**< which axes to build */
+    float *w1f, *w2f;                /**< exact FP32 W1[e] [H][2I], W2[e] [I][H] */
+    uint8_t *w1_2i_c, *w1_2i_s;      /**< W1 along 2I: codes [H][2I], scales [H][G(2I)]  (backward Phase 2) */
+    uint8_t *w2_h_c, *w2_h_s;        /**< W2 along H:  codes [I][H],  scales [I][G(H)]   (backward Phase 1) */
+    uint8_t *w1_h_c, *w1_h_s;        /**< W1 along H:  codes [2I][H], scales [2I][G(H)]  (forward GEMM 1) */
+    uint8_t *w2_i_c, *w2_i_s;        /**< W2 along I:  codes [H][I],  scales [H][G(I)]   (forward GEMM 2) */
+} mxfp8i_moe_wq;
+mxfp8_status mxfp8i_moe_wq_alloc(const mxfp8i_moe *p, int want_fwd, int want_bwd, mxfp8i_moe_wq *w);
+void mxfp8i_moe_wq_prepare(const mxfp8i_moe *p, int64_t e, mxfp8i_moe_wq *w);
+void mxfp8i_moe_wq_free(mxfp8i_moe_wq *w);
+/** The operands of the weights (valid after mxfp8i_moe_wq_prepare). */
+mxfp8i_moe_op mxfp8i_moe_op_w1_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w);  /* [2I, H] */
+mxfp8i_moe_op mxfp8i_moe_op_w2_i(const mxfp8i_moe *p, const mxfp8i_moe_wq *w);  /* [H, I] */
+mxfp8i_moe_op mxfp8i_moe_op_w1_2i(const mxfp8i_moe *p, const mxfp8i_moe_wq *w); /* [H, 2I] */
+mxfp8i_moe_op mxfp8i_moe_op_w2_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w);  /* [I, H] */
+
+/** Clamp keeping NaN (absent limits are +-INFINITY). */
+static inline float mxfp8i_moe_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+static inline double mxfp8i_moe_clamp_d(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+/** act(g) in FP32; the same expression everywhere (forward, checkpoints, recompute) so results are bitwise equal. */
+static inline float mxfp8i_moe_act(mxfp8_activation act, float g) {
+    switch (act) {
+    case MXFP8_ACT_SWISH: return g * (1.0f / (1.0f + expf(-1.702f * g)));
+    case MXFP8_ACT_SQUARED_RELU: { float r = g > 0.0f ? g : 0.0f; return r * r; }
+    default: return g * (1.0f / (1.0f + expf(-g)));
+    }
+}
+/** act'(g) in FP32. SiLU: s(1 + g(1 - s)); Swish: s(1 + 1.702 g (1 - s)) with s = sigmoid(1.702 g);
+ *  SquaredReLU: 2 max(g, 0). */
+static inline float mxfp8i_moe_dact(mxfp8_activation act, float g) {
+    switch (act) {
+    case MXFP8_ACT_SWISH: { float s = 1.0f / (1.0f + expf(-1.702f * g)); return s * (1.0f + 1.702f * g * (1.0f - s)); }
+    case MXFP8_ACT_SQUARED_RELU: return g > 0.0f ? 2.0f * g : 0.0f;
+    default: { float s = 1.0f / (1.0f + expf(-g)); return s * (1.0f + g * (1.0f - s)); }
+    }
+}
+static inline double mxfp8i_moe_act_d(mxfp8_activation act, double g) {
+    switch (act) {
+    case MXFP8_ACT_SWISH: return g / (1.0 + exp(-1.702 * g));
+    case MXFP8_ACT_SQUARED_RELU: { double r = g > 0.0 ? g : 0.0; return r * r; }
+    default: return g / (1.0 + exp(-g));
+    }
+}
+static inline double mxfp8i_moe_dact_d(mxfp8_activation act, double g) {
+    switch (act) {
+    case MXFP8_ACT_SWISH: { double s = 1.0 / (1.0 + exp(-1.702 * g)); return s * (1.0 + 1.702 * g * (1.0 - s)); }
+    case MXFP8_ACT_SQUARED_RELU: return g > 0.0 ? 2.0 * g : 0.0;
+    default: { double s = 1.0 / (1.0 + exp(-g)); return s * (1.0 + g * (1.0 - s)); }
+    }
+}
+
+/** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */
+mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,
+                                          int allow_f64);
+mxfp8_status mxfp8i_moe_check_bwd_grads(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_bwd_args *args,
+                                        const mxfp8_moe_bwd_grads *g, int allow_f64);
+/** ALIASING if outputs[i] overlaps any input of `in`, any of `extra`, or another output. */
+mxfp8_status mxfp8i_moe_check_outputs_alias(const char *fn, const mxfp8i_moe_in *in, int n,
+                                            const mxfp8_tensor *const *outs, const char *const *onames,
+                                            const mxfp8_tensor *const *extra, const char *const *enames, int nextra);
+/** The common inputs of forward / backward args. */
+void mxfp8i_moe_in_fwd(const mxfp8_moe_fwd_args *a, mxfp8i_moe_in *in);
+void mxfp8i_moe_in_bwd(const mxfp8_moe_bwd_args *a, mxfp8i_moe_in *in);
+/** Index of the last real position of block n plus one (0 for a padding-only block). */
+static inline int64_t mxfp8i_moe_block_len(const mxfp8i_moe *p, int64_t n) {
+    for (int64_t q = p->B; q > 0; q--)
+        if (p->tok[n * p->B + q - 1] >= 0) return q;
+    return 0;
+}
+/** Store v into element `off` of a F32/BF16/F16/F64 view. */
+static inline void mxfp8i_moe_st(const mxfp8_tensor *t, int64_t off, double v) {
+    if (t->dtype == MXFP8_DTYPE_F64) ((double *)t->data)[off] = v;
+    else mxfp8i_store_f32(t->data, t->dtype, off, (float)v);
+}
+static inline double mxfp8i_moe_ld(const mxfp8_tensor *t, int64_t off) {
+    if (t->dtype == MXFP8_DTYPE_F64) return ((const double *)t->data)[off];
+    return (double)mxfp8i_load_f32(t->data, t->dtype, off);
+}
+
+/** Number of groups of 32 along an axis of length K. */
+static inline int64_t mxfp8i_moe_groups(int64_t K) { return (K + 31) / 32; }
+
+#endif /* MXFP8_OPS_MOE_INTERNAL_H */

@@ -1,0 +1,158 @@
+/*
+ * moe_route.c -- block layout of a top-K routing (the upstream blockwise MoE test convention) [NKI-E].
+ *
+ * Contract (include/mxfp8.h): N = ceil((T*K - (E-1)) / B) + E - 1 blocks. Expert e gets ceil(count_e / B) blocks in
+ * expert order, holding its tokens in ascending order and padded with padding_id; the remaining blocks are all
+ * padding and belong to expert E-1. a[t*E + e] is the top-K weight of e in row t (0 when not routed).
+ * Every input is validated before an output is written.
+ */
+#include <stdlib.h>
+
+#include "moe_internal.h"
+
+static int64_t ceil_div_signed(int64_t num, int64_t den) { /* den > 0; rounds toward +inf */
+    return num >= 0 ? (num + den - 1) / den : -((-num) / den);
+}
+
+mxfp8_status mxfp8_moe_num_blocks(int64_t T, int64_t top_k, int64_t num_experts, int64_t block_size,
+                                  int64_t *num_blocks) {
+    static const char *fn = "mxfp8_moe_num_blocks";
+    mxfp8i_clear_error();
+    if (!num_blocks) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: num_blocks is NULL", fn);
+    if (T < 0) return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: T = %lld is negative", fn, (long long)T);
+    if (num_experts < 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: num_experts = %lld must be >= 1", fn,
+                            (long long)num_experts);
+    if (top_k < 1 || top_k > num_experts)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: top_k = %lld must be in [1, num_experts = %lld]", fn,
+                            (long long)top_k, (long long)num_experts);
+    if (block_size < 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: block_size = %lld must be >= 1", fn,
+                            (long long)block_size);
+    int64_t TK;
+    if (!mxfp8i_mul_size(T, top_k, &TK) || TK > INT64_MAX - block_size)
+        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: T*top_k overflows", fn);
+    *num_blocks = ceil_div_signed(TK - (num_experts - 1), block_size) + num_experts - 1;
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *topk_weights, int64_t num_experts,
+                             int64_t block_size, int32_t padding_id, mxfp8_tensor *token_position_to_id,
+                             mxfp8_tensor *block_to_expert, mxfp8_tensor *expert_affinities_masked) {
+    static const char *fn = "mxfp8_moe_route";
+    mxfp8i_clear_error();
+    mxfp8_status st;
+    if (!topk_ids || !topk_weights || !token_position_to_id || !block_to_expert || !expert_affinities_masked)
+        return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: a tensor argument is NULL", fn);
+    if ((st = mxfp8i_check_rank(fn, "topk_ids", topk_ids, 2))) return st;
+    if ((st = mxfp8i_check_dtype(fn, "topk_ids", topk_ids, 1, MXFP8_DTYPE_I32))) return st;
+    if ((st = mxfp8i_check_rank(fn, "topk_weights", topk_weights, 2))) return st;
+    if (!mxfp8i_is_float_dtype(topk_weights->dtype))
+        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: topk_weights has dtype %s (expected f32, bf16 or f16)", fn,
+                            mxfp8_dtype_name(topk_weights->dtype));
+    if ((st = mxfp8i_check_same_shape(fn, "topk_ids", topk_ids, "topk_weights", topk_weights))) return st;
+    const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], E = num_experts, B = block_size;
+    if (padding_id != -1 && (int64_t)padding_id != T)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: padding_id %d must be -1 or T = %lld", fn,
+                            (int)padding_id, (long long)T);
+    if (T > INT32_MAX - 1)
+        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: T = %lld does not fit int32 token ids", fn, (long long)T);
+    int64_t N;
+    if ((st = mxfp8_moe_num_blocks(T, K, E, B, &N))) {
+        /* re-raise with this function's name */
+        return mxfp8i_error(st, "%s: T = %lld, top_k = %lld, num_experts = %lld, block_size = %lld: %s", fn,
+                            (long long)T, (long long)K, (long long)E, (long long)B, "invalid routing sizes (need "
+                            "num_experts >= 1, 1 <= top_k <= num_experts, block_size >= 1)");
+    }
+    int64_t NB, TE;
+    if (!mxfp8i_mul_size(N, B, &NB) || !mxfp8i_mul_size(T, E, &TE))
+        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: N*B or T*E overflows", fn);
+    if ((st = mxfp8i_check_rank(fn, "token_position_to_id", token_position_to_id, 1))) return st;
+    if ((st = mxfp8i_check_dtype(fn, "token_position_to_id", token_position_to_id, 1, MXFP8_DTYPE_I32))) return st;
+    if (token_position_to_id->shape[0] != NB)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: token_position_to_id has %lld entries, expected N*B = %lld",
+                            fn, (long long)token_position_to_id->shape[0], (long long)NB);
+    if ((st = mxfp8i_check_view(fn, "block_to_expert", block_to_expert))) return st;
+    if ((st = mxfp8i_check_dtype(fn, "block_to_expert", block_to_expert, 1, MXFP8_DTYPE_I32))) return st;
+    if (!(block_to_expert->ndim == 1 || (block_to_expert->ndim == 2 && block_to_expert->shape[1] == 1)) ||
+        block_to_expert->shape[0] != N)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: block_to_expert must be [N] or [N, 1] with N = %lld", fn,
+                            (long long)N);
+    if ((st = mxfp8i_moe_check_vec(fn, "expert_affinities_masked", expert_affinities_masked, 1, TE))) return st;
+    {
+        const mxfp8_tensor *outs[3] = {token_position_to_id, block_to_expert, expert_affinities_masked};
+        const char *names[3] = {"token_position_to_id", "block_to_expert", "expert_affinities_masked"};
+        const mxfp8_tensor *ins[5] = {topk_ids, topk_weights, token_position_to_id, block_to_expert,
+                                      expert_affinities_masked};
+        const char *inames[5] = {"topk_ids", "topk_weights", "token_position_to_id", "block_to_expert",
+                                 "expert_affinities_masked"};
+        for (int o = 0; o < 3; o++)
+            if ((st = mxfp8i_moe_check_alias(fn, names[o], outs[o], 5, ins, inames))) return st;
+    }
+
+    /* Read and check every id. */
+    int64_t *count = (int64_t *)calloc((size_t)E, sizeof(int64_t));
+    int64_t *cursor = (int64_t *)calloc((size_t)E, sizeof(int64_t));
+    int64_t *seen = (int64_t *)malloc((size_t)E * sizeof(int64_t));
+    if (!count || !cursor || !seen) {
+        free(count); free(cursor); free(seen);
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld expert counters", fn, (long long)E);
+    }
+    for (int64_t e = 0; e < E; e++) seen[e] = -1;
+    const int32_t *ids = (const int32_t *)topk_ids->data;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < K; k++) {
+            int32_t e = ids[t * topk_ids->strides[0] + k * topk_ids->strides[1]];
+            if (e < 0 || e >= E) {
+                free(count); free(cursor); free(seen);
+                return mxfp8i_error(MXFP8_ERR_INDEX_OUT_OF_RANGE,
+                                    "%s: topk_ids[%lld, %lld] = %d is out of range [0, num_experts = %lld)", fn,
+                                    (long long)t, (long long)k, (int)e, (long long)E);
+            }
+            if (seen[e] == t) {
+                free(count); free(cursor); free(seen);
+                return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: topk_ids row %lld names expert %d twice", fn,
+                                    (long long)t, (int)e);
+            }
+            seen[e] = t;
+            count[e]++;
+        }
+    int64_t used = 0;
+    for (int64_t e = 0; e < E; e++) {
+        cursor[e] = used * B; /* first position of expert e */
+        used += mxfp8i_ceil_div(count[e], B);
+    }
+    if (used > N) { /* cannot happen: N bounds any routing */
+        free(count); free(cursor); free(seen);
+        return mxfp8i_error(MXFP8_ERR_INTERNAL, "%s: routing needs %lld blocks > N = %lld", fn, (long long)used,
+                            (long long)N);
+    }
+
+    /* Write. */
+    int32_t *tp = (int32_t *)token_position_to_id->data;
+    const int64_t ts = token_position_to_id->strides[0];
+    for (int64_t i = 0; i < NB; i++) tp[i * ts] = padding_id;
+    int32_t *be = (int32_t *)block_to_expert->data;
+    const int64_t bs = block_to_expert->strides[0];
+    {
+        int64_t n = 0;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t b = 0; b < mxfp8i_ceil_div(count[e], B); b++) be[(n++) * bs] = (int32_t)e;
+        for (; n < N; n++) be[n * bs] = (int32_t)(E - 1);
+    }
+    mxfp8_tensor *a = expert_affinities_masked;
+    for (int64_t i = 0; i < TE; i++) mxfp8i_store_f32(a->data, a->dtype, i * a->strides[0], 0.0f);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < K; k++) {
+            int32_t e = ids[t * topk_ids->strides[0] + k * topk_ids->strides[1]];
+            tp[(cursor[e]++) * ts] = (int32_t)t;
+            float w = mxfp8i_load_f32(topk_weights->data, topk_weights->dtype,
+                                      t * topk_weights->strides[0] + k * topk_weights->strides[1]);
+            if (a->dtype == MXFP8_DTYPE_F64)
+                ((double *)a->data)[(t * E + e) * a->strides[0]] = (double)w;
+            else
+                mxfp8i_store_f32(a->data, a->dtype, (t * E + e) * a->strides[0], w);
+        }
+    free(count); free(cursor); free(seen);
+    return MXFP8_OK;
+}
