@@ -454,3 +454,73 @@ def test_moe_bwd_bundle_round_trip(tmp_path, rng):
         got = g[name]
         assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape, got.dtype)
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=name)
+
+
+def _route_numpy(ids, wts, E, B, T, padding=-1):
+    """The upstream routing convention, written here from issue 4: expert e gets ceil(count_e / B) blocks with its
+    tokens ascending; leftover blocks up to N = ceil((T*K - (E-1)) / B) + E - 1 are padding, expert E - 1."""
+    K = ids.shape[1]
+    N = -(-(T * K - (E - 1)) // B) + E - 1
+    tpi, b2e = [], []
+    for e in range(E):
+        toks = [t for t in range(T) if e in ids[t]]
+        for j in range(-(-len(toks) // B)):
+            blk = toks[j * B:(j + 1) * B]
+            tpi += blk + [padding] * (B - len(blk))
+            b2e.append(e)
+    while len(b2e) < N:
+        tpi += [padding] * B
+        b2e.append(E - 1)
+    ea = np.zeros((T * E, 1), np.float32)
+    for t in range(T):
+        for k in range(K):
+            ea[t * E + ids[t, k]] = wts[t, k]
+    return np.array(tpi), np.array(b2e, np.int32).reshape(-1, 1), ea
+
+
+def test_moe_bwd_bundle_routing_forms_agree(tmp_path, rng):
+    """topk_ids routing, explicit routing (int64 ids, padding -1) and the zero-row padding convention (id T) give
+    bitwise the same gradients."""
+    if not _have("moe-bwd"):
+        pytest.skip("moe-bwd not built yet")
+    p = _moe_problem(rng)
+    T, E, B = 40, 3, 16
+    st_save(tmp_path / "topk.safetensors", p)
+    r = run("moe-bwd", "--inputs", tmp_path / "topk.safetensors", "--output", tmp_path / "g.safetensors")
+    assert_clean_error(r, "moe-bwd", tmp_path, ["topk.safetensors"])  # needs --block-size
+    run("moe-bwd", "--inputs", tmp_path / "topk.safetensors", "--output", tmp_path / "g0.safetensors",
+        "--block-size", B, "--quiet", check_rc=0)
+    g0 = st_load(tmp_path / "g0.safetensors")
+    tpi, b2e, ea = _route_numpy(p["topk_ids"], p["topk_weights"], E, B, T)
+    base = {k: v for k, v in p.items() if not k.startswith("topk")}
+    for name, ids in (("neg", tpi.astype(np.int64)), ("zero_row", np.where(tpi < 0, T, tpi).astype(np.int32))):
+        st_save(tmp_path / f"{name}.safetensors", {**base, "token_position_to_id": ids, "block_to_expert": b2e,
+                                                   "expert_affinities_masked": ea.astype(BF16)})
+        run("moe-bwd", "--inputs", tmp_path / f"{name}.safetensors", "--output", tmp_path / f"{name}.out.safetensors",
+            "--quiet", check_rc=0)
+        g = st_load(tmp_path / f"{name}.out.safetensors")
+        assert sorted(g) == sorted(g0)
+        for k in g0:
+            np.testing.assert_array_equal(g[k].view(np.uint8), g0[k].view(np.uint8), err_msg=f"{name}: {k}")
+
+
+def test_moe_bwd_bad_bundles(tmp_path, rng):
+    if not _have("moe-bwd"):
+        pytest.skip("moe-bwd not built yet")
+    p = _moe_problem(rng)
+    T, E, B = 40, 3, 16
+    tpi, b2e, ea = _route_numpy(p["topk_ids"], p["topk_weights"], E, B, T)
+    base = {k: v for k, v in p.items() if not k.startswith("topk")}
+    bad = {
+        "token_id_above_T": {**base, "token_position_to_id": np.where(tpi == 5, T + 1, tpi).astype(np.int32),
+                             "block_to_expert": b2e, "expert_affinities_masked": ea},
+        "expert_id_out_of_range": {**base, "token_position_to_id": tpi.astype(np.int32),
+                                   "block_to_expert": np.full_like(b2e, E), "expert_affinities_masked": ea},
+        "missing_down_proj_weight": {k: v for k, v in p.items() if k != "down_proj_weight"},
+        "shape_mismatch": {**p, "output_hidden_states_grad": p["output_hidden_states_grad"][:-1]},
+    }
+    for name, tensors in bad.items():
+        st_save(tmp_path / "bad.safetensors", tensors)
+        r = run("moe-bwd", "--inputs", tmp_path / "bad.safetensors", "--output", tmp_path / "g.safetensors",
+                "--block-size", B, "--quiet")
+        assert_clean_error(r, "moe-bwd", tmp_path, ["bad.safetensors"])
