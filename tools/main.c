@@ -19,6 +19,7 @@ static const command k_commands[] = {
     {"quantize", cmd_quantize, "MX-quantize a .npy/.safetensors tensor along an axis -> data + scales"},
     {"dequantize", cmd_dequantize, "dequantize data + scales back to F32, BF16 or F16"},
     {"matmul-bwd", cmd_matmul_bwd, "MXFP8 backward of a linear layer (NKI matmul_mxfp8_backward), checked"},
+    {"moe-bwd", cmd_moe_bwd, "MXFP8 blockwise MoE backward (NKI blockwise_mm_bwd_mxfp8), checked: the main job"},
     {"info", cmd_info, "version, CPU features, the ISA path chosen and why, threads"},
 };
 
