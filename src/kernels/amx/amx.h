@@ -1,0 +1,102 @@
+/*
+ * amx.h -- the AMX-BF16 GEMM microkernel (src/kernels/amx/gemm_bf16_amx.c): panel format, contract, guard.
+ *
+ * Why it can be exact
+ * -------------------
+ * A dequantized MXFP8 value is fp8 * 2^e: at most 4 (E4M3) or 3 (E5M2) significant bits, so it is exact in BF16
+ * whenever it is a BF16 normal. The product of two BF16 values has at most 16 significant bits, so it is exact in FP32
+ * when it lies in FP32's normal range. The Intel SDM defines TDPBF16PS per output element as
+ *     acc += FP32(a[2p]) * FP32(b[2p]);  acc += FP32(a[2p+1]) * FP32(b[2p+1])     for p ascending, RNE,
+ * with BF16 subnormal inputs read as zero (DAZ) and subnormal results flushed to zero (FTZ). With exact products each
+ * step is acc = RNE(acc + a*b) = fmaf(a, b, acc): the same sequence as the reference F32 microkernel (ukernel.h). So
+ * the AMX kernel equals the reference BIT FOR BIT wherever neither DAZ nor FTZ can act and no product overflows:
+ *   (1) every input value is zero or a BF16 normal (else DAZ would zero it, or BF16 could not hold it), and
+ *   (2) every product and every partial sum is zero or >= 2^-126 in magnitude (else FTZ would zero it). If the lowest
+ *       set bit of every nonzero a is >= 2^qa, of every b >= 2^qb and of the starting acc >= 2^qc, with
+ *       qa + qb >= -126 and qc >= -126, every partial sum is a multiple of 2^-126 (exact sums of such multiples stay
+ *       multiples; rounding to FP32 keeps a multiple of 2^-126 when the value is >= 2^-126), hence zero or normal.
+ *   (3) |a| < 2^(ea+1), |b| < 2^(eb+1) with ea + eb <= 126: the product is below FP32's overflow.
+ * The packer records, per 16-row tile and 32-step chunk of k ("tile-chunk"), qmin = min over nonzero values of the
+ * exponent of the lowest set bit, emax = max exponent, and whether any value is not a BF16 normal/zero (then the
+ * chunk is stored in FP32). The kernel runs a chunk on AMX only when (1)-(3) hold for all four tile pairs and the
+ * accumulators satisfy qc >= -126 and are finite (checked after load and after every exact chunk); otherwise it
+ * stores the accumulators and runs that chunk with AVX-512 FMAs in ascending k (the reference sequence), then
+ * reloads. A trailing partial chunk (kc % 32) always takes the exact path (no zero padding enters a sum).
+ * Whether the hardware really follows the SDM sequence (rather than, e.g., adding the two products of a pair with a
+ * single rounding) is checked once at first use by mxfp8i_amx_self_test(), on adversarial data; if it does not, AMX
+ * is not used.
+ *
+ * Panel format (MXFP8I_PANEL "BF16_AMX"); a panel holds 32 rows (A: rows of C; B: columns of C) and all of K
+ * ----------------------------------------------------------------------------------------------------------------
+ *   chunks = ceil(K / 32); slot (c, t) for chunk c and tile t in {0, 1} (rows 16t .. 16t+15) at byte
+ *   (c * 2 + t) * MXFP8I_AMX_SLOT; meta[c * 2 + t] describes it. k = 32c + kk.
+ *   A slot, BF16 (meta.f32 == 0): bf16 of row 16t+r, step kk at byte r*64 + kk*2          (an AMX A tile, 16 x 64 B)
+ *   A slot, FP32 (meta.f32 == 1): float of row 16t+r, step kk at byte r*128 + kk*4
+ *   B slot, BF16: bf16 of row 16t+j, step kk at byte (kk/2)*64 + j*4 + (kk%2)*2            (an AMX B tile, VNNI pairs)
+ *   B slot, FP32: float of row 16t+j, step kk at byte kk*64 + j*4
+ *   Rows >= the operand's row count and steps >= K are zero.
+ * The slot is 2 KiB so either form fits; a BF16 slot uses only its first 1 KiB (the rest is never read).
+ *
+ * Microkernel contract (mxfp8i_bf16_gemm_32x32__amx): for i < mr, j < nr (1 <= mr, nr <= 32), kc >= 1:
+ *   acc = load_c ? c[i*ldc + j] : +0.0f;  for k = 0 .. kc-1: acc = fmaf(A[i][k], B[j][k], acc);  c[i*ldc + j] = acc
+ * where A/B are the panels' values from chunk 0 of the pointers given (the caller offsets a, b and the meta arrays to
+ * chunk k0/32: k0 must be a multiple of 32). Only the mr x nr valid elements of c are read or written. That is the
+ * reference contract of ukernel.h (with MR = NR = 32), bit for bit -- on a CPU where the self-test passed.
+ *
+ * Guard: call anything here only when mxfp8i_isa() == MXFP8_ISA_AMX (this folder is compiled with AVX-512 and AMX
+ * flags). The emulation entry (..._amxemu) needs AVX-512F/BW only; it exists for the tests.
+ */
+#ifndef MXFP8_KERNELS_AMX_H
+#define MXFP8_KERNELS_AMX_H
+
+#include <stdint.h>
+
+#define MXFP8I_AMX_MR 32     /**< rows of C per call (2 tiles of 16) */
+#define MXFP8I_AMX_NR 32     /**< columns of C per call (2 tiles of 16) */
+#define MXFP8I_AMX_KCHUNK 32 /**< k steps per chunk: one MX group when the chunk starts at a multiple of 32 */
+#define MXFP8I_AMX_SLOT 2048 /**< bytes of one (chunk, tile) slot */
+
+/** Per (chunk, tile) facts written by the packer and read by the kernel. */
+typedef struct mxfp8i_amx_meta {
+    int16_t qmin;  /**< min over nonzero values of the exponent of the lowest set bit (+1000 if all zero) */
+    int16_t emax;  /**< max over nonzero values of the unbiased exponent (-1000 if all zero) */
+    uint8_t f32;   /**< 1: some value is not zero or a BF16 normal (subnormal, > 8 significant bits, Inf, NaN);
+                        the slot holds FP32 and the chunk always takes the exact path */
+    uint8_t pad[3];
+} mxfp8i_amx_meta;
+
+/** Number of chunks and bytes of a panel covering K steps. */
+static inline int64_t mxfp8i_amx_chunks(int64_t K) { return (K + MXFP8I_AMX_KCHUNK - 1) / MXFP8I_AMX_KCHUNK; }
+static inline int64_t mxfp8i_amx_panel_bytes(int64_t K) { return mxfp8i_amx_chunks(K) * 2 * MXFP8I_AMX_SLOT; }
+
+/** Pack rows [0, rows) (rows <= 32) of an FP32 matrix src[r*rs + k], k < K, as an A panel (pack_a: rows of C) or a
+ *  B panel (pack_b: columns of C), with meta[chunks*2]. panel must be 64-byte aligned, mxfp8i_amx_panel_bytes(K)
+ *  long. The values should be exact dequantized MX values (any FP32 is accepted: what BF16 cannot hold exactly is
+ *  stored in FP32 and computed on the exact path). */
+void mxfp8i_amx_pack_a(const float *src, int64_t rs, int rows, int64_t K, uint8_t *panel, mxfp8i_amx_meta *meta);
+void mxfp8i_amx_pack_b(const float *src, int64_t rs, int rows, int64_t K, uint8_t *panel, mxfp8i_amx_meta *meta);
+
+/** The AMX microkernel (contract above). Needs AMX-TILE + AMX-BF16 and XTILEDATA permission. */
+void mxfp8i_bf16_gemm_32x32__amx(int64_t kc, const uint8_t *a, const mxfp8i_amx_meta *am, const uint8_t *b,
+                                 const mxfp8i_amx_meta *bm, float *c, int64_t ldc, int mr, int nr, int load_c);
+
+/** The same kernel with every tile instruction replaced by a C emulation of the SDM definition (DAZ, FTZ, RNE, the
+ *  sequential pair order). route = 0 disables the exact-path routing (every full chunk goes to the "tiles"): a
+ *  negative control for the tests. Needs AVX-512F/BW. */
+void mxfp8i_bf16_gemm_32x32__amxemu(int64_t kc, const uint8_t *a, const mxfp8i_amx_meta *am, const uint8_t *b,
+                                    const mxfp8i_amx_meta *bm, float *c, int64_t ldc, int mr, int nr, int load_c,
+                                    int route);
+
+/** One-time self-test of the real AMX kernel against the reference F32 microkernel on small deterministic problems
+ *  (random MX-like groups, a group with BF16-subnormal dequantized values, tiny-product groups, near-overflow groups,
+ *  a pair-rounding trap, partial tiles, a K tail, load_c). Returns NULL when every result is bitwise equal, else a
+ *  static sentence saying what differed. Thread-safe; the result is computed once and cached. Call only when the CPU
+ *  has AMX-TILE + AMX-BF16 and arch_prctl granted XTILEDATA. */
+const char *mxfp8i_amx_self_test(void);
+
+/** The self-test's problem generator and checker, run against any kernel with the contract above (tests use it with
+ *  the emulation). kind: 0 = real AMX, 1 = emulation, 2 = emulation without routing. Returns the number of cases
+ *  that differ from the reference (0 = all bitwise equal); *ncases gets the number of cases run. */
+int mxfp8i_amx_check_kernel(int kind, int *ncases);
+
+#endif /* MXFP8_KERNELS_AMX_H */
