@@ -50,7 +50,7 @@ static int pick_tensor(const char *cmd, const char *path, tf_set *set, const cha
     }
     if (set->n != 1)
         return cli_error(cmd, "%s holds %d tensors; choose one with --tensor NAME", path, set->n);
-    *out = &set->t[0];
+    *out = set->t[0];
     return CLI_OK;
 }
 

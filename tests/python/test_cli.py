@@ -430,6 +430,48 @@ def test_moe_bwd_default_problem_small():
     assert "verdict: PASS" in r.stdout
 
 
+@pytest.mark.parametrize("extra", ["--bias", "--affinity on_h --activation swish --B 7",
+                                   "--activation squared_relu", "--gate-clamp -0.5,0.5 --up-clamp ,0.3",
+                                   "--float8-dtype float8_e5m2 --scale-rule rceil --grad-dtype f32 --threads 1",
+                                   "--T 0", "--E 1 --topk 1 --single-expert-dense"])
+def test_moe_bwd_options(tmp_path, extra):
+    if not _have("moe-bwd"):
+        pytest.skip("moe-bwd not built yet")
+    args = {"--H": "64", "--T": "48", "--E": "3", "--B": "16", "--topk": "2", "--I": "40"}
+    rest = []
+    toks = extra.split()
+    while toks:
+        k = toks.pop(0)
+        if k in args:
+            args[k] = toks.pop(0)
+        else:
+            rest.append(k)
+    flat = [x for kv in args.items() for x in kv] + rest
+    r = run("moe-bwd", *flat, "--output", tmp_path / "g.safetensors", check_rc=0)
+    assert "verdict: PASS" in r.stdout
+    g = st_load(tmp_path / "g.safetensors")
+    want = {"hidden_states_grad", "expert_affinities_masked_grad", "gate_up_proj_weight_grad",
+            "down_proj_weight_grad"}
+    if "--bias" in extra:
+        want |= {"gate_and_up_proj_bias_grad", "down_proj_bias_grad"}
+    assert set(g) == want
+    for v in g.values():
+        assert not np.isnan(v.astype(np.float32)).any()
+
+
+def test_moe_bwd_failed_criterion_exits_1(tmp_path):
+    """SquaredReLU with tight clamps: quantization moves pre-activations across the clamp limits, so the gate/up
+    weight gradient misses the cosine criterion against the unquantized golden (while it matches the quantized FP64
+    reference): exit 1, the table says FAIL, and the computed gradients are still written."""
+    if not _have("moe-bwd"):
+        pytest.skip("moe-bwd not built yet")
+    r = run("moe-bwd", "--H", "64", "--T", "48", "--E", "3", "--B", "16", "--topk", "2", "--I", "40", "--activation",
+            "squared_relu", "--gate-clamp", "-0.5,0.5", "--up-clamp", ",0.3", "--output", tmp_path / "g.safetensors")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "verdict: FAIL" in r.stdout and "FAIL" in r.stdout.split("gate_up_proj_weight_grad")[1].splitlines()[0]
+    assert os.path.exists(tmp_path / "g.safetensors")
+
+
 def test_moe_bwd_bundle_round_trip(tmp_path, rng):
     if not _have("moe-bwd"):
         pytest.skip("moe-bwd not built yet")

@@ -271,7 +271,7 @@ int tf_st_write(tf_atomic *a, const tf_set *set, char *err, size_t errlen) {
     if (!meta || !cJSON_AddStringToObject(meta, "producer", "mxfp8")) goto oom;
     uint64_t off = 0;
     for (int i = 0; i < set->n; i++) {
-        const tf_tensor *t = &set->t[i];
+        const tf_tensor *t = set->t[i];
         if (!strcmp(t->name, "__metadata__")) {
             tf_err(err, errlen, "a tensor may not be named '__metadata__'");
             goto out;
@@ -299,7 +299,7 @@ int tf_st_write(tf_atomic *a, const tf_set *set, char *err, size_t errlen) {
         tf_atomic_write(a, spaces, padded - jl, err, errlen))
         goto out;
     for (int i = 0; i < set->n; i++)
-        if (tf_atomic_write(a, set->t[i].data, set->t[i].nbytes, err, errlen)) goto out;
+        if (tf_atomic_write(a, set->t[i]->data, set->t[i]->nbytes, err, errlen)) goto out;
     rc = 0;
     goto out;
 oom:

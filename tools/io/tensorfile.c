@@ -73,14 +73,14 @@ const char *tf_shape_str(int ndim, const int64_t *shape, char *buf, size_t len) 
 
 tf_tensor *tf_find(const tf_set *set, const char *name) {
     for (int i = 0; i < set->n; i++)
-        if (!strcmp(set->t[i].name, name)) return &set->t[i];
+        if (!strcmp(set->t[i]->name, name)) return set->t[i];
     return NULL;
 }
 
 static int set_reserve(tf_set *set, char *err, size_t errlen) {
     if (set->n < set->cap) return 0;
     int cap = set->cap ? set->cap * 2 : 8;
-    tf_tensor *t = realloc(set->t, (size_t)cap * sizeof *t);
+    tf_tensor **t = realloc(set->t, (size_t)cap * sizeof *t);
     if (!t) return tf_err(err, errlen, "out of memory");
     set->t = t;
     set->cap = cap;
@@ -98,9 +98,13 @@ int tf_add(tf_set *set, const char *name, tf_dtype dtype, int ndim, const int64_
     if (numel < 0) return tf_err(err, errlen, "tensor '%s': shape is negative or its size overflows", name);
     if (set_reserve(set, err, errlen)) return -1;
     char *nm = strdup(name);
-    if (!nm) return tf_err(err, errlen, "out of memory");
-    tf_tensor *t = &set->t[set->n++];
-    memset(t, 0, sizeof *t);
+    tf_tensor *t = calloc(1, sizeof *t);
+    if (!nm || !t) {
+        free(nm);
+        free(t);
+        return tf_err(err, errlen, "out of memory");
+    }
+    set->t[set->n++] = t;
     t->name = nm;
     t->dtype = dtype;
     t->ndim = ndim;
@@ -128,14 +132,15 @@ tf_tensor *tf_add_new(tf_set *set, const char *name, tf_dtype dtype, int ndim, c
         free(data);
         return NULL;
     }
-    return &set->t[set->n - 1];
+    return set->t[set->n - 1];
 }
 
 void tf_free(tf_set *set) {
     if (!set) return;
     for (int i = 0; i < set->n; i++) {
-        free(set->t[i].name);
-        free(set->t[i].data);
+        free(set->t[i]->name);
+        free(set->t[i]->data);
+        free(set->t[i]);
     }
     free(set->t);
     memset(set, 0, sizeof *set);
@@ -421,12 +426,12 @@ int tf_check_writable(const char *path, int n_tensors, char *err, size_t errlen)
 int tf_save(const char *path, const tf_set *set, char *err, size_t errlen) {
     int npy = has_ext(path, ".npy");
     if (tf_check_writable(path, set->n, err, errlen)) return -1;
-    if (npy && !tf_npy_dtype_ok(set->t[0].dtype))
+    if (npy && !tf_npy_dtype_ok(set->t[0]->dtype))
         return tf_err(err, errlen, "%s: dtype %s cannot be stored in .npy (use .safetensors or --dtype f32)", path,
-                      tf_dtype_name(set->t[0].dtype));
+                      tf_dtype_name(set->t[0]->dtype));
     tf_atomic a;
     if (tf_atomic_open(&a, path, err, errlen)) return -1;
-    int rc = npy ? tf_npy_write(&a, &set->t[0], err, errlen) : tf_st_write(&a, set, err, errlen);
+    int rc = npy ? tf_npy_write(&a, set->t[0], err, errlen) : tf_st_write(&a, set, err, errlen);
     if (rc) {
         tf_atomic_abort(&a);
         return -1;

@@ -46,9 +46,10 @@ typedef struct tf_tensor {
     void *data;                      /**< owned (NULL allowed when nbytes == 0) */
 } tf_tensor;
 
-/** A list of tensors, in file (or insertion) order. */
+/** A list of tensors, in file (or insertion) order. Each tensor is its own allocation: pointers returned by
+ *  tf_find / tf_add_new stay valid while more tensors are added, until tf_free. */
 typedef struct tf_set {
-    tf_tensor *t;
+    tf_tensor **t;
     int n, cap;
 } tf_set;
 
