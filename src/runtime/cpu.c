@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../internal.h"
+#include "../kernels/amx/amx.h" /* [perf hook] mxfp8i_amx_self_test */
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -59,8 +60,11 @@ static void detect(void) {
         best = MXFP8_ISA_AVX512;
         reason = in->has_amx_tile ? "AMX not permitted by the OS" : "cpu lacks AMX-BF16";
         if (in->has_amx_tile && in->has_amx_bf16 && in->amx_permitted) {
-            best = MXFP8_ISA_AMX;
-            reason = "best available";
+            /* [perf hook] AMX only after the AMX GEMM kernel reproduced the reference on this CPU
+             * (src/kernels/amx/amx.h: one-time self-test); otherwise AVX-512, and the reason says why. */
+            const char *amx_fail = mxfp8i_amx_self_test();
+            best = amx_fail ? MXFP8_ISA_AVX512 : MXFP8_ISA_AMX;
+            reason = amx_fail ? amx_fail : "best available";
         }
     }
     int isa = best;

@@ -387,12 +387,16 @@ static int run_case(check_ws *w, int kind, uint64_t seed, int64_t K, int mr, int
             A[r * K + k] = (r < mr) ? mx_value(&s, ea) : 0.0f;
             B[r * K + k] = (r < nr) ? mx_value(&s, eb) : 0.0f;
         }
-    if (trap && K >= 4) { /* acc = 1, then a pair of products 2^-24: sequential RNE keeps 1, a fused pair does not */
+    if (trap && K >= 8) {
+        /* Pair-rounding traps. k 0: acc = 1; pair (2, 3): products 2^-24, 2^-24 -- sequential RNE keeps 1, a fused
+         * pair gives 1 + 2^-23. k 4: acc = 2^24; pair (6, 7): products 1 then 2 -- even-first sequential gives
+         * 2^24 + 2, odd-first or fused gives 2^24 + 4. */
+        static const float ta[8] = {1.0f, 0.0f, 0x1p-12f, 0x1p-12f, 0x1p12f, 0.0f, 1.0f, 1.0f};
+        static const float tb[8] = {1.0f, 0.0f, 0x1p-12f, 0x1p-12f, 0x1p12f, 0.0f, 1.0f, 2.0f};
         for (int r = 0; r < 32; r++)
-            for (int k = 0; k < 4; k++) {
-                float v = k == 0 ? 1.0f : k == 1 ? 0.0f : 0x1p-12f;
-                A[r * K + k] = r < mr ? v : 0.0f;
-                B[r * K + k] = r < nr ? v : 0.0f;
+            for (int k = 0; k < 8; k++) {
+                A[r * K + k] = r < mr ? ta[k] : 0.0f;
+                B[r * K + k] = r < nr ? tb[k] : 0.0f;
             }
     }
     for (int i = 0; i < 32 * 32; i++) w->c_init[i] = (load_c && !trap) ? mx_value(&s, -2) : 0.0f;
@@ -421,7 +425,7 @@ static int run_case(check_ws *w, int kind, uint64_t seed, int64_t K, int mr, int
 }
 
 int mxfp8i_amx_check_kernel(int kind, int *ncases) {
-    static const int64_t Ks[] = {32, 71, 160, 7, 256};
+    static const int64_t Ks[] = {32, 71, 160, 7, 256}; /* the trap (reg 4) needs K >= 8 */
     static const int mrs[][2] = {{32, 32}, {19, 27}, {1, 1}, {16, 17}};
     int regime[CHECK_KMAX / 32], fails = 0, n = 0;
     check_ws *w = aligned_alloc(64, (sizeof(check_ws) + 63) & ~(size_t)63);
@@ -466,7 +470,7 @@ static void selftest_run(void) {
         g_selftest_result = NULL;
     } else {
         snprintf(g_selftest_msg, sizeof g_selftest_msg,
-                 "AMX self-test failed: TDPBF16PS differs from the reference FMA sequence in %d of %d cases", fails,
+                 "AMX self-test failed: TDPBF16PS differs from the reference FMA sequence in %d of %d cases; using AVX-512", fails,
                  n);
         g_selftest_result = g_selftest_msg;
     }
