@@ -14,7 +14,8 @@
  *   Phase 4             dW2[e] += S^T @ dY_blk (S = a*inter, ON_I) or inter^T @ D (ON_H); along the positions
  *   bias grads          db1[e] += sum_p dGU ; db2[e] += sum_p a*dY   (FP64 sums)
  * Accumulators: hidden_states_grad and weight grads in FP32 workspaces (rounded once at the end), affinity and bias
- * grads in FP64. Weights are quantized once per expert (mxfp8i_moe_wq). Blocks run in order; threads split GEMM
+ * grads in FP64 (rounded to FP32, then to the output dtype). accumulate_hidden_states_grad / skip_grad_initialization
+ * add the given value once at the end: out = given + grad (one FP32 addition, then rounded to the dtype). Weights are quantized once per expert (mxfp8i_moe_wq). Blocks run in order; threads split GEMM
  * output tiles, rows of elementwise work and columns of reductions/scatters: bitwise identical for any thread count.
  */
 #include <stdlib.h>
@@ -108,58 +109,27 @@ static inline float ck4(const mxfp8_tensor *t, int64_t n, int64_t j, int64_t i, 
                            n * t->strides[0] + j * t->strides[1] + i * t->strides[2] + q * t->strides[3]);
 }
 
-/* Load an output view [.., ..] flattened in row-major order into an FP32 / FP64 buffer (or zero it). */
-static void load_flat_f(const mxfp8_tensor *t, float *dst, int load) {
-    int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
-    for (int64_t k = 0; k < n; k++) {
-        if (load) {
-            int64_t off = 0;
-            for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
-            dst[k] = (float)mxfp8i_moe_ld(t, off);
-        } else {
-            dst[k] = 0.0f;
-        }
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < t->shape[d]) break;
-            idx[d] = 0;
-        }
-    }
-}
-static void load_flat_d(const mxfp8_tensor *t, double *dst, int load) {
-    int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
-    for (int64_t k = 0; k < n; k++) {
-        if (load) {
-            int64_t off = 0;
-            for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
-            dst[k] = mxfp8i_moe_ld(t, off);
-        } else {
-            dst[k] = 0.0;
-        }
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < t->shape[d]) break;
-            idx[d] = 0;
-        }
-    }
-}
-/* Store a row-major flat FP32 / FP64 buffer into a view. */
-static void store_flat_f(const mxfp8_tensor *t, const float *src) {
+/* Store a row-major flat FP32 / FP64 buffer into a view; add != 0: the view's value + src (one FP32 addition). */
+static void store_flat_f(const mxfp8_tensor *t, const float *src, int add) {
     int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
     for (int64_t k = 0; k < n; k++) {
         int64_t off = 0;
         for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
-        mxfp8i_moe_st(t, off, (double)src[k]);
+        float v = add ? (float)mxfp8i_moe_ld(t, off) + src[k] : src[k];
+        mxfp8i_moe_st(t, off, (double)v);
         for (int d = t->ndim - 1; d >= 0; d--) {
             if (++idx[d] < t->shape[d]) break;
             idx[d] = 0;
         }
     }
 }
-static void store_flat_d(const mxfp8_tensor *t, const double *src) {
+static void store_flat_d(const mxfp8_tensor *t, const double *src, int add) {
     int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
     for (int64_t k = 0; k < n; k++) {
         int64_t off = 0;
         for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
-        mxfp8i_moe_st(t, off, t->dtype == MXFP8_DTYPE_F64 ? src[k] : (double)(float)src[k]);
+        float v = add ? (float)mxfp8i_moe_ld(t, off) + (float)src[k] : (float)src[k];
+        mxfp8i_moe_st(t, off, (double)v);
         for (int d = t->ndim - 1; d >= 0; d--) {
             if (++idx[d] < t->shape[d]) break;
             idx[d] = 0;
@@ -242,15 +212,13 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     }
 
-    /* Initial accumulator values. */
-    load_flat_f(&grads->hidden_states_grad, w.dx, c->accumulate_hidden_states_grad);
-    load_flat_f(&grads->gate_up_proj_weight_grad, w.dw1, c->skip_grad_initialization);
-    load_flat_f(&grads->down_proj_weight_grad, w.dw2, c->skip_grad_initialization);
+    /* Accumulators start at zero; given values are added once at the end (accumulate / skip_grad_init). */
+    memset(w.dx, 0, sizeof(float) * (size_t)(T * H));
+    memset(w.dw1, 0, sizeof(float) * (size_t)(E * H * I2));
+    memset(w.dw2, 0, sizeof(float) * (size_t)(E * I * H));
     for (int64_t i = 0; i < T * E; i++) w.da[i] = 0.0;
-    if (c->bias) {
-        load_flat_d(&grads->gate_and_up_proj_bias_grad, w.db1, c->skip_grad_initialization);
-        load_flat_d(&grads->down_proj_bias_grad, w.db2, c->skip_grad_initialization);
-    }
+    for (int64_t i = 0; i < E * I2; i++) w.db1[i] = 0.0;
+    for (int64_t i = 0; i < E * H; i++) w.db2[i] = 0.0;
 
     const int nt = mxfp8i_num_threads();
     for (int64_t n = 0; n < p.N; n++) {
@@ -399,16 +367,16 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     }
 
     /* Round once into the outputs. */
-    store_flat_f(&grads->hidden_states_grad, w.dx);
+    store_flat_f(&grads->hidden_states_grad, w.dx, c->accumulate_hidden_states_grad);
     {
         const mxfp8_tensor *t = &grads->expert_affinities_masked_grad;
         for (int64_t i = 0; i < T * E; i++) mxfp8i_moe_st(t, mxfp8i_moe_vec_off(t, i), (double)(float)w.da[i]);
     }
-    store_flat_f(&grads->gate_up_proj_weight_grad, w.dw1);
-    store_flat_f(&grads->down_proj_weight_grad, w.dw2);
+    store_flat_f(&grads->gate_up_proj_weight_grad, w.dw1, c->skip_grad_initialization);
+    store_flat_f(&grads->down_proj_weight_grad, w.dw2, c->skip_grad_initialization);
     if (c->bias) {
-        store_flat_d(&grads->gate_and_up_proj_bias_grad, w.db1);
-        store_flat_d(&grads->down_proj_bias_grad, w.db2);
+        store_flat_d(&grads->gate_and_up_proj_bias_grad, w.db1, c->skip_grad_initialization);
+        store_flat_d(&grads->down_proj_bias_grad, w.db2, c->skip_grad_initialization);
     }
     st = MXFP8_OK;
     goto done;

@@ -235,13 +235,14 @@ mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_
     return MXFP8_OK;
 }
 
-/* Flat row-major load / store of a view into FP64. */
+/* Flat row-major access of a view: store 0 = load into buf, 1 = store buf, 2 = store view + buf. */
 static void flat_io(const mxfp8_tensor *t, double *buf, int store) {
     int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
     for (int64_t k = 0; k < n; k++) {
         int64_t off = 0;
         for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
-        if (store) mxfp8i_moe_st(t, off, buf[k]);
+        if (store == 2) mxfp8i_moe_st(t, off, mxfp8i_moe_ld(t, off) + buf[k]);
+        else if (store) mxfp8i_moe_st(t, off, buf[k]);
         else buf[k] = mxfp8i_moe_ld(t, off);
         for (int d = t->ndim - 1; d >= 0; d--) {
             if (++idx[d] < t->shape[d]) break;
@@ -280,15 +281,7 @@ mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe
         mxfp8i_moe_free(&p);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     }
-    if (c->accumulate_hidden_states_grad) flat_io(&grads->hidden_states_grad, dx, 0);
-    if (c->skip_grad_initialization) {
-        flat_io(&grads->gate_up_proj_weight_grad, dw1, 0);
-        flat_io(&grads->down_proj_weight_grad, dw2, 0);
-        if (c->bias) {
-            flat_io(&grads->gate_and_up_proj_bias_grad, db1, 0);
-            flat_io(&grads->down_proj_bias_grad, db2, 0);
-        }
-    }
+    /* Given values (accumulate_hidden_states_grad / skip_grad_initialization) are added at the end. */
     for (int64_t n = 0; n < p.N; n++) {
         const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
         const int32_t *tok = p.tok + n * B;
@@ -341,16 +334,17 @@ mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe
         /* Phase 4: dW2[e] [I][H] += S^T dY_blk (ON_I) or inter^T D (ON_H) */
         gold_gemm(&G, I, H, L, onH ? G.inter : S, 1, I, 0, onH ? D : dyb, 1, H, 0, dw2 + e * I * H, H, 1);
     }
-    flat_io(&grads->hidden_states_grad, dx, 1);
+    flat_io(&grads->hidden_states_grad, dx, c->accumulate_hidden_states_grad ? 2 : 1);
     {
         const mxfp8_tensor *t = &grads->expert_affinities_masked_grad;
         for (int64_t i = 0; i < T * E; i++) mxfp8i_moe_st(t, mxfp8i_moe_vec_off(t, i), da[i]);
     }
-    flat_io(&grads->gate_up_proj_weight_grad, dw1, 1);
-    flat_io(&grads->down_proj_weight_grad, dw2, 1);
+    const int wmode = c->skip_grad_initialization ? 2 : 1;
+    flat_io(&grads->gate_up_proj_weight_grad, dw1, wmode);
+    flat_io(&grads->down_proj_weight_grad, dw2, wmode);
     if (c->bias) {
-        flat_io(&grads->gate_and_up_proj_bias_grad, db1, 1);
-        flat_io(&grads->down_proj_bias_grad, db2, 1);
+        flat_io(&grads->gate_and_up_proj_bias_grad, db1, wmode);
+        flat_io(&grads->down_proj_bias_grad, db2, wmode);
     }
     free(dx); free(da); free(dw1); free(dw2); free(db1); free(db2);
     gold_free(&G);
