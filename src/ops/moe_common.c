@@ -15,6 +15,7 @@
 #include <omp.h>
 #endif
 
+#include "../gemm/gemm.h"
 #include "moe_internal.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -616,94 +617,55 @@ mxfp8i_moe_op mxfp8i_moe_op_w2_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
 /* ---------------------------------------------------------------------------------------------------------- */
 /* GEMM                                                                                                       */
 /* ---------------------------------------------------------------------------------------------------------- */
-/* Exact dequantized values of an operand into out[R][K] (quantizing FP32 values along K first). */
-static void deq_operand(const mxfp8i_moe *p, int64_t R, int64_t K, const mxfp8i_moe_op *op, float *out) {
-    const int nt = mxfp8i_num_threads();
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int c = 0; c < nt; c++) {
-        int64_t r0 = R * c / nt, r1 = R * (c + 1) / nt;
-        if (r1 <= r0) continue;
-        if (op->v) {
-            mxfp8i_qpanel q = {0};
-            q.src = op->v + r0 * op->rs;
-            q.src_dtype = MXFP8_DTYPE_F32;
-            q.lines = r1 - r0;
-            q.K = K;
-            q.src_ls = op->rs;
-            q.src_ks = op->ks;
-            q.fmt = p->cfg.quant_dtype;
-            q.rule = p->cfg.scale_rule;
-            q.group = MXFP8_GROUP_1X32;
-            q.out = out + r0 * K;
-            q.out_dtype = MXFP8_DTYPE_F32;
-            q.out_ls = K;
-            q.out_ks = 1;
-            mxfp8i_quantize_panel(&q);
-        } else {
-            mxfp8i_dqpanel d = {0};
-            d.codes = op->codes + r0 * op->crs;
-            d.fmt = p->cfg.quant_dtype;
-            d.lines = r1 - r0;
-            d.K = K;
-            d.codes_ls = op->crs;
-            d.codes_ks = op->cks;
-            d.scales = op->scales + r0 * op->srs;
-            d.sc_ls = op->srs;
-            d.sc_gs = op->sgs;
-            d.group = MXFP8_GROUP_1X32;
-            d.out = out + r0 * K;
-            d.out_dtype = MXFP8_DTYPE_F32;
-            d.out_ls = K;
-            d.out_ks = 1;
-            mxfp8i_dequantize_panel(&d);
-        }
+static mxfp8_operand to_operand(int64_t R, int64_t K, const mxfp8i_moe_op *op) {
+    mxfp8_operand o;
+    memset(&o, 0, sizeof o);
+    if (op->v) {
+        o.values.data = (void *)op->v;
+        o.values.dtype = MXFP8_DTYPE_F32;
+        o.values.strides[0] = op->rs;
+        o.values.strides[1] = op->ks;
+    } else {
+        o.values.data = (void *)op->codes;
+        o.values.dtype = MXFP8_DTYPE_U8;
+        o.values.strides[0] = op->crs;
+        o.values.strides[1] = op->cks;
+        o.scales.data = (void *)op->scales;
+        o.scales.dtype = MXFP8_DTYPE_U8;
+        o.scales.ndim = 2;
+        o.scales.shape[0] = R;
+        o.scales.shape[1] = mxfp8i_moe_groups(K);
+        o.scales.strides[0] = op->srs;
+        o.scales.strides[1] = op->sgs;
+        o.scale_layout = MXFP8_SCALES_COMPACT;
     }
+    o.values.ndim = 2;
+    o.values.shape[0] = R;
+    o.values.shape[1] = K;
+    return o;
 }
 
-/* Interim GEMM (until src/gemm lands): dequantize both operands, then C = sum over ascending k. */
+/* One GEMM of a phase through the block-scaled GEMM of src/gemm (quantize along K, FP32 fmaf accumulation in
+ * ascending k, C + sum when accumulating; each C element written by one thread). */
 mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, const mxfp8i_moe_op *A,
                              const mxfp8i_moe_op *B, int accumulate, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return MXFP8_OK;
-    float *a = (float *)malloc((size_t)(M * K > 0 ? M * K : 1) * sizeof(float));
-    float *b = (float *)malloc((size_t)(N * K > 0 ? N * K : 1) * sizeof(float));
-    float *bt = (float *)malloc((size_t)(N * K > 0 ? N * K : 1) * sizeof(float));
-    if (!a || !b || !bt) {
-        free(a); free(b); free(bt);
-        return MXFP8_ERR_OUT_OF_MEMORY;
-    }
-    deq_operand(p, M, K, A, a);
-    deq_operand(p, N, K, B, b);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) bt[k * N + n] = b[n * K + k];
-    const int nt = mxfp8i_num_threads();
-    float *accs = (float *)malloc((size_t)N * (size_t)nt * sizeof(float));
-    if (!accs) {
-        free(a); free(b); free(bt);
-        return MXFP8_ERR_OUT_OF_MEMORY;
-    }
-#pragma omp parallel num_threads(nt)
-    {
-#ifdef _OPENMP
-        float *acc = accs + (size_t)N * (size_t)omp_get_thread_num();
-#else
-        float *acc = accs;
-#endif
-#pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) {
-            for (int64_t n = 0; n < N; n++) acc[n] = 0.0f;
-            for (int64_t k = 0; k < K; k++) {
-                const float av = a[m * K + k];
-                const float *br = bt + k * N;
-                for (int64_t n = 0; n < N; n++) acc[n] += av * br[n];
-            }
-            float *cr = C + m * ldc;
-            if (accumulate)
-                for (int64_t n = 0; n < N; n++) cr[n] += acc[n];
-            else
-                for (int64_t n = 0; n < N; n++) cr[n] = acc[n];
-        }
-    }
-    free(accs);
-    free(a); free(b); free(bt);
-    return MXFP8_OK;
+    mxfp8_matmul_config cfg;
+    mxfp8_matmul_config_init(&cfg);
+    cfg.float8_dtype = p->cfg.quant_dtype;
+    cfg.scale_rule = p->cfg.scale_rule;
+    cfg.quant_scheme = MXFP8_GROUP_1X32;
+    cfg.output_dtype = MXFP8_DTYPE_F32;
+    mxfp8_operand a = to_operand(M, K, A), b = to_operand(N, K, B);
+    mxfp8_tensor c;
+    memset(&c, 0, sizeof c);
+    c.data = C;
+    c.dtype = MXFP8_DTYPE_F32;
+    c.ndim = 2;
+    c.shape[0] = M;
+    c.shape[1] = N;
+    c.strides[0] = ldc;
+    c.strides[1] = 1;
+    mxfp8_status st = mxfp8i_gemm(&a, &b, &cfg, accumulate, &c, mxfp8i_num_threads());
+    return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }
