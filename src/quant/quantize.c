@@ -100,48 +100,46 @@ int64_t mxfp8i_dequantize_panel(const mxfp8i_dqpanel *p) {
 }
 
 static int64_t qrows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
-                     mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype,
-                     int64_t ld_out, uint8_t *scales, int64_t ld_scales) {
-    mxfp8i_qpanel p = {src, dtype, R, K, ld_src, 1, fmt, rule, group, out, out_dtype, ld_out, 1,
-                       scales, ld_scales, 1};
+                     mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype, int64_t ld_out,
+                     uint8_t *scales, int64_t ld_scales) {
+    mxfp8i_qpanel p = {src, dtype, R, K, ld_src, 1, fmt, rule, group, out, out_dtype, ld_out, 1, scales, ld_scales, 1};
     return mxfp8i_quantize_panel(&p);
 }
 static int64_t qcols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
-                     mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype,
-                     int64_t ld_out, uint8_t *scales, int64_t ld_scales) {
-    mxfp8i_qpanel p = {src, dtype, C, K, 1, ld_src, fmt, rule, group, out, out_dtype, 1, ld_out,
-                       scales, 1, ld_scales};
+                     mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype, int64_t ld_out,
+                     uint8_t *scales, int64_t ld_scales) {
+    mxfp8i_qpanel p = {src, dtype, C, K, 1, ld_src, fmt, rule, group, out, out_dtype, 1, ld_out, scales, 1, ld_scales};
     return mxfp8i_quantize_panel(&p);
 }
 
-void mxfp8i_quantize_rows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src,
-                          mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes,
-                          int64_t ld_codes, uint8_t *scales, int64_t ld_scales) {
+void mxfp8i_quantize_rows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
+                          mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes, int64_t ld_codes,
+                          uint8_t *scales, int64_t ld_scales) {
     qrows(src, dtype, R, K, ld_src, fmt, rule, group, codes, MXFP8_DTYPE_U8, ld_codes, scales, ld_scales);
 }
-void mxfp8i_quantize_cols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src,
-                          mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes,
-                          int64_t ld_codes, uint8_t *scales, int64_t ld_scales) {
+void mxfp8i_quantize_cols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
+                          mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes, int64_t ld_codes,
+                          uint8_t *scales, int64_t ld_scales) {
     qcols(src, dtype, K, C, ld_src, fmt, rule, group, codes, MXFP8_DTYPE_U8, ld_codes, scales, ld_scales);
 }
-int64_t mxfp8i_qdq_rows_bf16(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src,
-                             mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out,
-                             int64_t ld_out, uint8_t *scales, int64_t ld_scales) {
+int64_t mxfp8i_qdq_rows_bf16(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
+                             mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out, int64_t ld_out,
+                             uint8_t *scales, int64_t ld_scales) {
     return qrows(src, dtype, R, K, ld_src, fmt, rule, group, out, MXFP8_DTYPE_BF16, ld_out, scales, ld_scales);
 }
-int64_t mxfp8i_qdq_cols_bf16(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src,
-                             mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out,
-                             int64_t ld_out, uint8_t *scales, int64_t ld_scales) {
+int64_t mxfp8i_qdq_cols_bf16(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
+                             mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out, int64_t ld_out,
+                             uint8_t *scales, int64_t ld_scales) {
     return qcols(src, dtype, K, C, ld_src, fmt, rule, group, out, MXFP8_DTYPE_BF16, ld_out, scales, ld_scales);
 }
 void mxfp8i_qdq_rows_f32(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
-                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out,
-                         uint8_t *scales, int64_t ld_scales) {
+                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out, uint8_t *scales,
+                         int64_t ld_scales) {
     qrows(src, dtype, R, K, ld_src, fmt, rule, group, out, MXFP8_DTYPE_F32, ld_out, scales, ld_scales);
 }
 void mxfp8i_qdq_cols_f32(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
-                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out,
-                         uint8_t *scales, int64_t ld_scales) {
+                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out, uint8_t *scales,
+                         int64_t ld_scales) {
     qcols(src, dtype, K, C, ld_src, fmt, rule, group, out, MXFP8_DTYPE_F32, ld_out, scales, ld_scales);
 }
 int64_t mxfp8i_dequantize_rows(const uint8_t *codes, int64_t R, int64_t K, int64_t ld_codes, mxfp8_format fmt,
@@ -166,14 +164,13 @@ typedef struct nd_plan {
     int ndim, axis, line_dim; /* line_dim = -1: a single line */
     int64_t shape[MXFP8_MAX_DIMS];
     int64_t st[3][MXFP8_MAX_DIMS];
-    int64_t outer;            /* product of the other dimensions */
-    int64_t lines, chunk;     /* lines per panel; lines per work item */
+    int64_t outer;        /* product of the other dimensions */
+    int64_t lines, chunk; /* lines per panel; lines per work item */
 } nd_plan;
 
 /* Choose the line dimension: for rows (the axis has unit stride in src and out), the largest other dimension; for
  * cols, a dimension with unit stride in all three; else the largest other dimension (reference panel). */
-static void plan_make(nd_plan *pl, const mxfp8_tensor *t0, const mxfp8_tensor *t1, const mxfp8_tensor *t2,
-                      int axis) {
+static void plan_make(nd_plan *pl, const mxfp8_tensor *t0, const mxfp8_tensor *t1, const mxfp8_tensor *t2, int axis) {
     pl->ndim = t0->ndim;
     pl->axis = axis;
     for (int i = 0; i < t0->ndim; i++) {
@@ -261,8 +258,8 @@ static mxfp8_status check_group(const char *fn, mxfp8_group_scheme group, int64_
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params,
-                            mxfp8_tensor *data, mxfp8_tensor *scales) {
+mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params, mxfp8_tensor *data,
+                            mxfp8_tensor *scales) {
     static const char *fn = "mxfp8_quantize";
     mxfp8i_clear_error();
     mxfp8_status st;
@@ -274,8 +271,8 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params->fmt %d is not E4M3 (0) or E5M2 (1)", fn,
                             (int)qp.fmt);
     if ((unsigned)qp.rule > (unsigned)MXFP8_SCALE_RCEIL)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params->rule %d is not NKI (0), OCP (1) or RCEIL (2)",
-                            fn, (int)qp.rule);
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params->rule %d is not NKI (0), OCP (1) or RCEIL (2)", fn,
+                            (int)qp.rule);
     int ax;
     if (!mxfp8i_norm_axis(axis, src->ndim, &ax))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,
@@ -309,17 +306,29 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
         plan_offsets(&pl, o, off);
         int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk;
         int64_t ls0 = ld >= 0 ? pl.st[0][ld] : 0, ls1 = ld >= 0 ? pl.st[1][ld] : 0, ls2 = ld >= 0 ? pl.st[2][ld] : 0;
-        mxfp8i_qpanel p = {(const char *)src->data + (off[0] + l0 * ls0) * es_src, src->dtype, n, K, ls0,
-                           pl.st[0][ax], qp.fmt, qp.rule, qp.group,
-                           (uint8_t *)data->data + off[1] + l0 * ls1, MXFP8_DTYPE_U8, ls1, pl.st[1][ax],
-                           (uint8_t *)scales->data + off[2] + l0 * ls2, ls2, pl.st[2][ax]};
+        mxfp8i_qpanel p = {(const char *)src->data + (off[0] + l0 * ls0) * es_src,
+                           src->dtype,
+                           n,
+                           K,
+                           ls0,
+                           pl.st[0][ax],
+                           qp.fmt,
+                           qp.rule,
+                           qp.group,
+                           (uint8_t *)data->data + off[1] + l0 * ls1,
+                           MXFP8_DTYPE_U8,
+                           ls1,
+                           pl.st[1][ax],
+                           (uint8_t *)scales->data + off[2] + l0 * ls2,
+                           ls2,
+                           pl.st[2][ax]};
         mxfp8i_quantize_panel(&p);
     }
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis,
-                              mxfp8_group_scheme group, mxfp8_tensor *out) {
+mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis, mxfp8_group_scheme group,
+                              mxfp8_tensor *out) {
     static const char *fn = "mxfp8_dequantize";
     mxfp8i_clear_error();
     mxfp8_status st;
@@ -357,9 +366,20 @@ mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scal
         plan_offsets(&pl, o, off);
         int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk;
         int64_t ls0 = ld >= 0 ? pl.st[0][ld] : 0, ls1 = ld >= 0 ? pl.st[1][ld] : 0, ls2 = ld >= 0 ? pl.st[2][ld] : 0;
-        mxfp8i_dqpanel p = {(const uint8_t *)data->data + off[0] + l0 * ls0, fmt, n, K, ls0, pl.st[0][ax],
-                            (const uint8_t *)scales->data + off[2] + l0 * ls2, ls2, pl.st[2][ax], group,
-                            (char *)out->data + (off[1] + l0 * ls1) * es_out, out->dtype, ls1, pl.st[1][ax]};
+        mxfp8i_dqpanel p = {(const uint8_t *)data->data + off[0] + l0 * ls0,
+                            fmt,
+                            n,
+                            K,
+                            ls0,
+                            pl.st[0][ax],
+                            (const uint8_t *)scales->data + off[2] + l0 * ls2,
+                            ls2,
+                            pl.st[2][ax],
+                            group,
+                            (char *)out->data + (off[1] + l0 * ls1) * es_out,
+                            out->dtype,
+                            ls1,
+                            pl.st[1][ax]};
         mxfp8i_dequantize_panel(&p);
     }
     return MXFP8_OK;

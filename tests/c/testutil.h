@@ -26,16 +26,16 @@
 static long tu_failures = 0;
 static long tu_checks = 0;
 
-#define TU_CHECK(cond, ...)                                                                                     \
-    do {                                                                                                         \
-        tu_checks++;                                                                                             \
-        if (!(cond)) {                                                                                           \
-            if (tu_failures++ < TU_MAX_PRINT) {                                                                  \
-                fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-                fprintf(stderr, __VA_ARGS__);                                                                    \
-                fputc('\n', stderr);                                                                             \
-            }                                                                                                    \
-        }                                                                                                        \
+#define TU_CHECK(cond, ...)                                                                                            \
+    do {                                                                                                               \
+        tu_checks++;                                                                                                   \
+        if (!(cond)) {                                                                                                 \
+            if (tu_failures++ < TU_MAX_PRINT) {                                                                        \
+                fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                   \
+                fprintf(stderr, __VA_ARGS__);                                                                          \
+                fputc('\n', stderr);                                                                                   \
+            }                                                                                                          \
+        }                                                                                                              \
     } while (0)
 
 static inline int tu_finish(const char *name) {

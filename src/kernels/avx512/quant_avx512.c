@@ -160,12 +160,15 @@ AI __m512 decode16(__m512i c, int fmt) {
 /* ---- stores of 32 results; return the number of BF16/F16-inexact lanes ---- */
 AI void store_codes(uint8_t *p, __m512i lo, __m512i hi, __mmask32 m, bool full) {
     __m256i c = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(lo)), _mm512_cvtepi32_epi8(hi), 1);
-    if (full) _mm256_storeu_si256((__m256i *)p, c);
-    else _mm256_mask_storeu_epi8(p, m, c);
+    if (full)
+        _mm256_storeu_si256((__m256i *)p, c);
+    else
+        _mm256_mask_storeu_epi8(p, m, c);
 }
 AI __m256i bf16_of(__m512 v, __mmask16 *inexact) {
     __m512i u = _mm512_castps_si512(v);
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, set1(0x7FFF)), _mm512_and_si512(_mm512_srli_epi32(u, 16), set1(1)));
+    __m512i r =
+        _mm512_add_epi32(_mm512_add_epi32(u, set1(0x7FFF)), _mm512_and_si512(_mm512_srli_epi32(u, 16), set1(1)));
     r = _mm512_srli_epi32(r, 16);
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), set1(0x40)));
@@ -194,8 +197,10 @@ AI int64_t store_vals(void *p, int ok, __m512 lo, __m512 hi, __mmask32 m, bool f
     __m256i b = ok == OUT_BF16 ? bf16_of(hi, &ib) : f16_of(hi, &ib);
     __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
     uint32_t inx = ((uint32_t)ia | ((uint32_t)ib << 16)) & m;
-    if (full) _mm512_storeu_si512(p, w);
-    else _mm512_mask_storeu_epi16(p, m, w);
+    if (full)
+        _mm512_storeu_si512(p, w);
+    else
+        _mm512_mask_storeu_epi16(p, m, w);
     return __builtin_popcount(inx);
 }
 
@@ -203,8 +208,8 @@ AI int64_t store_vals(void *p, int ok, __m512 lo, __m512 hi, __mmask32 m, bool f
 /* Quantize: rows (1x32 on a contiguous segment)                                                              */
 /* ---------------------------------------------------------------------------------------------------------- */
 typedef struct qctx {
-    int d;              /* emax-1 (nki) or emax */
-    uint32_t rceil;     /* 0x7FFFFF for rceil, else 0 */
+    int d;          /* emax-1 (nki) or emax */
+    uint32_t rceil; /* 0x7FFFFF for rceil, else 0 */
 } qctx;
 
 AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx cx, void *out, uint8_t *sc,
@@ -273,8 +278,7 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
                 if (ok == OUT_CODES)
                     store_codes((uint8_t *)o, quant16(lo, ilo, nlo, fmt), quant16(hi, ihi, nhi, fmt), m, full);
                 else
-                    inexact += store_vals(o, ok, qdq16(lo, ilo, vlo, nlo, fmt), qdq16(hi, ihi, vhi, nhi, fmt), m,
-                                          full);
+                    inexact += store_vals(o, ok, qdq16(lo, ilo, vlo, nlo, fmt), qdq16(hi, ihi, vhi, nhi, fmt), m, full);
             }
         }
     }
@@ -346,34 +350,33 @@ typedef int64_t (*dq_cols_fn)(const mxfp8i_dqpanel *);
 
 /* Source dtypes by their fixed enum values: 0 = F32, 1 = BF16, 2 = F16; formats 0 = E4M3, 1 = E5M2. */
 _Static_assert(MXFP8_DTYPE_F32 == 0 && MXFP8_DTYPE_BF16 == 1 && MXFP8_DTYPE_F16 == 2, "dtype values");
-#define QINST(DT, FMT, OK)                                                                                      \
-    static int64_t qrow_##DT##_##FMT##_##OK(const void *s, int64_t K, qctx cx, void *o, uint8_t *sc, int64_t gs) { \
-        return q_row_seg(s, DT, K, FMT, OK, cx, o, sc, gs);                                                     \
-    }                                                                                                            \
+#define QINST(DT, FMT, OK)                                                                                             \
+    static int64_t qrow_##DT##_##FMT##_##OK(const void *s, int64_t K, qctx cx, void *o, uint8_t *sc, int64_t gs) {     \
+        return q_row_seg(s, DT, K, FMT, OK, cx, o, sc, gs);                                                            \
+    }                                                                                                                  \
     static int64_t qcols_##DT##_##FMT##_##OK(const mxfp8i_qpanel *p, qctx cx) { return q_cols(p, DT, FMT, OK, cx); }
 #define QINST_OK(DT, FMT) QINST(DT, FMT, 0) QINST(DT, FMT, 1) QINST(DT, FMT, 2) QINST(DT, FMT, 3)
 #define QINST_FMT(DT) QINST_OK(DT, 0) QINST_OK(DT, 1)
 QINST_FMT(0)
 QINST_FMT(1)
 QINST_FMT(2)
-#define QROW_OK(DT, FMT) {qrow_##DT##_##FMT##_0, qrow_##DT##_##FMT##_1, qrow_##DT##_##FMT##_2, qrow_##DT##_##FMT##_3}
-#define QCOL_OK(DT, FMT)                                                                                        \
-    {qcols_##DT##_##FMT##_0, qcols_##DT##_##FMT##_1, qcols_##DT##_##FMT##_2, qcols_##DT##_##FMT##_3}
-static const q_row_fn q_row_tab[3][2][4] = {{QROW_OK(0, 0), QROW_OK(0, 1)},
-                                            {QROW_OK(1, 0), QROW_OK(1, 1)},
-                                            {QROW_OK(2, 0), QROW_OK(2, 1)}};
-static const q_cols_fn q_cols_tab[3][2][4] = {{QCOL_OK(0, 0), QCOL_OK(0, 1)},
-                                              {QCOL_OK(1, 0), QCOL_OK(1, 1)},
-                                              {QCOL_OK(2, 0), QCOL_OK(2, 1)}};
+#define QROW_OK(DT, FMT)                                                                                               \
+    { qrow_##DT##_##FMT##_0, qrow_##DT##_##FMT##_1, qrow_##DT##_##FMT##_2, qrow_##DT##_##FMT##_3 }
+#define QCOL_OK(DT, FMT)                                                                                               \
+    { qcols_##DT##_##FMT##_0, qcols_##DT##_##FMT##_1, qcols_##DT##_##FMT##_2, qcols_##DT##_##FMT##_3 }
+static const q_row_fn q_row_tab[3][2][4] = {
+    {QROW_OK(0, 0), QROW_OK(0, 1)}, {QROW_OK(1, 0), QROW_OK(1, 1)}, {QROW_OK(2, 0), QROW_OK(2, 1)}};
+static const q_cols_fn q_cols_tab[3][2][4] = {
+    {QCOL_OK(0, 0), QCOL_OK(0, 1)}, {QCOL_OK(1, 0), QCOL_OK(1, 1)}, {QCOL_OK(2, 0), QCOL_OK(2, 1)}};
 
-#define DQINST(FMT, OK)                                                                                         \
-    static int64_t dqrow_##FMT##_##OK(const uint8_t *c, int64_t K, const uint8_t *sc, int64_t gs, void *o) {   \
-        return dq_row_seg(c, K, FMT, OK, sc, gs, o);                                                            \
-    }                                                                                                            \
+#define DQINST(FMT, OK)                                                                                                \
+    static int64_t dqrow_##FMT##_##OK(const uint8_t *c, int64_t K, const uint8_t *sc, int64_t gs, void *o) {           \
+        return dq_row_seg(c, K, FMT, OK, sc, gs, o);                                                                   \
+    }                                                                                                                  \
     static int64_t dqcols_##FMT##_##OK(const mxfp8i_dqpanel *p) { return dq_cols(p, FMT, OK); }
-DQINST(0, 1) DQINST(0, 2) DQINST(0, 3) DQINST(1, 1) DQINST(1, 2) DQINST(1, 3)
-static const dq_row_fn dq_row_tab[2][4] = {{NULL, dqrow_0_1, dqrow_0_2, dqrow_0_3},
-                                           {NULL, dqrow_1_1, dqrow_1_2, dqrow_1_3}};
+DQINST(0, 1)
+DQINST(0, 2) DQINST(0, 3) DQINST(1, 1) DQINST(1, 2) DQINST(1, 3) static const dq_row_fn dq_row_tab[2][4] = {
+    {NULL, dqrow_0_1, dqrow_0_2, dqrow_0_3}, {NULL, dqrow_1_1, dqrow_1_2, dqrow_1_3}};
 static const dq_cols_fn dq_cols_tab[2][4] = {{NULL, dqcols_0_1, dqcols_0_2, dqcols_0_3},
                                              {NULL, dqcols_1_1, dqcols_1_2, dqcols_1_3}};
 
@@ -384,12 +387,14 @@ static const dq_cols_fn dq_cols_tab[2][4] = {{NULL, dqcols_0_1, dqcols_0_2, dqco
 static void wrapx_gather(const char *row, int64_t k0, int64_t P, int es, char *tmp) {
     int64_t S = P / 4;
     for (int64_t j = 0; j < P / 32; j++)
-        for (int s = 0; s < 4; s++) memcpy(tmp + (j * 32 + s * 8) * es, row + (k0 + s * S + 8 * j) * es, 8 * (size_t)es);
+        for (int s = 0; s < 4; s++)
+            memcpy(tmp + (j * 32 + s * 8) * es, row + (k0 + s * S + 8 * j) * es, 8 * (size_t)es);
 }
 static void wrapx_scatter(const char *tmp, int64_t k0, int64_t P, int es, char *row) {
     int64_t S = P / 4;
     for (int64_t j = 0; j < P / 32; j++)
-        for (int s = 0; s < 4; s++) memcpy(row + (k0 + s * S + 8 * j) * es, tmp + (j * 32 + s * 8) * es, 8 * (size_t)es);
+        for (int s = 0; s < 4; s++)
+            memcpy(row + (k0 + s * S + 8 * j) * es, tmp + (j * 32 + s * 8) * es, 8 * (size_t)es);
 }
 
 static int dt_index(mxfp8_dtype dt) { return dt == MXFP8_DTYPE_F32 ? 0 : dt == MXFP8_DTYPE_BF16 ? 1 : 2; }
