@@ -73,6 +73,9 @@ typedef struct bench_opts {
     int quick;
     int reps;      /* best of `reps` timed runs (after one warm-up) */
     double budget; /* seconds of timed runs per item: fewer reps when one run is slow */
+    double cold;   /* a warm-up longer than this is the only run (its time is reported, marked "1 cold run") */
+    double skip;   /* an item whose time, estimated from a smaller one in this run, exceeds this is skipped */
+    int full;      /* --full: never skip */
 } bench_opts;
 
 static cJSON *g_root;     /* JSON document (always built; printed with --json) */
@@ -89,11 +92,14 @@ static double now_s(void) {
 typedef int (*bench_fn)(void *ctx); /* returns 0 on success */
 
 /* One warm-up, then up to o->reps timed runs (at least 1, fewer when the runs exceed o->budget). Best time in
- * seconds, or -1 when the function fails (its message is printed once). */
+ * seconds, or -1 when the function fails. *reps_done = timed runs; 0 when the warm-up took longer than o->cold and
+ * its time is returned (a run that long is not helped by a warm-up; repeating it would blow the time budget). */
 static double time_best(const bench_opts *o, bench_fn fn, void *ctx, int *reps_done) {
     double t0 = now_s();
+    if (reps_done) *reps_done = 0;
     if (fn(ctx) != 0) return -1.0;
     double warm = now_s() - t0, best = 1e300, spent = 0;
+    if (warm > o->cold) return warm;
     int n = 0;
     for (; n < o->reps; n++) {
         if (n >= 1 && spent + warm > o->budget) break;
@@ -361,6 +367,22 @@ static void bench_peaks(const bench_opts *o, const cpu_caps *cc, peaks *p) {
             p->v[k][1] / 1e12, o->threads);
         cJSON_AddNumberToObject(jk, "tflops_1thread", p->v[k][0] / 1e12);
         cJSON_AddNumberToObject(jk, "tflops_threads", p->v[k][1] / 1e12);
+    }
+    double load[3] = {-1, -1, -1};
+    FILE *la = fopen("/proc/loadavg", "r");
+    if (la) {
+        if (fscanf(la, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
+        fclose(la);
+    }
+    json_num(jp, "loadavg_1min", load[0]);
+    if (p->ref >= 0 && o->threads > 1) {
+        double scale = p->v[p->ref][1] / p->v[p->ref][0];
+        cJSON_AddNumberToObject(jp, "thread_scaling", scale);
+        if (scale < 0.8 * o->threads) {
+            say("  WARNING: the %d-thread peak is only %.2fx the 1-thread peak (load average %.2f): the CPU is shared "
+                "with other work right now, so every figure below is noisy\n", o->threads, scale, load[0]);
+            cJSON_AddBoolToObject(jp, "cpu_contended", 1);
+        }
     }
     if (p->ref >= 0) {
         say("  \"%% of peak\" below = fraction of the %s peak on the same thread count\n", k_peak_name[p->ref]);
@@ -636,9 +658,11 @@ static int run_dnnl_mm_fwd(void *p) {
 #endif
 
 static void bench_matmul(const bench_opts *o, const peaks *pk) {
-    static const int64_t shapes_full[][3] = {{4096, 4096, 4096}, {512, 512, 512}, {1024, 1024, 1024},
-                                             {2048, 1024, 512},  {512, 1024, 2048}};
-    int nshapes = o->quick ? 4 : 5, first = o->quick ? 1 : 0;
+    /* (M, K, N): the upstream set first, so the 4096^3 time can be estimated before it is run */
+    static const int64_t shapes_full[][3] = {{512, 512, 512}, {1024, 1024, 1024}, {2048, 1024, 512},
+                                             {512, 1024, 2048}, {4096, 4096, 4096}};
+    int nshapes = o->quick ? 4 : 5, first = 0;
+    double rate[2] = {-1, -1}; /* FLOP/s of the largest mxfp8 run so far (bwd, fwd): estimates the next one */
     cJSON *ja = cJSON_AddArrayToObject(g_root, "matmul");
     int nt = o->threads;
     set_threads(nt);
@@ -669,9 +693,17 @@ static void bench_matmul(const bench_opts *o, const peaks *pk) {
             double t = -1, td = -1;
             const char *err = NULL;
             int have = fwd ? mxfp8_matmul != NULL : (mxfp8_matmul_backward && mxfp8_matmul_bwd_args_init);
-            if (have) {
-                t = time_best(o, fwd ? run_mm_fwd : run_mm_bwd, &c, NULL);
+            int runs = 0;
+            char skipmsg[160];
+            double est = rate[fwd] > 0 ? flops / rate[fwd] : -1;
+            if (have && est > o->skip && !o->full) {
+                snprintf(skipmsg, sizeof skipmsg, "skipped: about %.0f s per run at the rate measured on the smaller "
+                         "shape (--full runs it)", est);
+                err = skipmsg;
+            } else if (have) {
+                t = time_best(o, fwd ? run_mm_fwd : run_mm_bwd, &c, &runs);
                 if (t < 0) err = lib_error(c.st);
+                else rate[fwd] = flops / t;
             } else {
                 err = "not in this build";
             }
@@ -689,7 +721,8 @@ static void bench_matmul(const bench_opts *o, const peaks *pk) {
 #endif
             double tf = t > 0 ? flops / t : -1, tfd = td > 0 ? flops / td : -1;
             char mine[64], theirs[64];
-            if (t > 0) snprintf(mine, sizeof mine, "%10.2f %8.3f %6.1f%%", t * 1e3, tf / 1e12, peak > 0 ? 100.0 * tf / peak : 0.0);
+            if (t > 0) snprintf(mine, sizeof mine, "%9.2f%s %8.3f %6.1f%%", t * 1e3, runs ? " " : "*", tf / 1e12,
+                                peak > 0 ? 100.0 * tf / peak : 0.0);
             else snprintf(mine, sizeof mine, "%10s %8s %7s", "-", "-", "-");
             if (td > 0) snprintf(theirs, sizeof theirs, "%10.2f %8.3f %6.1f%%", td * 1e3, tfd / 1e12, peak > 0 ? 100.0 * tfd / peak : 0.0);
             else snprintf(theirs, sizeof theirs, "%10s %8s %7s", "absent", "-", "-");
@@ -705,6 +738,7 @@ static void bench_matmul(const bench_opts *o, const peaks *pk) {
             cJSON_AddNumberToObject(j, "threads", nt);
             cJSON_AddNumberToObject(j, "gflop", flops / 1e9);
             json_num(j, "ms", t > 0 ? t * 1e3 : -1);
+            cJSON_AddNumberToObject(j, "timed_runs", runs);
             json_num(j, "tflops", tf > 0 ? tf / 1e12 : -1);
             json_num(j, "fraction_of_peak", tf > 0 && peak > 0 ? tf / peak : -1);
             json_num(j, "onednn_ms", td > 0 ? td * 1e3 : -1);
@@ -718,6 +752,7 @@ static void bench_matmul(const bench_opts *o, const peaks *pk) {
     next:
         free(c.dy); free(c.w); free(c.x); free(c.dx); free(c.dw); free(c.y);
     }
+    say("  * = one cold run (longer than %.0f s: no warm-up, no repeat)\n", o->cold);
     say("  targets (issue 5): backward 4096^3 >= 60%% of the AMX peak and >= 2.5x oneDNN\n");
 }
 
@@ -966,6 +1001,7 @@ static void bench_moe(const bench_opts *o, const peaks *pk) {
     set_threads(nt);
     double peak = ref_peak(pk, nt);
     cJSON *ja = cJSON_AddArrayToObject(g_root, "moe");
+    double moe_rate = -1; /* FLOP/s (all blocks) of the last run: estimates the next problem */
     say("\nmoe: mxfp8_moe_backward, BF16 tensors, E4M3 (config default), all four checkpoints given, %d thread(s);\n"
         "  FLOPs = GEMM FLOPs of phases 1-4 = 12*rows*H*I; 'real' counts the T*TopK routed rows, 'all' counts N*B "
         "block rows (padding included); %% peak uses 'real'\n", nt);
@@ -992,9 +1028,17 @@ static void bench_moe(const bench_opts *o, const peaks *pk) {
         int hwm_reset = reset_hwm() == 0;
         double t = -1, td = -1;
         const char *err = NULL;
-        if (mxfp8_moe_backward) {
-            t = time_best(o, run_moe, &c, NULL);
+        int runs = 0;
+        char skipmsg[160];
+        double est = moe_rate > 0 ? fl_all / moe_rate : -1;
+        if (mxfp8_moe_backward && est > o->skip && !o->full) {
+            snprintf(skipmsg, sizeof skipmsg, "skipped: about %.0f s per run at the rate measured on the smaller "
+                     "problem (--full runs it)", est);
+            err = skipmsg;
+        } else if (mxfp8_moe_backward) {
+            t = time_best(o, run_moe, &c, &runs);
             if (t < 0) err = lib_error(c.st);
+            else moe_rate = fl_all / t;
         } else {
             err = "not in this build";
         }
@@ -1014,7 +1058,7 @@ static void bench_moe(const bench_opts *o, const peaks *pk) {
         char blocks[32];
         snprintf(blocks, sizeof blocks, "%lld", (long long)c.N);
         if (t > 0)
-            say("  %-28s %7s %9.1f %8.3f %8.3f %6.1f%% |", name, blocks, t * 1e3, tr / 1e12, ta / 1e12,
+            say("  %-28s %7s %8.1f%s %8.3f %8.3f %6.1f%% |", name, blocks, t * 1e3, runs ? " " : "*", tr / 1e12, ta / 1e12,
                 peak > 0 ? 100.0 * tr / peak : 0.0);
         else
             say("  %-28s %7s %9s %8s %8s %7s |", name, blocks, "-", "-", "-", "-");
@@ -1024,7 +1068,7 @@ static void bench_moe(const bench_opts *o, const peaks *pk) {
         else say(" %8s\n", "-");
         if (err) say("       mxfp8: %s\n", err);
         double peak_mem = hwm_reset && hwm1 > 0 ? hwm1 : maxrss;
-        say("       memory: inputs+outputs %.1f MiB; resident before the call %.1f MiB, peak during the calls %.1f MiB "
+        if (t > 0) say("       memory: inputs+outputs %.1f MiB; resident before the call %.1f MiB, peak during the calls %.1f MiB "
             "(%s) = %.1f MiB of workspace; process ru_maxrss %.1f MiB\n",
             io / 1048576.0, rss0 / 1048576.0, peak_mem / 1048576.0,
             hwm_reset ? "VmHWM reset before the call" : "ru_maxrss, includes earlier sections",
@@ -1041,6 +1085,7 @@ static void bench_moe(const bench_opts *o, const peaks *pk) {
         cJSON_AddNumberToObject(j, "gflop_real_rows", fl_real / 1e9);
         cJSON_AddNumberToObject(j, "gflop_all_blocks", fl_all / 1e9);
         json_num(j, "ms", t > 0 ? t * 1e3 : -1);
+        cJSON_AddNumberToObject(j, "timed_runs", runs);
         json_num(j, "tflops_real_rows", tr > 0 ? tr / 1e12 : -1);
         json_num(j, "tflops_all_blocks", ta > 0 ? ta / 1e12 : -1);
         json_num(j, "fraction_of_peak_real_rows", tr > 0 && peak > 0 ? tr / peak : -1);
@@ -1055,6 +1100,7 @@ static void bench_moe(const bench_opts *o, const peaks *pk) {
         if (err) cJSON_AddStringToObject(j, "error", err);
         cJSON_AddItemToArray(ja, j);
     }
+    say("  * = one cold run (longer than %.0f s: no warm-up, no repeat)\n", o->cold);
     say("  target (issue 5): larger problem >= 45%% of the AMX peak (GEMM FLOPs)\n");
 }
 
@@ -1063,7 +1109,7 @@ static void bench_moe(const bench_opts *o, const peaks *pk) {
 /* ============================================================================================================ */
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: mxfp8 bench [quantize|matmul|moe|peak|all] [--threads N] [--json] [--quick] [--reps N]\n"
+            "usage: mxfp8 bench [quantize|matmul|moe|peak|all] [--threads N] [--json] [--quick] [--reps N] [--full]\n"
             "  Measures libmxfp8 against this machine's limits, in one run: register-resident peak loops (AMX\n"
             "  TDPBF16PS when the CPU and OS allow it, else AVX512-BF16 / FP32 FMA), memcpy bandwidth, and oneDNN's\n"
             "  bf16 matmul on the same GEMMs (when built with oneDNN). Every figure is the best of N runs after a\n"
@@ -1073,11 +1119,12 @@ static void usage(FILE *f) {
             "  --threads N  threads for matmul/moe and the second quantize column (default: the library's count)\n"
             "  --json       print one JSON document instead of tables\n"
             "  --quick      skip the largest problems (4096^3, the larger MoE), 2 repetitions\n"
-            "  --reps N     best of N timed runs (default 5; fewer when a run is slow)\n");
+            "  --reps N     best of N timed runs (default 5; fewer when a run is slow; a run over 8 s is timed once)\n"
+            "  --full       also run items estimated (from a smaller one in this run) to take over 40 s per run\n");
 }
 
 int cmd_bench(int argc, char **argv) {
-    bench_opts o = {0, 0, 0, 0, 5, 4.0};
+    bench_opts o = {0, 0, 0, 0, 5, 4.0, 8.0, 40.0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -1088,6 +1135,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "all")) o.sections |= SEC_ALL;
         else if (!strcmp(a, "--json")) o.json = 1;
         else if (!strcmp(a, "--quick")) o.quick = 1;
+        else if (!strcmp(a, "--full")) o.full = 1;
         else if ((!strcmp(a, "--threads") || !strcmp(a, "--reps")) && i + 1 < argc) {
             char *end;
             errno = 0;
