@@ -292,7 +292,7 @@ int cmd_matmul_bwd(int argc, char **argv) {
         printf("allclose: atol = 0.2 x max|golden|, rtol = 1e-3.  rel err = max|k - ref| / max|ref|%s\n",
                odt == 0 ? "\n(rounding the output to BF16 alone gives up to 2^-9 = 1.95e-03)" : "");
     }
-    printf("\ntime (dX + dW, best of %lld): %.3f ms   %.3f TFLOP/s   (%.3g GFLOP)\n", (long long)repeat, best * 1e3,
+    printf("\ntime (dX + dW, best of %lld): %.3f ms   %.4g TFLOP/s   (%.3g GFLOP)\n", (long long)repeat, best * 1e3,
            flops / best * 1e-12, flops * 1e-9);
     if (out_path) {
         if (tf_save(out_path, &grads, err, sizeof err)) {

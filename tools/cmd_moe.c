@@ -613,7 +613,7 @@ int cmd_moe_bwd(int argc, char **argv) {
     }
     printf("\n");
     if (t_fwd >= 0) printf("forward (checkpoints): %10.3f ms\n", t_fwd * 1e3);
-    printf("%-22s %10.3f ms   %.3f TFLOP/s   (%.3g GFLOP: 12*H*I per routed token-expert pair, %lld pairs)\n",
+    printf("%-22s %10.3f ms   %.4g TFLOP/s   (%.3g GFLOP: 12*H*I per routed token-expert pair, %lld pairs)\n",
            repeat > 1 ? "backward (best):" : "backward:", best * 1e3, best > 0 ? flops / best * 1e-12 : 0.0, flops * 1e-9,
            (long long)pairs);
     if (out_path) {
