@@ -42,8 +42,9 @@ int cmd_info(int argc, char **argv) {
     printf("  amx permitted %s\n", in.has_amx_tile ? (in.amx_permitted ? "yes" : "no") : "n/a");
     printf("isa path:       %s (%s)\n", in.isa_name ? in.isa_name : "?", in.isa_reason ? in.isa_reason : "");
     printf("MXFP8_ISA:      %s\n", env_isa && *env_isa ? env_isa : "(unset)");
-    printf("threads:        %d%s%s\n", in.num_threads, env_thr && *env_thr ? "  (MXFP8_NUM_THREADS=" : "",
-           env_thr && *env_thr ? env_thr : "");
-    if (env_thr && *env_thr) printf(")\n");
+    const char *env_omp = getenv("OMP_NUM_THREADS");
+    if (env_thr && *env_thr) printf("threads:        %d  (MXFP8_NUM_THREADS=%s)\n", in.num_threads, env_thr);
+    else if (env_omp && *env_omp) printf("threads:        %d  (OMP_NUM_THREADS=%s)\n", in.num_threads, env_omp);
+    else printf("threads:        %d\n", in.num_threads);
     return CLI_OK;
 }
