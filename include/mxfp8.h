@@ -204,7 +204,7 @@ typedef struct mxfp8_quant_params {
 /** Defaults: E4M3, NKI rule, 1x32 groups. */
 MXFP8_API mxfp8_quant_params mxfp8_quant_params_default(void);
 
-/** MX-quantize `src` along `axis` [OCP §6.3, NKI-Q].
+/** MX-quantize `src` along `axis` [OCP §6.3, NKI-Q]. params NULL = mxfp8_quant_params_default().
  *  src:    any rank >= 1, dtype F32, BF16 or F16, any strides.
  *  axis:   the quantization axis (the contraction axis of the consuming GEMM); negative counts from the end.
  *  data:   same shape as src, dtype E4M3 or E5M2 matching params->fmt (codes), any strides.
@@ -214,12 +214,16 @@ MXFP8_API mxfp8_quant_params mxfp8_quant_params_default(void);
  *  group -> scale code 0 and zero elements; any NaN or +-Inf in the group -> scale code 255 and every element code
  *  NaN (E4M3 0x7F/0xFF, E5M2 0x7E/0xFE, keeping each sign); else e from `rule`, elements RNE(x * 2^-e), saturating.
  *  Errors: NULL_POINTER, INVALID_ARGUMENT (axis, enum values), DTYPE, SHAPE_MISMATCH, SIZE_OVERFLOW, ALIASING,
- *  UNSUPPORTED (wrapX with shape[axis] % 128 != 0). Uses AVX-512 when available (bit-identical to the reference). */
+ *  UNSUPPORTED (wrapX with shape[axis] % 128 != 0), BAD_STRIDES. Uses AVX-512 when available (bit-identical to the
+ *  reference) where the axis, or another dimension, has unit stride in every tensor; any other strides take the
+ *  scalar reference. Threads: lines are split between threads; results do not depend on the thread count. */
 MXFP8_API mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params,
                                       mxfp8_tensor *data, mxfp8_tensor *scales);
 
 /** Dequantize codes back to high precision: out[i] = fp8(data[i]) * 2^(scale-127), exact in FP32 (then rounded RNE
- *  to BF16/F16 when out is BF16/F16; FP8 * 2^e is always exact in BF16 unless it falls below BF16's range).
+ *  to BF16/F16 when out is BF16/F16; FP8 * 2^e is always exact in BF16 unless it falls below BF16's normal range,
+ *  2^-126, where low bits are rounded away). The FP32 product can overflow to +-Inf only for scale codes the
+ *  quantizer gives to amax within one FP8 step of FLT_MAX. A NaN code decodes to a quiet NaN with its sign.
  *  data: codes, dtype E4M3 or E5M2; scales: as produced by mxfp8_quantize for (axis, group); out: data's shape,
  *  dtype F32, BF16 or F16. Scale code 255 gives NaN. Errors as mxfp8_quantize. [OCP §6.2] */
 MXFP8_API mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis,
@@ -238,7 +242,8 @@ MXFP8_API mxfp8_status mxfp8_scale_layout_shape(mxfp8_scale_layout layout, int64
 MXFP8_API mxfp8_status mxfp8_scales_to_layout(const mxfp8_tensor *compact, int64_t K, mxfp8_scale_layout layout,
                                               mxfp8_tensor *out);
 /** Inverse of mxfp8_scales_to_layout: read scales in `layout` for an operand of F = compact->shape[0] rows and K
- *  contraction indices into compact [F, ceil(K/32)]. */
+ *  contraction indices into compact [F, ceil(K/32)]. The SWIZZLE_128X4 layout may be given as the 2-D [R', C'] view
+ *  or as the flat 1-D [R'*C'] view (both directions). Errors as mxfp8_scales_to_layout. */
 MXFP8_API mxfp8_status mxfp8_scales_from_layout(const mxfp8_tensor *in, int64_t K, mxfp8_scale_layout layout,
                                                 mxfp8_tensor *compact);
 
