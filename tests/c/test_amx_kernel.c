@@ -28,9 +28,11 @@ static uint32_t bits(float f) {
 static void test_packer(void) {
     enum { K = 40 }; /* two chunks: 32 + a tail of 8 */
     static float src[32 * K];
-    static uint8_t pa[2 * 2 * MXFP8I_AMX_SLOT] __attribute__((aligned(64)));
-    static uint8_t pb[2 * 2 * MXFP8I_AMX_SLOT] __attribute__((aligned(64)));
+    static uint8_t pa[2 * MXFP8I_AMX_CHUNK_BYTES] __attribute__((aligned(64)));
+    static uint8_t pb[2 * MXFP8I_AMX_CHUNK_BYTES] __attribute__((aligned(64)));
     mxfp8i_amx_meta ma[4], mb[4];
+    TU_CHECK(mxfp8i_amx_panel_bytes(K, 32) == (int64_t)sizeof pa, "panel_bytes(40) = %lld",
+             (long long)mxfp8i_amx_panel_bytes(K, 32));
     memset(src, 0, sizeof src);
     /* rows 0..15, chunk 0: 0.1875 = 1.5 * 2^-3 (lowest set bit 2^-4) and 32 (2^5): qmin -4, emax 5, BF16 */
     src[3 * K + 5] = 0.1875f;
@@ -40,8 +42,15 @@ static void test_packer(void) {
     /* rows 0..15, chunk 1 (k 32..39): a BF16 subnormal 2^-130: FP32 slot */
     src[2 * K + 33] = 0x1p-130f;
     /* rows 16..31, chunk 1: all zero */
-    mxfp8i_amx_pack_a(src, K, 30, K, pa, ma);
-    mxfp8i_amx_pack_b(src, K, 30, K, pb, mb);
+    memset(pa, 0xAB, sizeof pa); /* stale bytes: whatever the kernel reads must have been written by the packer */
+    memset(pb, 0xAB, sizeof pb);
+    mxfp8i_amx_pack(0, src, K, 30, K, pa);
+    mxfp8i_amx_pack(1, src, K, 30, K, pb);
+    /* chunk c header (64 bytes): meta of tile 0, tile 1; slot t at 64 + t * SLOT */
+    for (int c = 0; c < 2; c++) {
+        memcpy(&ma[2 * c], pa + c * MXFP8I_AMX_CHUNK_BYTES, 2 * sizeof(mxfp8i_amx_meta));
+        memcpy(&mb[2 * c], pb + c * MXFP8I_AMX_CHUNK_BYTES, 2 * sizeof(mxfp8i_amx_meta));
+    }
     for (int p = 0; p < 2; p++) {
         const mxfp8i_amx_meta *m = p ? mb : ma;
         const char *w = p ? "B" : "A";
@@ -54,28 +63,28 @@ static void test_packer(void) {
     }
     /* A, BF16 slot (chunk 0, tile 0): row r, step kk at r*64 + kk*2 */
     uint16_t h;
-    memcpy(&h, pa + 3 * 64 + 5 * 2, 2);
+    memcpy(&h, pa + 64 + 3 * 64 + 5 * 2, 2);
     TU_CHECK(h == (bits(0.1875f) >> 16), "A bf16 slot: got 0x%04x", h);
-    memcpy(&h, pa + 7 * 64 + 30 * 2, 2);
+    memcpy(&h, pa + 64 + 7 * 64 + 30 * 2, 2);
     TU_CHECK(h == (bits(-32.0f) >> 16), "A bf16 slot: got 0x%04x", h);
     /* B, VNNI slot: row j, step kk at (kk/2)*64 + j*4 + (kk%2)*2 */
-    memcpy(&h, pb + (5 / 2) * 64 + 3 * 4 + (5 % 2) * 2, 2);
+    memcpy(&h, pb + 64 + (5 / 2) * 64 + 3 * 4 + (5 % 2) * 2, 2);
     TU_CHECK(h == (bits(0.1875f) >> 16), "B vnni slot: got 0x%04x", h);
-    memcpy(&h, pb + (30 / 2) * 64 + 7 * 4 + 0, 2);
+    memcpy(&h, pb + 64 + (30 / 2) * 64 + 7 * 4 + 0, 2);
     TU_CHECK(h == (bits(-32.0f) >> 16), "B vnni slot: got 0x%04x", h);
     /* FP32 slots: A [r][kk] at r*128 + kk*4; B [kk][j] at kk*64 + j*4 */
     float f;
-    memcpy(&f, pa + 1 * MXFP8I_AMX_SLOT + (20 - 16) * 128 + 1 * 4, 4);
+    memcpy(&f, pa + 64 + 1 * MXFP8I_AMX_SLOT + (20 - 16) * 128 + 1 * 4, 4);
     TU_CHECK(f == 1.0f + 0x1p-8f, "A f32 slot: got %a", f);
-    memcpy(&f, pb + 1 * MXFP8I_AMX_SLOT + 1 * 64 + (20 - 16) * 4, 4);
+    memcpy(&f, pb + 64 + 1 * MXFP8I_AMX_SLOT + 1 * 64 + (20 - 16) * 4, 4);
     TU_CHECK(f == 1.0f + 0x1p-8f, "B f32 slot: got %a", f);
-    memcpy(&f, pa + 2 * MXFP8I_AMX_SLOT + 2 * 128 + 1 * 4, 4);
+    memcpy(&f, pa + MXFP8I_AMX_CHUNK_BYTES + 64 + 2 * 128 + 1 * 4, 4);
     TU_CHECK(f == 0x1p-130f, "A f32 slot (tail chunk): got %a", f);
     /* the tail steps (k >= 40) of chunk 1 and rows >= 30 are zero */
     int nonzero = 0;
     for (int r = 0; r < 16; r++)
         for (int kk = 8; kk < 32; kk++) {
-            memcpy(&f, pa + 2 * MXFP8I_AMX_SLOT + r * 128 + kk * 4, 4);
+            memcpy(&f, pa + MXFP8I_AMX_CHUNK_BYTES + 64 + r * 128 + kk * 4, 4);
             nonzero += f != 0.0f;
         }
     TU_CHECK(nonzero == 0, "A tail padding: %d nonzero", nonzero);
@@ -85,22 +94,32 @@ static void test_packer(void) {
 static void test_split(void) {
     enum { K = 160 };
     static float A[32 * K], B[32 * K], c1[32 * 32], c2[32 * 32];
-    static uint8_t pa[5 * 2 * MXFP8I_AMX_SLOT] __attribute__((aligned(64)));
-    static uint8_t pb[5 * 2 * MXFP8I_AMX_SLOT] __attribute__((aligned(64)));
-    mxfp8i_amx_meta ma[10], mb[10];
+    static uint8_t pa[5 * MXFP8I_AMX_CHUNK_BYTES] __attribute__((aligned(64)));
+    static uint8_t pb[5 * MXFP8I_AMX_CHUNK_BYTES] __attribute__((aligned(64)));
     tu_rng r = {123};
     for (int i = 0; i < 32 * K; i++) {
         A[i] = ldexpf(mxfp8_fp8_to_fp32((uint8_t)(tu_next(&r) % 127u), MXFP8_FMT_E4M3), (int)(tu_next(&r) % 9) - 4);
         B[i] = ldexpf(mxfp8_fp8_to_fp32((uint8_t)(tu_next(&r) % 255u), MXFP8_FMT_E5M2), (int)(tu_next(&r) % 9) - 4);
         if (B[i] != B[i] || isinf(B[i])) B[i] = 0.0f;
     }
-    mxfp8i_amx_pack_a(A, K, 32, K, pa, ma);
-    mxfp8i_amx_pack_b(B, K, 32, K, pb, mb);
-    mxfp8i_bf16_gemm_32x32__amxemu(K, pa, ma, pb, mb, c1, 32, 32, 32, 0, 1);
-    mxfp8i_bf16_gemm_32x32__amxemu(64, pa, ma, pb, mb, c2, 32, 32, 32, 0, 1);
-    mxfp8i_bf16_gemm_32x32__amxemu(K - 64, pa + 2 * 2 * MXFP8I_AMX_SLOT, ma + 4, pb + 2 * 2 * MXFP8I_AMX_SLOT, mb + 4,
-                                   c2, 32, 32, 32, 1, 1);
+    mxfp8i_amx_pack(0, A, K, 32, K, pa);
+    mxfp8i_amx_pack(1, B, K, 32, K, pb);
+    mxfp8i_bf16_gemm_32x32__amxemu(0, K, pa, pb, c1, 32, 32, 32, 0, 1);
+    mxfp8i_bf16_gemm_32x32__amxemu(0, 64, pa, pb, c2, 32, 32, 32, 0, 1);
+    mxfp8i_bf16_gemm_32x32__amxemu(64, K - 64, pa, pb, c2, 32, 32, 32, 1, 1);
     TU_CHECK(memcmp(c1, c2, sizeof c1) == 0, "K split 64 + 96 differs from one call");
+    /* the same split against the reference F32 kernel on 8x32 register tiles */
+    static float ap[K * MXFP8I_MR], bp[K * MXFP8I_NR], c3[32 * 32];
+    for (int m0 = 0; m0 < 32; m0 += MXFP8I_MR)
+        for (int n0 = 0; n0 < 32; n0 += MXFP8I_NR) {
+            for (int k = 0; k < K; k++) {
+                for (int i = 0; i < MXFP8I_MR; i++) ap[k * MXFP8I_MR + i] = A[(m0 + i) * K + k];
+                for (int j = 0; j < MXFP8I_NR; j++) bp[k * MXFP8I_NR + j] = n0 + j < 32 ? B[(n0 + j) * K + k] : 0.0f;
+            }
+            int nrr = 32 - n0 < MXFP8I_NR ? 32 - n0 : MXFP8I_NR;
+            mxfp8i_f32_gemm_8x32__ref(K, ap, bp, c3 + m0 * 32 + n0, 32, MXFP8I_MR, nrr, 0);
+        }
+    TU_CHECK(memcmp(c1, c3, sizeof c1) == 0, "emulated AMX kernel (K = 160, E4M3 x E5M2) differs from the reference");
 }
 
 int main(void) {

@@ -26,10 +26,10 @@
  * single rounding) is checked once at first use by mxfp8i_amx_self_test(), on adversarial data; if it does not, AMX
  * is not used.
  *
- * Panel format (MXFP8I_PANEL "BF16_AMX"); a panel holds 32 rows (A: rows of C; B: columns of C) and all of K
+ * Panel format (the slot's own, MXFP8I_PANEL_OTHER); a panel holds 32 rows (A: rows of C; B: columns of C), all of K
  * ----------------------------------------------------------------------------------------------------------------
- *   chunks = ceil(K / 32); slot (c, t) for chunk c and tile t in {0, 1} (rows 16t .. 16t+15) at byte
- *   (c * 2 + t) * MXFP8I_AMX_SLOT; meta[c * 2 + t] describes it. k = 32c + kk.
+ *   chunks = ceil(K / 32); chunk c (steps k = 32c + kk) at byte c * MXFP8I_AMX_CHUNK_BYTES: a 64-byte header holding
+ *   mxfp8i_amx_meta[2] (tiles 0, 1; rest zero), then slot t in {0, 1} (rows 16t .. 16t+15) at byte 64 + t * SLOT.
  *   A slot, BF16 (meta.f32 == 0): bf16 of row 16t+r, step kk at byte r*64 + kk*2          (an AMX A tile, 16 x 64 B)
  *   A slot, FP32 (meta.f32 == 1): float of row 16t+r, step kk at byte r*128 + kk*4
  *   B slot, BF16: bf16 of row 16t+j, step kk at byte (kk/2)*64 + j*4 + (kk%2)*2            (an AMX B tile, VNNI pairs)
@@ -37,11 +37,12 @@
  *   Rows >= the operand's row count and steps >= K are zero.
  * The slot is 2 KiB so either form fits; a BF16 slot uses only its first 1 KiB (the rest is never read).
  *
- * Microkernel contract (mxfp8i_bf16_gemm_32x32__amx): for i < mr, j < nr (1 <= mr, nr <= 32), kc >= 1:
- *   acc = load_c ? c[i*ldc + j] : +0.0f;  for k = 0 .. kc-1: acc = fmaf(A[i][k], B[j][k], acc);  c[i*ldc + j] = acc
- * where A/B are the panels' values from chunk 0 of the pointers given (the caller offsets a, b and the meta arrays to
- * chunk k0/32: k0 must be a multiple of 32). Only the mr x nr valid elements of c are read or written. That is the
- * reference contract of ukernel.h (with MR = NR = 32), bit for bit -- on a CPU where the self-test passed.
+ * Microkernel contract (mxfp8i_bf16_gemm_32x32__amx, the `run` of a ukernel.h slot): a, b are panel BASES (all of
+ * K); k0 is a multiple of 32; for i < mr, j < nr (1 <= mr, nr <= 32), kc >= 1, k0 + kc <= K:
+ *   acc = load_c ? c[i*ldc + j] : +0.0f;  for k = k0 .. k0+kc-1: acc = fmaf(A[i][k], B[j][k], acc);  c[i*ldc+j] = acc
+ * Only the mr x nr valid elements of c are read or written. That is the reference contract of ukernel.h (with
+ * MR = NR = 32), bit for bit -- on a CPU where the self-test passed. A kc that is not a multiple of 32 is fine
+ * anywhere (its last partial chunk takes the exact path).
  *
  * Guard: call anything here only when mxfp8i_isa() == MXFP8_ISA_AMX (this folder is compiled with AVX-512 and AMX
  * flags). The emulation entry (..._amxemu) needs AVX-512F/BW only; it exists for the tests.
@@ -55,6 +56,7 @@
 #define MXFP8I_AMX_NR 32     /**< columns of C per call (2 tiles of 16) */
 #define MXFP8I_AMX_KCHUNK 32 /**< k steps per chunk: one MX group when the chunk starts at a multiple of 32 */
 #define MXFP8I_AMX_SLOT 2048 /**< bytes of one (chunk, tile) slot */
+#define MXFP8I_AMX_CHUNK_BYTES (64 + 2 * MXFP8I_AMX_SLOT) /**< header + two slots */
 
 /** Per (chunk, tile) facts written by the packer and read by the kernel. */
 typedef struct mxfp8i_amx_meta {
@@ -65,27 +67,27 @@ typedef struct mxfp8i_amx_meta {
     uint8_t pad[3];
 } mxfp8i_amx_meta;
 
-/** Number of chunks and bytes of a panel covering K steps. */
+/** Number of chunks of a panel covering K steps. */
 static inline int64_t mxfp8i_amx_chunks(int64_t K) { return (K + MXFP8I_AMX_KCHUNK - 1) / MXFP8I_AMX_KCHUNK; }
-static inline int64_t mxfp8i_amx_panel_bytes(int64_t K) { return mxfp8i_amx_chunks(K) * 2 * MXFP8I_AMX_SLOT; }
 
-/** Pack rows [0, rows) (rows <= 32) of an FP32 matrix src[r*rs + k], k < K, as an A panel (pack_a: rows of C) or a
- *  B panel (pack_b: columns of C), with meta[chunks*2]. panel must be 64-byte aligned, mxfp8i_amx_panel_bytes(K)
- *  long. The values should be exact dequantized MX values (any FP32 is accepted: what BF16 cannot hold exactly is
- *  stored in FP32 and computed on the exact path). */
-void mxfp8i_amx_pack_a(const float *src, int64_t rs, int rows, int64_t K, uint8_t *panel, mxfp8i_amx_meta *meta);
-void mxfp8i_amx_pack_b(const float *src, int64_t rs, int rows, int64_t K, uint8_t *panel, mxfp8i_amx_meta *meta);
+/** Bytes of one panel of w <= 32 rows covering K steps (the slot's panel_bytes). */
+int64_t mxfp8i_amx_panel_bytes(int64_t K, int w);
 
-/** The AMX microkernel (contract above). Needs AMX-TILE + AMX-BF16 and XTILEDATA permission. */
-void mxfp8i_bf16_gemm_32x32__amx(int64_t kc, const uint8_t *a, const mxfp8i_amx_meta *am, const uint8_t *b,
-                                 const mxfp8i_amx_meta *bm, float *c, int64_t ldc, int mr, int nr, int load_c);
+/** Pack rows [0, rows) (rows <= 32) of an FP32 matrix src[r*rs + k], k < K, as an A panel (is_b = 0: rows of C) or a
+ *  B panel (is_b = 1: columns of C); rows past `rows` and steps past K become zeros (the slot's pack). panel: 64-byte
+ *  aligned, mxfp8i_amx_panel_bytes(K, 32) bytes. The values should be exact dequantized MX values; any FP32 is
+ *  accepted (what BF16 cannot hold exactly is stored in FP32 and computed on the exact path). Needs AVX-512F/BW. */
+void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel);
+
+/** The AMX microkernel (contract above; the slot's run). Needs AMX-TILE + AMX-BF16 and XTILEDATA permission. */
+void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr,
+                                 int nr, int load_c);
 
 /** The same kernel with every tile instruction replaced by a C emulation of the SDM definition (DAZ, FTZ, RNE, the
- *  sequential pair order). route = 0 disables the exact-path routing (every full chunk goes to the "tiles"): a
- *  negative control for the tests. Needs AVX-512F/BW. */
-void mxfp8i_bf16_gemm_32x32__amxemu(int64_t kc, const uint8_t *a, const mxfp8i_amx_meta *am, const uint8_t *b,
-                                    const mxfp8i_amx_meta *bm, float *c, int64_t ldc, int mr, int nr, int load_c,
-                                    int route);
+ *  sequential pair order). route = 0 disables the exact-path routing of full chunks whose slots are BF16 (they all
+ *  go to the "tiles"): a negative control for the tests. Needs AVX-512F/BW. */
+void mxfp8i_bf16_gemm_32x32__amxemu(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                    int mr, int nr, int load_c, int route);
 
 /** One-time self-test of the real AMX kernel against the reference F32 microkernel on small deterministic problems
  *  (random MX-like groups, a group with BF16-subnormal dequantized values, tiny-product groups, near-overflow groups,

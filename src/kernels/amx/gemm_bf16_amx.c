@@ -63,11 +63,18 @@ static mxfp8i_amx_meta chunk_meta(const uint32_t *t) {
     return m;
 }
 
-static void amx_pack(const float *src, int64_t rs, int rows, int64_t K, uint8_t *panel, mxfp8i_amx_meta *meta,
-                     int is_b) {
+int64_t mxfp8i_amx_panel_bytes(int64_t K, int w) {
+    (void)w; /* always 32 rows (w <= 32) */
+    return mxfp8i_amx_chunks(K) * MXFP8I_AMX_CHUNK_BYTES;
+}
+
+void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel_v) {
+    uint8_t *panel = panel_v;
     uint32_t t[16 * 32] __attribute__((aligned(64)));
     int64_t nch = mxfp8i_amx_chunks(K);
     for (int64_t ch = 0; ch < nch; ch++) {
+        uint8_t *chunk = panel + ch * MXFP8I_AMX_CHUNK_BYTES;
+        memset(chunk, 0, 64); /* header: two mxfp8i_amx_meta, then zeros */
         int64_t k0 = ch * MXFP8I_AMX_KCHUNK;
         int kn = (int)(K - k0 < MXFP8I_AMX_KCHUNK ? K - k0 : MXFP8I_AMX_KCHUNK);
         __mmask16 m0 = kn >= 16 ? 0xFFFF : (__mmask16)((1u << kn) - 1);
@@ -85,8 +92,8 @@ static void amx_pack(const float *src, int64_t rs, int rows, int64_t K, uint8_t 
                 _mm512_store_si512((void *)(t + r * 32 + 16), v1);
             }
             mxfp8i_amx_meta m = chunk_meta(t);
-            meta[ch * 2 + tile] = m;
-            uint8_t *slot = panel + (ch * 2 + tile) * MXFP8I_AMX_SLOT;
+            memcpy(chunk + tile * sizeof m, &m, sizeof m);
+            uint8_t *slot = chunk + 64 + tile * MXFP8I_AMX_SLOT;
             if (m.f32) {
                 uint32_t *s = (uint32_t *)slot;
                 if (!is_b) memcpy(s, t, sizeof t); /* [r][kk] */
@@ -121,21 +128,19 @@ static void amx_pack(const float *src, int64_t rs, int rows, int64_t K, uint8_t 
     }
 }
 
-void mxfp8i_amx_pack_a(const float *src, int64_t rs, int rows, int64_t K, uint8_t *panel, mxfp8i_amx_meta *meta) {
-    amx_pack(src, rs, rows, K, panel, meta, 0);
-}
-void mxfp8i_amx_pack_b(const float *src, int64_t rs, int rows, int64_t K, uint8_t *panel, mxfp8i_amx_meta *meta) {
-    amx_pack(src, rs, rows, K, panel, meta, 1);
-}
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* the exact path and the accumulator check                                                                    */
 /* ---------------------------------------------------------------------------------------------------------- */
-/* Values of one chunk as FP32: af[i][kk] (32 rows of A), bf[kk][j] (32 columns of B). */
-static void expand_chunk(const uint8_t *a, const mxfp8i_amx_meta *am, const uint8_t *b, const mxfp8i_amx_meta *bm,
-                         float *af, float *bf) {
+static inline const mxfp8i_amx_meta *chunk_meta_of(const uint8_t *chunk) {
+    return (const mxfp8i_amx_meta *)chunk; /* the header is 64-byte aligned: two metas at its start */
+}
+
+/* Values of one chunk as FP32: af[i][kk] (32 rows of A), bf[kk][j] (32 columns of B). a, b: chunk bases. */
+static void expand_chunk(const uint8_t *a, const uint8_t *b, float *af, float *bf) {
+    const mxfp8i_amx_meta *am = chunk_meta_of(a), *bm = chunk_meta_of(b);
     for (int tile = 0; tile < 2; tile++) {
-        const uint8_t *sa = a + tile * MXFP8I_AMX_SLOT, *sb = b + tile * MXFP8I_AMX_SLOT;
+        const uint8_t *sa = a + 64 + tile * MXFP8I_AMX_SLOT, *sb = b + 64 + tile * MXFP8I_AMX_SLOT;
         for (int r = 0; r < 16; r++)
             for (int kk = 0; kk < 32; kk++) {
                 uint32_t u;
@@ -154,10 +159,9 @@ static void expand_chunk(const uint8_t *a, const mxfp8i_amx_meta *am, const uint
 }
 
 /* cb[32][32] += chunk, steps kk < kn, each element acc = fmaf(a, b, acc) in ascending kk. */
-static void exact_chunk(float *cb, const uint8_t *a, const mxfp8i_amx_meta *am, const uint8_t *b,
-                        const mxfp8i_amx_meta *bm, int kn) {
+static void exact_chunk(float *cb, const uint8_t *a, const uint8_t *b, int kn) {
     float af[32 * 32] __attribute__((aligned(64))), bf[32 * 32] __attribute__((aligned(64)));
-    expand_chunk(a, am, b, bm, af, bf);
+    expand_chunk(a, b, af, bf);
     for (int i = 0; i < 32; i++) {
         __m512 c0 = _mm512_load_ps(cb + i * 32), c1 = _mm512_load_ps(cb + i * 32 + 16);
         for (int kk = 0; kk < kn; kk++) {
@@ -249,10 +253,11 @@ static void emu_dp(float c[16][16], const uint8_t *as, const uint8_t *bs) {
 }
 
 /* The kernel, once; mode 0 = tiles, 1 = emulation. route = 0: no exact-path routing of full chunks (tests only). */
-static inline __attribute__((always_inline)) void kernel_body(int mode, int route, int64_t kc, const uint8_t *a,
-                                                              const mxfp8i_amx_meta *am, const uint8_t *b,
-                                                              const mxfp8i_amx_meta *bm, float *c, int64_t ldc,
-                                                              int mr, int nr, int load_c) {
+static inline __attribute__((always_inline)) void kernel_body(int mode, int route, int64_t k0, int64_t kc,
+                                                              const void *a_panel, const void *b_panel, float *c,
+                                                              int64_t ldc, int mr, int nr, int load_c) {
+    const uint8_t *a = (const uint8_t *)a_panel + (k0 / MXFP8I_AMX_KCHUNK) * MXFP8I_AMX_CHUNK_BYTES;
+    const uint8_t *b = (const uint8_t *)b_panel + (k0 / MXFP8I_AMX_KCHUNK) * MXFP8I_AMX_CHUNK_BYTES;
     float cb[32 * 32] __attribute__((aligned(64)));
     emu_tiles emu;
     for (int i = 0; i < 32; i++)
@@ -291,28 +296,28 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
     } while (0)
         LOAD_C();
         for (int64_t ch = 0; ch < nfull; ch++) {
-            const uint8_t *ca = a + ch * 2 * MXFP8I_AMX_SLOT, *cbp = b + ch * 2 * MXFP8I_AMX_SLOT;
-            const mxfp8i_amx_meta *ma = am + ch * 2, *mb = bm + ch * 2;
+            const uint8_t *ca = a + ch * MXFP8I_AMX_CHUNK_BYTES, *cbp = b + ch * MXFP8I_AMX_CHUNK_BYTES;
+            const mxfp8i_amx_meta *ma = chunk_meta_of(ca), *mb = chunk_meta_of(cbp);
             int on_tiles = route ? (c_ok && pair_ok(ma, mb) && pair_ok(ma, mb + 1) && pair_ok(ma + 1, mb) &&
                                     pair_ok(ma + 1, mb + 1))
                                  : (!ma[0].f32 && !ma[1].f32 && !mb[0].f32 && !mb[1].f32);
             if (on_tiles) {
                 if (mode == 0) {
-                    AMX_LOAD(4, ca, 64);
-                    AMX_LOAD(5, ca + MXFP8I_AMX_SLOT, 64);
-                    AMX_LOAD(6, cbp, 64);
-                    AMX_LOAD(7, cbp + MXFP8I_AMX_SLOT, 64);
+                    AMX_LOAD(4, ca + 64, 64);
+                    AMX_LOAD(5, ca + 64 + MXFP8I_AMX_SLOT, 64);
+                    AMX_LOAD(6, cbp + 64, 64);
+                    AMX_LOAD(7, cbp + 64 + MXFP8I_AMX_SLOT, 64);
                     AMX_DP(0, 4, 6);
                     AMX_DP(1, 4, 7);
                     AMX_DP(2, 5, 6);
                     AMX_DP(3, 5, 7);
                 } else {
                     for (int t = 0; t < 4; t++)
-                        emu_dp(emu.c[t], ca + (t >> 1) * MXFP8I_AMX_SLOT, cbp + (t & 1) * MXFP8I_AMX_SLOT);
+                        emu_dp(emu.c[t], ca + 64 + (t >> 1) * MXFP8I_AMX_SLOT, cbp + 64 + (t & 1) * MXFP8I_AMX_SLOT);
                 }
             } else {
                 STORE_C();
-                exact_chunk(cb, ca, ma, cbp, mb, MXFP8I_AMX_KCHUNK);
+                exact_chunk(cb, ca, cbp, MXFP8I_AMX_KCHUNK);
                 c_ok = acc_ok(cb);
                 LOAD_C();
             }
@@ -322,23 +327,20 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
 #undef LOAD_C
 #undef STORE_C
     }
-    if (tail)
-        exact_chunk(cb, a + nfull * 2 * MXFP8I_AMX_SLOT, am + nfull * 2, b + nfull * 2 * MXFP8I_AMX_SLOT,
-                    bm + nfull * 2, tail);
+    if (tail) exact_chunk(cb, a + nfull * MXFP8I_AMX_CHUNK_BYTES, b + nfull * MXFP8I_AMX_CHUNK_BYTES, tail);
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) c[i * ldc + j] = cb[i * 32 + j];
 }
 
-void mxfp8i_bf16_gemm_32x32__amx(int64_t kc, const uint8_t *a, const mxfp8i_amx_meta *am, const uint8_t *b,
-                                 const mxfp8i_amx_meta *bm, float *c, int64_t ldc, int mr, int nr, int load_c) {
-    kernel_body(0, 1, kc, a, am, b, bm, c, ldc, mr, nr, load_c);
+void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr,
+                                 int nr, int load_c) {
+    kernel_body(0, 1, k0, kc, a, b, c, ldc, mr, nr, load_c);
 }
 
-void mxfp8i_bf16_gemm_32x32__amxemu(int64_t kc, const uint8_t *a, const mxfp8i_amx_meta *am, const uint8_t *b,
-                                    const mxfp8i_amx_meta *bm, float *c, int64_t ldc, int mr, int nr, int load_c,
-                                    int route) {
-    if (route) kernel_body(1, 1, kc, a, am, b, bm, c, ldc, mr, nr, load_c);
-    else kernel_body(1, 0, kc, a, am, b, bm, c, ldc, mr, nr, load_c);
+void mxfp8i_bf16_gemm_32x32__amxemu(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                    int mr, int nr, int load_c, int route) {
+    if (route) kernel_body(1, 1, k0, kc, a, b, c, ldc, mr, nr, load_c);
+    else kernel_body(1, 0, k0, kc, a, b, c, ldc, mr, nr, load_c);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -365,8 +367,7 @@ enum { CHECK_KMAX = 256 };
 typedef struct check_ws {
     float A[32 * CHECK_KMAX], B[32 * CHECK_KMAX];
     float ap[CHECK_KMAX * MXFP8I_MR], bp[CHECK_KMAX * MXFP8I_NR];
-    uint8_t pa[(CHECK_KMAX / 32) * 2 * MXFP8I_AMX_SLOT], pb[(CHECK_KMAX / 32) * 2 * MXFP8I_AMX_SLOT];
-    mxfp8i_amx_meta ma[(CHECK_KMAX / 32) * 2], mb[(CHECK_KMAX / 32) * 2];
+    uint8_t pa[(CHECK_KMAX / 32) * MXFP8I_AMX_CHUNK_BYTES], pb[(CHECK_KMAX / 32) * MXFP8I_AMX_CHUNK_BYTES];
     float c_init[32 * 32], c_ref[32 * 32], c_k[32 * 32];
 } check_ws;
 
@@ -411,11 +412,11 @@ static int run_case(check_ws *w, int kind, uint64_t seed, int64_t K, int mr, int
             }
             mxfp8i_f32_gemm_8x32__ref(K, w->ap, w->bp, w->c_ref + m0 * 32 + n0, 32, mrr, nrr, load_c);
         }
-    mxfp8i_amx_pack_a(A, K, mr, K, w->pa, w->ma);
-    mxfp8i_amx_pack_b(B, K, nr, K, w->pb, w->mb);
+    mxfp8i_amx_pack(0, A, K, mr, K, w->pa);
+    mxfp8i_amx_pack(1, B, K, nr, K, w->pb);
     memcpy(w->c_k, w->c_init, sizeof w->c_k);
-    if (kind == 0) mxfp8i_bf16_gemm_32x32__amx(K, w->pa, w->ma, w->pb, w->mb, w->c_k, 32, mr, nr, load_c);
-    else mxfp8i_bf16_gemm_32x32__amxemu(K, w->pa, w->ma, w->pb, w->mb, w->c_k, 32, mr, nr, load_c, kind == 1);
+    if (kind == 0) mxfp8i_bf16_gemm_32x32__amx(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c);
+    else mxfp8i_bf16_gemm_32x32__amxemu(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c, kind == 1);
     for (int i = 0; i < 32; i++)
         for (int j = 0; j < 32; j++) {
             int valid = i < mr && j < nr;
