@@ -48,6 +48,7 @@ static int pick_tensor(const char *cmd, const char *path, tf_set *set, const cha
         if (!*out) return cli_error(cmd, "%s: no tensor named '%s'", path, name);
         return CLI_OK;
     }
+    if (set->n == 0) return cli_error(cmd, "%s holds no tensors", path);
     if (set->n != 1)
         return cli_error(cmd, "%s holds %d tensors; choose one with --tensor NAME", path, set->n);
     *out = set->t[0];

@@ -108,14 +108,8 @@ int tf_st_load(const char *path, tf_set *out, char *err, size_t errlen) {
             goto done;
         }
 
-    int count = 0;
-    for (cJSON *it = root->child; it; it = it->next) count++;
-    ents = calloc((size_t)(count ? count : 1), sizeof *ents);
-    if (!ents) {
-        tf_err(err, errlen, "out of memory");
-        goto done;
-    }
-    int ne = 0, nmeta = 0;
+    /* Entries grow as they validate (never sized from a count in the file up front). */
+    int ne = 0, cap = 0, nmeta = 0;
     for (cJSON *it = root->child; it; it = it->next) {
         const char *name = it->string ? it->string : "";
         if (!tf_utf8_valid((const unsigned char *)name, strlen(name))) {
@@ -139,7 +133,18 @@ int tf_st_load(const char *path, tf_set *out, char *err, size_t errlen) {
                 }
             continue;
         }
+        if (ne == cap) {
+            int ncap = cap ? 2 * cap : 16;
+            st_entry *ne2 = realloc(ents, (size_t)ncap * sizeof *ents);
+            if (!ne2) {
+                tf_err(err, errlen, "out of memory");
+                goto done;
+            }
+            ents = ne2;
+            cap = ncap;
+        }
         st_entry *e = &ents[ne++];
+        memset(e, 0, sizeof *e);
         e->name = name;
         if (!cJSON_IsObject(it)) {
             tf_err(err, errlen, "%s: tensor '%s': entry is not an object", path, name);
@@ -203,7 +208,7 @@ int tf_st_load(const char *path, tf_set *out, char *err, size_t errlen) {
         }
     }
     /* Duplicate names. */
-    qsort(ents, (size_t)ne, sizeof *ents, cmp_name);
+    if (ne > 1) qsort(ents, (size_t)ne, sizeof *ents, cmp_name);
     for (int i = 1; i < ne; i++)
         if (!strcmp(ents[i].name, ents[i - 1].name)) {
             tf_err(err, errlen, "%s: duplicate tensor name '%s'", path, ents[i].name);
@@ -211,7 +216,7 @@ int tf_st_load(const char *path, tf_set *out, char *err, size_t errlen) {
         }
     /* Ranges must tile the data buffer exactly. */
     uint64_t buf_off = 8 + n, buf_len = in.size - buf_off;
-    qsort(ents, (size_t)ne, sizeof *ents, cmp_offset);
+    if (ne > 1) qsort(ents, (size_t)ne, sizeof *ents, cmp_offset);
     uint64_t pos = 0;
     for (int i = 0; i < ne; i++) {
         const st_entry *e = &ents[i];
