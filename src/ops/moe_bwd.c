@@ -141,13 +141,27 @@ typedef struct bwd_ws {
     float *dx, *dw1, *dw2;             /* accumulators [T*H], [E*H*2I], [E*I*H] */
     double *da, *db1, *db2;            /* [T*E], [E*2I], [E*H] */
     float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
+    float *xT, *dguT, *sT, *dyT;       /* transposed Phase 3/4 operands [H][B], [2I][B], [I][B], [H][B] */
     double *dablk;
 } bwd_ws;
+
+/* dst[c][r] = src[r][c] for src [R][C]; column ranges split between threads. */
+static void transpose(const float *src, int64_t R, int64_t C, float *dst) {
+    const int nt = mxfp8i_num_threads();
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        const int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
+        for (int64_t r0 = 0; r0 < R; r0 += 16)
+            for (int64_t c = c0; c < c1; c++)
+                for (int64_t r = r0; r < R && r < r0 + 16; r++) dst[c * R + r] = src[r * C + c];
+    }
+}
 
 static void ws_free(bwd_ws *w) {
     free(w->dx); free(w->dw1); free(w->dw2); free(w->da); free(w->db1); free(w->db2);
     free(w->xb); free(w->dyb); free(w->gu); free(w->g); free(w->u); free(w->act); free(w->inter); free(w->dI);
     free(w->dgu); free(w->dxb); free(w->S); free(w->D); free(w->down); free(w->b1); free(w->b2); free(w->dablk);
+    free(w->xT); free(w->dguT); free(w->sT); free(w->dyT);
 }
 
 static void *xmalloc(int64_t n, size_t es, bool *ok) {
@@ -203,6 +217,10 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     w.b1 = (float *)xmalloc(I2, sizeof(float), &ok);
     w.b2 = (float *)xmalloc(H, sizeof(float), &ok);
     w.dablk = (double *)xmalloc(B, sizeof(double), &ok);
+    w.xT = (float *)xmalloc(B * H, sizeof(float), &ok);
+    w.dguT = (float *)xmalloc(B * I2, sizeof(float), &ok);
+    w.sT = (float *)xmalloc(B * I, sizeof(float), &ok);
+    w.dyT = (float *)xmalloc(B * H, sizeof(float), &ok);
     mxfp8i_moe_wq wq;
     const int want_fwd = !ck_gu->data || (onH && !ck_down->data);
     if (!ok || mxfp8i_moe_wq_alloc(&p, want_fwd, 1, &wq)) {
@@ -318,23 +336,19 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
                 dgu[q * I2 + I + i] = du;
             }
         }
-        /* bias gradients (FP64 sums over positions in order; columns split between threads) */
+        /* bias gradients (FP64, positions added in order; column ranges split between threads) */
         if (c->bias) {
             double *db1 = w.db1 + e * I2, *db2 = w.db2 + e * H;
 #pragma omp parallel for schedule(static) num_threads(nt)
-            for (int64_t k = 0; k < I2; k++) {
-                double s = 0.0;
-                for (int64_t q = 0; q < L; q++) s += (double)dgu[q * I2 + k];
-                db1[k] += s;
-            }
-#pragma omp parallel for schedule(static) num_threads(nt)
-            for (int64_t h = 0; h < H; h++) {
-                double s = 0.0;
+            for (int t = 0; t < nt; t++) {
+                const int64_t k0 = I2 * t / nt, k1 = I2 * (t + 1) / nt, h0 = H * t / nt, h1 = H * (t + 1) / nt;
                 for (int64_t q = 0; q < L; q++) {
                     if (tok[q] < 0) continue;
-                    s += onH ? (double)D[q * H + h] : (double)(mxfp8i_moe_aff(&p, tok[q], e) * dyb[q * H + h]);
+                    const float aq = mxfp8i_moe_aff(&p, tok[q], e);
+                    for (int64_t k = k0; k < k1; k++) db1[k] += (double)dgu[q * I2 + k];
+                    for (int64_t h = h0; h < h1; h++)
+                        db2[h] += onH ? (double)D[q * H + h] : (double)(aq * dyb[q * H + h]);
                 }
-                db2[h] += s;
             }
         }
         /* Phase 2 (contraction 2I): dX_blk = dGU @ W1[e]^T, scatter-add in position order */
@@ -345,21 +359,33 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
             if ((st = mxfp8i_moe_gemm(&p, L, H, I2, &A, &W, 0, w.dxb, H))) goto oom;
         }
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t q = 0; q < L; q++)
-                if (tok[q] >= 0) w.dx[tok[q] * H + h] += w.dxb[q * H + h];
-        /* Phase 3 (contraction over positions): dW1[e] += X_blk^T @ dGU */
+        for (int t = 0; t < nt; t++) {
+            const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
+            for (int64_t q = 0; q < L; q++) {
+                if (tok[q] < 0) continue;
+                float *dst = w.dx + tok[q] * H;
+                const float *src = w.dxb + q * H;
+                for (int64_t h = h0; h < h1; h++) dst[h] += src[h];
+            }
+        }
+        /* Phases 3 and 4 contract over the block's positions: their operands are transposed into [rows][L]
+           buffers first so that the GEMM reads contiguous contraction rows (values unchanged). */
+        transpose(xb, L, H, w.xT);
+        transpose(dgu, L, I2, w.dguT);
+        transpose(onH ? inter : S, L, I, w.sT);
+        transpose(onH ? D : dyb, L, H, w.dyT);
+        /* Phase 3: dW1[e] [H, 2I] += X_blk^T @ dGU */
         {
             mxfp8i_moe_op A = {0}, Bo = {0};
-            A.v = xb; A.rs = 1; A.ks = H;
-            Bo.v = dgu; Bo.rs = 1; Bo.ks = I2;
+            A.v = w.xT; A.rs = L; A.ks = 1;
+            Bo.v = w.dguT; Bo.rs = L; Bo.ks = 1;
             if ((st = mxfp8i_moe_gemm(&p, H, I2, L, &A, &Bo, 1, w.dw1 + e * H * I2, I2))) goto oom;
         }
-        /* Phase 4 (contraction over positions): dW2[e] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H) */
+        /* Phase 4: dW2[e] [I, H] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H) */
         {
             mxfp8i_moe_op A = {0}, Bo = {0};
-            A.v = onH ? inter : S; A.rs = 1; A.ks = I;
-            Bo.v = onH ? D : dyb; Bo.rs = 1; Bo.ks = H;
+            A.v = w.sT; A.rs = L; A.ks = 1;
+            Bo.v = w.dyT; Bo.rs = L; Bo.ks = 1;
             if ((st = mxfp8i_moe_gemm(&p, I, H, L, &A, &Bo, 1, w.dw2 + e * I * H, H))) goto oom;
         }
         for (int64_t q = 0; q < L; q++)

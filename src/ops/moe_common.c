@@ -525,6 +525,19 @@ static void quantize_lines(const mxfp8i_moe *p, const float *src, int64_t lines,
     }
 }
 
+/* Quantize src [K][C] (row-major) down its columns: codes [K][C], scales [G][C]; columns split between threads. */
+static void quantize_cols(const mxfp8i_moe *p, const float *src, int64_t K, int64_t C, uint8_t *codes,
+                          uint8_t *scales) {
+    const int nt = mxfp8i_num_threads();
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
+        if (c1 > c0)
+            mxfp8i_quantize_cols(src + c0, MXFP8_DTYPE_F32, K, c1 - c0, C, p->cfg.quant_dtype, p->cfg.scale_rule,
+                                 MXFP8_GROUP_1X32, codes + c0, C, scales + c0, C);
+    }
+}
+
 void mxfp8i_moe_wq_prepare(const mxfp8i_moe *p, int64_t e, mxfp8i_moe_wq *w) {
     if (w->e == e) return;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
@@ -561,31 +574,32 @@ void mxfp8i_moe_wq_prepare(const mxfp8i_moe *p, int64_t e, mxfp8i_moe_wq *w) {
         }
     }
     if (w->want_fwd) {
-        /* W1 along H: operand [2I, H] (line c = j*I + i) */
+        /* W1 along H, kept in W1's own [H][2I] layout (codes quantized down each column c = j*I + i, scales
+           [G(H)][2I]); the GEMM reads it as the strided operand [2I, H]. */
         if (!p->bwd && p->w1_prequant) {
-            for (int64_t j = 0; j < 2; j++)
-                for (int64_t i = 0; i < I; i++) {
-                    int64_t c = j * I + i;
-                    for (int64_t h = 0; h < H; h++)
-                        w->w1_h_c[c * H + h] =
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t j = 0; j < 2; j++)
+                    for (int64_t i = 0; i < I; i++)
+                        w->w1_h_c[h * I2 + j * I + i] =
                             c1[e * W1->strides[0] + h * W1->strides[1] + j * W1->strides[2] + i * W1->strides[3]];
-                    for (int64_t g = 0; g < GH; g++)
-                        w->w1_h_s[c * GH + g] =
+            for (int64_t g = 0; g < GH; g++)
+                for (int64_t j = 0; j < 2; j++)
+                    for (int64_t i = 0; i < I; i++)
+                        w->w1_h_s[g * I2 + j * I + i] =
                             s1[e * S1->strides[0] + g * S1->strides[1] + j * S1->strides[2] + i * S1->strides[3]];
-                }
         } else {
-            quantize_lines(p, w->w1f, I2, H, 1, I2, w->w1_h_c, w->w1_h_s);
+            quantize_cols(p, w->w1f, H, I2, w->w1_h_c, w->w1_h_s);
         }
-        /* W2 along I: operand [H, I] */
+        /* W2 along I, kept in W2's [I][H] layout (scales [G(I)][H]); read as the strided operand [H, I]. */
         if (!p->bwd && p->w2_prequant) {
-            for (int64_t h = 0; h < H; h++) {
-                for (int64_t i = 0; i < I; i++)
-                    w->w2_i_c[h * I + i] = c2[e * W2->strides[0] + i * W2->strides[1] + h * W2->strides[2]];
-                for (int64_t g = 0; g < GI; g++)
-                    w->w2_i_s[h * GI + g] = s2[e * S2->strides[0] + g * S2->strides[1] + h * S2->strides[2]];
-            }
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t h = 0; h < H; h++)
+                    w->w2_i_c[i * H + h] = c2[e * W2->strides[0] + i * W2->strides[1] + h * W2->strides[2]];
+            for (int64_t g = 0; g < GI; g++)
+                for (int64_t h = 0; h < H; h++)
+                    w->w2_i_s[g * H + h] = s2[e * S2->strides[0] + g * S2->strides[1] + h * S2->strides[2]];
         } else {
-            quantize_lines(p, w->w2f, H, I, 1, H, w->w2_i_c, w->w2_i_s);
+            quantize_cols(p, w->w2f, I, H, w->w2_i_c, w->w2_i_s);
         }
     }
     w->e = e;
@@ -601,11 +615,21 @@ static mxfp8i_moe_op codes_op(const uint8_t *c, const uint8_t *s, int64_t K) {
     o.sgs = 1;
     return o;
 }
+static mxfp8i_moe_op codes_op_cols(const uint8_t *c, const uint8_t *s, int64_t R) {
+    mxfp8i_moe_op o = {0}; /* codes [K][R], scales [G][R]: operand [R, K] */
+    o.codes = c;
+    o.crs = 1;
+    o.cks = R;
+    o.scales = s;
+    o.srs = 1;
+    o.sgs = R;
+    return o;
+}
 mxfp8i_moe_op mxfp8i_moe_op_w1_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
-    return codes_op(w->w1_h_c, w->w1_h_s, p->H);
+    return codes_op_cols(w->w1_h_c, w->w1_h_s, 2 * p->I);
 }
 mxfp8i_moe_op mxfp8i_moe_op_w2_i(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
-    return codes_op(w->w2_i_c, w->w2_i_s, p->I);
+    return codes_op_cols(w->w2_i_c, w->w2_i_s, p->H);
 }
 mxfp8i_moe_op mxfp8i_moe_op_w1_2i(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
     return codes_op(w->w1_2i_c, w->w1_2i_s, 2 * p->I);

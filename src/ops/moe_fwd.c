@@ -213,16 +213,23 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
         W = mxfp8i_moe_op_w2_i(&p, &wq);
         if ((st = mxfp8i_moe_gemm(&p, L, H, I, &A, &W, 0, down, H))) goto oom;
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t h = 0; h < H; h++)
+        for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
+            const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
             for (int64_t q = 0; q < L; q++) {
+                float *dq = down + q * H;
                 if (tok[q] < 0) {
-                    down[q * H + h] = 0.0f;
+                    for (int64_t h = h0; h < h1; h++) dq[h] = 0.0f;
                     continue;
                 }
-                float d = down[q * H + h] + b2[h];
-                down[q * H + h] = d;
-                acc[tok[q] * H + h] += mxfp8i_moe_aff(&p, tok[q], e) * d;
+                const float aq = mxfp8i_moe_aff(&p, tok[q], e);
+                float *dst = acc + tok[q] * H;
+                for (int64_t h = h0; h < h1; h++) {
+                    float d = dq[h] + b2[h];
+                    dq[h] = d;
+                    dst[h] += aq * d;
+                }
             }
+        }
         write_checkpoints(&p, n, L, outputs, g, u, act, inter, down);
     }
     {

@@ -95,8 +95,8 @@ typedef struct mxfp8i_moe_wq {
     float *w1f, *w2f;                /**< exact FP32 W1[e] [H][2I], W2[e] [I][H] */
     uint8_t *w1_2i_c, *w1_2i_s;      /**< W1 along 2I: codes [H][2I], scales [H][G(2I)]  (backward Phase 2) */
     uint8_t *w2_h_c, *w2_h_s;        /**< W2 along H:  codes [I][H],  scales [I][G(H)]   (backward Phase 1) */
-    uint8_t *w1_h_c, *w1_h_s;        /**< W1 along H:  codes [2I][H], scales [2I][G(H)]  (forward GEMM 1) */
-    uint8_t *w2_i_c, *w2_i_s;        /**< W2 along I:  codes [H][I],  scales [H][G(I)]   (forward GEMM 2) */
+    uint8_t *w1_h_c, *w1_h_s;        /**< W1 along H:  codes [H][2I], scales [G(H)][2I]  (forward GEMM 1) */
+    uint8_t *w2_i_c, *w2_i_s;        /**< W2 along I:  codes [I][H],  scales [G(I)][H]   (forward GEMM 2) */
 } mxfp8i_moe_wq;
 mxfp8_status mxfp8i_moe_wq_alloc(const mxfp8i_moe *p, int want_fwd, int want_bwd, mxfp8i_moe_wq *w);
 void mxfp8i_moe_wq_prepare(const mxfp8i_moe *p, int64_t e, mxfp8i_moe_wq *w);
