@@ -397,6 +397,33 @@ def test_matmul_bwd_bundle_round_trip(tmp_path, rng):
         np.testing.assert_array_equal(g["weight_grad"].view(np.uint16), np.asarray(dw_py).view(np.uint16))
 
 
+def test_matmul_bwd_prequantized_bundle(tmp_path, rng):
+    """FP8 codes + compact scales in the bundle are passed through as pre-quantized operands (float8 dtype inferred
+    from the codes): bitwise the Python API's result on the same codes."""
+    if not _have("matmul-bwd"):
+        pytest.skip("matmul-bwd not built yet")
+    import mxfp8
+    if not hasattr(mxfp8, "matmul_mxfp8_backward"):
+        pytest.skip("mxfp8.matmul_mxfp8_backward not available yet")
+    M, N, K = 64, 96, 48
+    dy, w, x = _bf16(rng, (M, N)), _bf16(rng, (N, K)), _bf16(rng, (M, K))
+    for fmt, f8 in (("e4m3", "float8_e4m3fn"), ("e5m2", "float8_e5m2")):
+        dyq, dys = mxfp8.quantize(dy, fmt=fmt, axis=1)          # along N, scales [M, N/32]
+        wq, ws = mxfp8.quantize(w, fmt=fmt, axis=0)             # along N, scales [N/32, K] -> [K, N/32]
+        xq, xs = mxfp8.quantize(x, fmt=fmt, axis=0)             # along M, scales [M/32, K] -> [K, M/32]
+        ws, xs = np.ascontiguousarray(ws.T), np.ascontiguousarray(xs.T)
+        st_save(tmp_path / "b.safetensors", {"output_grad": dyq, "weights": wq, "input_activation": xq,
+                                             "output_grad_scales": dys, "weight_scales": ws, "input_scales": xs})
+        r = run("matmul-bwd", "--inputs", tmp_path / "b.safetensors", "--output", tmp_path / "g.safetensors",
+                "--repeat", "1", check_rc=0)
+        assert f8 in r.stdout
+        g = st_load(tmp_path / "g.safetensors")
+        dx_py, dw_py = mxfp8.matmul_mxfp8_backward(dyq, wq, xq, float8_dtype=f8, output_grad_scales=dys,
+                                                   weight_scales=ws, input_scales=xs)
+        np.testing.assert_array_equal(g["input_grad"].view(np.uint16), np.asarray(dx_py).view(np.uint16))
+        np.testing.assert_array_equal(g["weight_grad"].view(np.uint16), np.asarray(dw_py).view(np.uint16))
+
+
 def test_matmul_bwd_bad_bundle(tmp_path, rng):
     if not _have("matmul-bwd"):
         pytest.skip("matmul-bwd not built yet")
