@@ -11,7 +11,7 @@
  *   3. The output is cut into blocks (tile_m * TILES_IN_BLOCK_M rows by tile_n * TILES_IN_BLOCK_N columns). Threads
  *      split the blocks along N (lnc_2_shard_rhs) or M; each block has exactly one owner. Within a block, tiles
  *      (tile_m x tile_n x tile_k) run in tile_loop_order; each tile runs the microkernel over its MR x NR register
- *      tiles, accumulating in an FP32 workspace Cacc [M, N]. k is ascending in every loop order, so the FP32 sum of
+ *      tiles, accumulating in the owner's FP32 block buffer. k is ascending in every loop order, so the FP32 sum of
  *      every element is the same sequence of fused multiply-adds whatever the order, blocking or thread count.
  *   4. Epilogue: the owner rounds its block once to C's dtype (RNE), or adds it to C (accumulate, F32).
  */
@@ -26,10 +26,34 @@
 /* ---------------------------------------------------------------------------------------------------------- */
 /* microkernel selection                                                                                       */
 /* ---------------------------------------------------------------------------------------------------------- */
-static const mxfp8i_ukernel k_ref = {"f32_gemm_8x32__ref", MXFP8I_PANEL_F32, MXFP8I_MR, MXFP8I_NR, 1,
-                                     mxfp8i_f32_gemm_8x32__ref};
-static const mxfp8i_ukernel k_avx512f = {"f32_gemm_8x32__avx512f", MXFP8I_PANEL_F32, MXFP8I_MR, MXFP8I_NR, 1,
-                                         mxfp8i_f32_gemm_8x32__avx512f};
+static int64_t f32_panel_bytes(int64_t K, int w) { return K * w * (int64_t)sizeof(float); }
+/* FP32 panel: panel[k*w + i] = src[i*rs + k]; rows past `rows` zero. */
+static void f32_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel) {
+    int w = is_b ? MXFP8I_NR : MXFP8I_MR;
+    float *p = (float *)panel;
+    for (int64_t k0 = 0; k0 < K; k0 += 64) {
+        int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
+        for (int i = 0; i < rows; i++)
+            for (int64_t k = k0; k < k1; k++) p[k * w + i] = src[i * rs + k];
+    }
+    if (rows < w)
+        for (int64_t k = 0; k < K; k++)
+            for (int i = rows; i < w; i++) p[k * w + i] = 0.0f;
+}
+static void run_ref(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
+                    int load_c) {
+    mxfp8i_f32_gemm_8x32__ref(kc, (const float *)a + k0 * MXFP8I_MR, (const float *)b + k0 * MXFP8I_NR, c, ldc, mr,
+                              nr, load_c);
+}
+static void run_avx512f(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
+                        int load_c) {
+    mxfp8i_f32_gemm_8x32__avx512f(kc, (const float *)a + k0 * MXFP8I_MR, (const float *)b + k0 * MXFP8I_NR, c, ldc,
+                                  mr, nr, load_c);
+}
+static const mxfp8i_ukernel k_ref = {"f32_gemm_8x32__ref", MXFP8I_PANEL_F32, MXFP8I_MR, MXFP8I_NR, 1, 1,
+                                     mxfp8i_f32_gemm_8x32__ref, f32_panel_bytes, f32_pack, run_ref};
+static const mxfp8i_ukernel k_avx512f = {"f32_gemm_8x32__avx512f", MXFP8I_PANEL_F32, MXFP8I_MR, MXFP8I_NR, 1, 1,
+                                         mxfp8i_f32_gemm_8x32__avx512f, f32_panel_bytes, f32_pack, run_avx512f};
 
 const mxfp8i_ukernel *mxfp8i_ref_ukernel(void) { return &k_ref; }
 const mxfp8i_ukernel *mxfp8i_select_ukernel(void) {
@@ -97,9 +121,10 @@ void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, int64_t M, int64_t N, in
     out->M = M;
     out->N = N;
     out->K = K;
-    out->tile_m = round_up(in->tile_m > 0 ? in->tile_m : 128, MXFP8I_MR);
-    out->tile_n = round_up(in->tile_n > 0 ? in->tile_n : 256, MXFP8I_NR);
-    out->tile_k = in->tile_k > 0 ? in->tile_k : 256;
+    const mxfp8i_ukernel *uk = mxfp8i_select_ukernel();
+    out->tile_m = round_up(in->tile_m > 0 ? in->tile_m : 128, uk->mr);
+    out->tile_n = round_up(in->tile_n > 0 ? in->tile_n : 256, uk->nr);
+    out->tile_k = round_up(in->tile_k > 0 ? in->tile_k : 128, uk->kalign);
     out->tiles_in_block_m = in->tiles_in_block_m > 0 ? in->tiles_in_block_m : 4;
     out->tiles_in_block_n = in->tiles_in_block_n > 0 ? in->tiles_in_block_n : 2;
     out->tiles_in_block_k = in->tiles_in_block_k > 0 ? in->tiles_in_block_k : 1;
@@ -119,25 +144,10 @@ void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, int64_t M, int64_t N, in
 /* ---------------------------------------------------------------------------------------------------------- */
 /* packing                                                                                                     */
 /* ---------------------------------------------------------------------------------------------------------- */
-/* Panel of W (= MR or NR) rows of op starting at row r0, all of K: panel[k*W + i]. */
-static void pack_panel(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_t r0, int W, float *panel,
-                       float *row, float *tmp) {
-    int64_t K = op->K;
-    for (int i = 0; i < W; i++) {
-        if (r0 + i < op->R) {
-            mxfp8i_gop_deq_row(op, r0 + i, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, row, tmp);
-            for (int64_t k = 0; k < K; k++) panel[k * W + i] = row[k];
-        } else {
-            for (int64_t k = 0; k < K; k++) panel[k * W + i] = 0.0f;
-        }
-    }
-}
-
-static void *alloc_floats(int64_t n) {
-    int64_t bytes;
-    if (!mxfp8i_mul_size(n > 0 ? n : 1, 4, &bytes)) return NULL;
-    bytes = round_up(bytes, 64);
-    return aligned_alloc(64, (size_t)bytes);
+static void *alloc_bytes(int64_t n) {
+    if (n < 0) return NULL;
+    n = round_up(n > 0 ? n : 1, 64);
+    return aligned_alloc(64, (size_t)n);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -149,11 +159,32 @@ typedef struct gemm_ctx {
     const mxfp8i_ukernel *uk;
     int accumulate;
     const mxfp8_tensor *c;
-    int64_t M, N, K, MCb, NCb, MB, NB;
-    float *Bp, *Ap, *Cacc;
-    float **abuf, **row, **tmp; /* per thread */
+    int64_t M, N, K, MCb, NCb, MB, NB, ldcb;
+    int64_t pa_stride, pb_stride; /* bytes between consecutive A / B panels */
+    char *Bp, *Ap;
+    char **abuf;                  /* per thread: A panels of one block row (spill_reload = 0) */
+    float **cblk;                 /* per thread: FP32 accumulators of one block [MCb, ldcb] */
+    float **scratch, **tmp;       /* per thread: packing scratch (max(mr, nr) * K floats), K floats + scale bytes */
     int nt;
 } gemm_ctx;
+
+/* Pack rows [r0, r0 + w) of op over all of K into one panel of the kernel's format. */
+static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, void *panel) {
+    const mxfp8_matmul_config *cfg = x->cfg;
+    const mxfp8i_ukernel *uk = x->uk;
+    int w = is_b ? uk->nr : uk->mr;
+    int64_t K = op->K;
+    float *tmp = x->tmp[tid];
+    if (uk->panel == MXFP8I_PANEL_F32) {
+        mxfp8i_gop_pack_panel(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, w, (float *)panel,
+                              x->scratch[tid], (uint8_t *)(tmp + K), tmp);
+        return;
+    }
+    int rows = (int)(op->R - r0 < w ? op->R - r0 : w);
+    mxfp8i_gop_rows_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, x->scratch[tid],
+                        (uint8_t *)(tmp + K), tmp);
+    uk->pack(is_b, x->scratch[tid], K, rows, K, panel);
+}
 
 static void loop_dims(mxfp8_loop_order o, int d[3]) { /* 0 = m, 1 = n, 2 = k; d[0] outermost */
     static const int tab[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
@@ -162,19 +193,35 @@ static void loop_dims(mxfp8_loop_order o, int d[3]) { /* 0 = m, 1 = n, 2 = k; d[
     d[2] = tab[o][2];
 }
 
-static void epilogue(const gemm_ctx *x, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+static inline uint16_t bf16_rne(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    uint16_t r = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    return ((u & 0x7FFFFFFFu) > 0x7F800000u) ? (uint16_t)((u >> 16) | 0x40u) : r; /* quiet NaN, sign kept */
+}
+
+/* Rows [m0, m1) x columns [n0, n1) of C from the block accumulators (row m at cb[(m - m0) * ldcb + (n - n0)]). */
+static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     const mxfp8_tensor *c = x->c;
-    int64_t cs0 = c->strides[0], cs1 = c->strides[1];
+    int64_t cs0 = c->strides[0], cs1 = c->strides[1], nn = n1 - n0;
     for (int64_t m = m0; m < m1; m++) {
-        const float *src = x->Cacc + m * x->N;
+        const float *src = cb + (m - m0) * x->ldcb;
         if (x->accumulate) {
-            float *dst = (float *)c->data + m * cs0;
-            for (int64_t n = n0; n < n1; n++) dst[n * cs1] = dst[n * cs1] + src[n];
+            float *dst = (float *)c->data + m * cs0 + n0 * cs1;
+            for (int64_t n = 0; n < nn; n++) dst[n * cs1] = dst[n * cs1] + src[n];
         } else if (c->dtype == MXFP8_DTYPE_F32) {
-            float *dst = (float *)c->data + m * cs0;
-            for (int64_t n = n0; n < n1; n++) dst[n * cs1] = src[n];
+            float *dst = (float *)c->data + m * cs0 + n0 * cs1;
+            if (cs1 == 1) memcpy(dst, src, (size_t)nn * sizeof(float));
+            else
+                for (int64_t n = 0; n < nn; n++) dst[n * cs1] = src[n];
+        } else if (c->dtype == MXFP8_DTYPE_BF16) {
+            uint16_t *dst = (uint16_t *)c->data + m * cs0 + n0 * cs1;
+            if (cs1 == 1)
+                for (int64_t n = 0; n < nn; n++) dst[n] = bf16_rne(src[n]);
+            else
+                for (int64_t n = 0; n < nn; n++) dst[n * cs1] = bf16_rne(src[n]);
         } else {
-            for (int64_t n = n0; n < n1; n++) mxfp8i_store_f32(c->data, c->dtype, m * cs0 + n * cs1, src[n]);
+            for (int64_t n = 0; n < nn; n++) mxfp8i_store_f32(c->data, c->dtype, m * cs0 + (n0 + n) * cs1, src[n]);
         }
     }
 }
@@ -182,21 +229,22 @@ static void epilogue(const gemm_ctx *x, int64_t m0, int64_t m1, int64_t n0, int6
 /* One output block (mb, nb): all its tiles in tile_loop_order, then the epilogue. */
 static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_t *packed_mb) {
     const mxfp8_matmul_config *cfg = x->cfg;
+    const mxfp8i_ukernel *uk = x->uk;
     int64_t m0 = mb * x->MCb, m1 = m0 + x->MCb < x->M ? m0 + x->MCb : x->M;
     int64_t n0 = nb * x->NCb, n1 = n0 + x->NCb < x->N ? n0 + x->NCb : x->N;
     int64_t K = x->K;
-    const float *Ablk;
+    const char *Ablk;
     if (x->Ap) {
-        Ablk = x->Ap + (m0 / MXFP8I_MR) * K * MXFP8I_MR;
+        Ablk = x->Ap + (m0 / uk->mr) * x->pa_stride;
     } else {
         if (*packed_mb != mb) {
-            for (int64_t r = m0; r < m1; r += MXFP8I_MR)
-                pack_panel(x->a, cfg, r, MXFP8I_MR, x->abuf[tid] + ((r - m0) / MXFP8I_MR) * K * MXFP8I_MR,
-                           x->row[tid], x->tmp[tid]);
+            for (int64_t r = m0; r < m1; r += uk->mr)
+                pack_panel(x, tid, x->a, 0, r, x->abuf[tid] + ((r - m0) / uk->mr) * x->pa_stride);
             *packed_mb = mb;
         }
         Ablk = x->abuf[tid];
     }
+    float *cb = x->cblk[tid];
     int64_t tm = cfg->tile_m, tn = cfg->tile_n, tk = cfg->tile_k;
     int64_t lo[3] = {m0, n0, 0}, hi[3] = {m1, n1, K}, step[3] = {tm, tn, tk};
     int d[3];
@@ -208,29 +256,27 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
                 int64_t tm1 = i[0] + tm < m1 ? i[0] + tm : m1;
                 int64_t tn1 = i[1] + tn < n1 ? i[1] + tn : n1;
                 int64_t k0 = i[2], kc = (k0 + tk < K ? k0 + tk : K) - k0;
-                for (int64_t n = i[1]; n < tn1; n += MXFP8I_NR) {
-                    const float *bp = x->Bp + (n / MXFP8I_NR) * K * MXFP8I_NR + k0 * MXFP8I_NR;
-                    int nr = (int)(tn1 - n < MXFP8I_NR ? tn1 - n : MXFP8I_NR);
-                    for (int64_t m = i[0]; m < tm1; m += MXFP8I_MR) {
-                        const float *ap = Ablk + ((m - m0) / MXFP8I_MR) * K * MXFP8I_MR + k0 * MXFP8I_MR;
-                        int mr = (int)(tm1 - m < MXFP8I_MR ? tm1 - m : MXFP8I_MR);
-                        x->uk->fn(kc, ap, bp, x->Cacc + m * x->N + n, x->N, mr, nr, k0 > 0);
+                for (int64_t n = i[1]; n < tn1; n += uk->nr) {
+                    const char *bp = x->Bp + (n / uk->nr) * x->pb_stride;
+                    int nr = (int)(tn1 - n < uk->nr ? tn1 - n : uk->nr);
+                    for (int64_t m = i[0]; m < tm1; m += uk->mr) {
+                        const char *ap = Ablk + ((m - m0) / uk->mr) * x->pa_stride;
+                        int mr = (int)(tm1 - m < uk->mr ? tm1 - m : uk->mr);
+                        uk->run(k0, kc, ap, bp, cb + (m - m0) * x->ldcb + (n - n0), x->ldcb, mr, nr, k0 > 0);
                     }
                 }
             }
-    epilogue(x, m0, m1, n0, n1);
+    epilogue(x, cb, m0, m1, n0, n1);
 }
 
 static void thread_body(const gemm_ctx *x, int tid, int nt) {
-    int64_t K = x->K;
+    const mxfp8i_ukernel *uk = x->uk;
     /* 1-2: packing of B (and A with spill_reload), panels split between threads. */
-    int64_t npb = mxfp8i_ceil_div(x->N, MXFP8I_NR);
-    for (int64_t p = tid; p < npb; p += nt)
-        pack_panel(x->b, x->cfg, p * MXFP8I_NR, MXFP8I_NR, x->Bp + p * K * MXFP8I_NR, x->row[tid], x->tmp[tid]);
+    int64_t npb = mxfp8i_ceil_div(x->N, uk->nr);
+    for (int64_t p = tid; p < npb; p += nt) pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
     if (x->Ap) {
-        int64_t npa = mxfp8i_ceil_div(x->M, MXFP8I_MR);
-        for (int64_t p = tid; p < npa; p += nt)
-            pack_panel(x->a, x->cfg, p * MXFP8I_MR, MXFP8I_MR, x->Ap + p * K * MXFP8I_MR, x->row[tid], x->tmp[tid]);
+        int64_t npa = mxfp8i_ceil_div(x->M, uk->mr);
+        for (int64_t p = tid; p < npa; p += nt) pack_panel(x, tid, x->a, 0, p * uk->mr, x->Ap + p * x->pa_stride);
     }
 #ifdef _OPENMP
     if (nt > 1) {
@@ -249,18 +295,14 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
         if (d[q] == 1) { m_first = 0; break; }
     }
     int64_t packed_mb = -1;
-    int64_t outer0 = 0, outer1, inner0 = 0, inner1;
-    /* outer loop over m blocks when m comes first in block_loop_order */
     int64_t mlo = shard_n ? 0 : s0, mhi = shard_n ? nother : s1;
     int64_t nlo = shard_n ? s0 : 0, nhi = shard_n ? s1 : nother;
     if (m_first) {
-        outer0 = mlo; outer1 = mhi; inner0 = nlo; inner1 = nhi;
-        for (int64_t mb = outer0; mb < outer1; mb++)
-            for (int64_t nb = inner0; nb < inner1; nb++) run_block(x, tid, mb, nb, &packed_mb);
+        for (int64_t mb = mlo; mb < mhi; mb++)
+            for (int64_t nb = nlo; nb < nhi; nb++) run_block(x, tid, mb, nb, &packed_mb);
     } else {
-        outer0 = nlo; outer1 = nhi; inner0 = mlo; inner1 = mhi;
-        for (int64_t nb = outer0; nb < outer1; nb++)
-            for (int64_t mb = inner0; mb < inner1; mb++) run_block(x, tid, mb, nb, &packed_mb);
+        for (int64_t nb = nlo; nb < nhi; nb++)
+            for (int64_t mb = mlo; mb < mhi; mb++) run_block(x, tid, mb, nb, &packed_mb);
     }
 }
 
@@ -291,10 +333,11 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     mxfp8i_gemm_resolve(config, M, N, K, nt, &cfg);
     gemm_ctx x;
     memset(&x, 0, sizeof x);
+    const mxfp8i_ukernel *uk = mxfp8i_select_ukernel();
     x.a = a;
     x.b = b;
     x.cfg = &cfg;
-    x.uk = mxfp8i_select_ukernel();
+    x.uk = uk;
     x.accumulate = accumulate;
     x.c = c;
     x.M = M;
@@ -309,21 +352,30 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     if (nt > nsh) nt = (int)nsh;
     x.nt = nt;
     mxfp8_status st = MXFP8_ERR_OUT_OF_MEMORY;
-    int64_t pa = mxfp8i_ceil_div(M, MXFP8I_MR) * MXFP8I_MR, pb = mxfp8i_ceil_div(N, MXFP8I_NR) * MXFP8I_NR, n1,
-            n2, n3;
-    if (!mxfp8i_mul_size(pb, K, &n1) || !mxfp8i_mul_size(pa, K, &n2) || !mxfp8i_mul_size(M, N, &n3)) return st;
-    x.Bp = alloc_floats(n1);
-    x.Cacc = alloc_floats(n3);
-    if (cfg.spill_reload) x.Ap = alloc_floats(n2);
-    x.abuf = calloc((size_t)nt, sizeof(float *));
-    x.row = calloc((size_t)nt, sizeof(float *));
+    int64_t bm = x.MCb < M ? x.MCb : M, bn = x.NCb < N ? x.NCb : N;
+    x.ldcb = round_up(bn, 16);
+    x.pa_stride = round_up(uk->panel_bytes(K, uk->mr), 64);
+    x.pb_stride = round_up(uk->panel_bytes(K, uk->nr), 64);
+    int64_t npa = mxfp8i_ceil_div(M, uk->mr), npb = mxfp8i_ceil_div(N, uk->nr), wmax = uk->mr > uk->nr ? uk->mr : uk->nr;
+    int64_t nbB, nbA, nbAblk, nC, nS, nT;
+    if (!mxfp8i_mul_size(npb, x.pb_stride, &nbB) || !mxfp8i_mul_size(npa, x.pa_stride, &nbA) ||
+        !mxfp8i_mul_size(mxfp8i_ceil_div(bm, uk->mr), x.pa_stride, &nbAblk) ||
+        !mxfp8i_mul_size(bm, x.ldcb * 4, &nC) || !mxfp8i_mul_size(wmax * 4, K, &nS) ||
+        !mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &nT))
+        return st;
+    x.Bp = alloc_bytes(nbB);
+    if (cfg.spill_reload) x.Ap = alloc_bytes(nbA);
+    x.abuf = calloc((size_t)nt, sizeof(char *));
+    x.cblk = calloc((size_t)nt, sizeof(float *));
+    x.scratch = calloc((size_t)nt, sizeof(float *));
     x.tmp = calloc((size_t)nt, sizeof(float *));
-    int ok = x.Bp && x.Cacc && (!cfg.spill_reload || x.Ap) && x.abuf && x.row && x.tmp;
+    int ok = x.Bp && (!cfg.spill_reload || x.Ap) && x.abuf && x.cblk && x.scratch && x.tmp;
     for (int t = 0; ok && t < nt; t++) {
-        x.row[t] = alloc_floats(K);
-        x.tmp[t] = alloc_floats(K);
-        if (!cfg.spill_reload) x.abuf[t] = alloc_floats(round_up(x.MCb, MXFP8I_MR) * K);
-        ok = x.row[t] && x.tmp[t] && (cfg.spill_reload || x.abuf[t]);
+        x.cblk[t] = alloc_bytes(nC);
+        x.scratch[t] = alloc_bytes(nS);
+        x.tmp[t] = alloc_bytes(nT);
+        if (!cfg.spill_reload) x.abuf[t] = alloc_bytes(nbAblk);
+        ok = x.cblk[t] && x.scratch[t] && x.tmp[t] && (cfg.spill_reload || x.abuf[t]);
     }
     if (ok) {
         if (nt == 1) {
@@ -332,9 +384,8 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
             {
-                int tid = omp_get_thread_num(), n = omp_get_num_threads();
-                /* If the runtime gave fewer threads, the shares are recomputed from the real count. */
-                thread_body(&x, tid, n);
+                /* If the runtime gives fewer threads, the shares follow the real count (buffers exist for nt). */
+                thread_body(&x, omp_get_thread_num(), omp_get_num_threads());
             }
 #else
             thread_body(&x, 0, 1);
@@ -343,16 +394,17 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
         st = MXFP8_OK;
     }
     for (int t = 0; t < nt; t++) {
-        if (x.row) free(x.row[t]);
+        if (x.cblk) free(x.cblk[t]);
+        if (x.scratch) free(x.scratch[t]);
         if (x.tmp) free(x.tmp[t]);
         if (x.abuf) free(x.abuf[t]);
     }
-    free(x.row);
+    free(x.cblk);
+    free(x.scratch);
     free(x.tmp);
     free(x.abuf);
     free(x.Bp);
     free(x.Ap);
-    free(x.Cacc);
     return st;
 }
 

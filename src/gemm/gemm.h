@@ -60,6 +60,18 @@ mxfp8_status mxfp8i_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const m
 void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_scale_rule rule,
                         mxfp8_group_scheme group, float *out, float *tmp);
 
+/** The fused pack of W rows [r0, r0 + W) of an operand over all of K: panel[k*W + i] = deq(op)[r0 + i, k] (rows past
+ *  R are zero). Uses the quantization fast paths (mxfp8i_quantize_panel / mxfp8i_dequantize_panel, bit-identical to
+ *  the reference) for unit-stride geometries, the reference group path otherwise. Scratch: scratch >= W*K floats,
+ *  sbuf >= W*ceil(K/32) bytes, tmp >= K floats. */
+void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
+                           int64_t r0, int W, float *panel, float *scratch, uint8_t *sbuf, float *tmp);
+
+/** Rows [r0, r0 + rows) of an operand over all of K, dequantized (quantized first when high precision), into
+ *  out[i*K + k]. Scratch as mxfp8i_gop_pack_panel. */
+void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
+                         int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp);
+
 /** Row r of an operand as FP32 without quantizing: the high-precision values, or the exact dequantized values of a
  *  pre-quantized operand. out[0..K). */
 void mxfp8i_gop_load_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_group_scheme group, float *out);

@@ -12,6 +12,7 @@
  * group j of the tile at k0 is k0/32 + j).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "gemm.h"
@@ -125,8 +126,10 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
     if ((unsigned)op->scale_layout > MXFP8_SCALES_SWIZZLE_128X4)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s scale_layout %d is not a mxfp8_scale_layout", fn,
                             name, (int)op->scale_layout);
-    if ((st = mxfp8i_check_view(fn, name, s))) return st;
-    if ((st = mxfp8i_check_dtype(fn, name, s, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
+    char sname[128]; /* messages about the scales view say so ("a scales has ...") */
+    snprintf(sname, sizeof sname, "%s scales", name);
+    if ((st = mxfp8i_check_view(fn, sname, s))) return st;
+    if ((st = mxfp8i_check_dtype(fn, sname, s, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
     int64_t shp[2];
     layout_shape(op->scale_layout, out->R, out->K, shp);
     out->scales = (const uint8_t *)s->data;
@@ -255,4 +258,87 @@ void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8
 void mxfp8i_gop_load_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_group_scheme group, float *out) {
     if (!op->prequant) load_row_hp(op, r, out);
     else mxfp8i_gop_deq_row(op, r, fmt, MXFP8_SCALE_NKI, group, out, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the fused pack: quantize (or read codes) -> dequantize exactly -> panel[k*W + i]                            */
+/* ---------------------------------------------------------------------------------------------------------- */
+void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
+                           int64_t r0, int W, float *panel, float *scratch, uint8_t *sbuf, float *tmp) {
+    int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
+    int rows = (int)(op->R - r0 < W ? op->R - r0 : W);
+    if (rows < 0) rows = 0;
+    size_t es = mxfp8_dtype_size(op->dtype);
+    int done = 0;
+    if (rows > 0 && !op->swizzled) {
+        const char *base = op->data + (r0 * op->s0) * (int64_t)es;
+        if (!op->prequant && op->s0 == 1 && op->s1 > 0) {
+            /* [K, R]-contiguous operand (a transposed view): quantize down the columns straight into the panel. */
+            mxfp8i_qpanel p = {base, op->dtype, rows, K, 1, op->s1, fmt, rule, group, panel, MXFP8_DTYPE_F32, 1, W,
+                               NULL, 0, 0};
+            mxfp8i_quantize_panel(&p);
+            done = 1;
+        } else if (!op->prequant && op->s1 == 1) {
+            mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, 1, fmt, rule, group, scratch, MXFP8_DTYPE_F32, K, 1,
+                               NULL, 0, 0};
+            mxfp8i_quantize_panel(&p);
+            done = 2;
+        } else if (op->prequant && (op->s1 == 1 || (op->s0 == 1 && !op->x4))) {
+            /* codes: contiguous along K (x4 words are little-endian bytes in element order), or down the columns */
+            for (int i = 0; i < rows; i++)
+                for (int64_t g = 0; g < G; g++) sbuf[i * G + g] = scale_at(op, r0 + i, g);
+            int64_t cls = op->x4 ? op->s0 * 4 : op->s0;
+            const uint8_t *cb = (const uint8_t *)op->data + r0 * cls;
+            if (op->s1 == 1) {
+                mxfp8i_dqpanel p = {cb, fmt, rows, K, cls, 1, sbuf, G, 1, group, scratch, MXFP8_DTYPE_F32, K, 1};
+                mxfp8i_dequantize_panel(&p);
+                done = 2;
+            } else {
+                mxfp8i_dqpanel p = {cb, fmt, rows, K, 1, op->s1, sbuf, G, 1, group, panel, MXFP8_DTYPE_F32, 1, W};
+                mxfp8i_dequantize_panel(&p);
+                done = 1;
+            }
+        }
+    }
+    if (!done) {
+        for (int i = 0; i < rows; i++) {
+            mxfp8i_gop_deq_row(op, r0 + i, fmt, rule, group, scratch + (int64_t)i * K, tmp);
+        }
+        done = 2;
+    }
+    if (done == 2) {
+        for (int64_t k0 = 0; k0 < K; k0 += 64) {
+            int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
+            for (int i = 0; i < rows; i++) {
+                const float *src = scratch + (int64_t)i * K;
+                for (int64_t k = k0; k < k1; k++) panel[k * W + i] = src[k];
+            }
+        }
+    }
+    if (rows < W)
+        for (int64_t k = 0; k < K; k++)
+            for (int i = rows; i < W; i++) panel[k * W + i] = 0.0f;
+}
+
+void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
+                         int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp) {
+    int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
+    if (rows <= 0) return;
+    size_t es = mxfp8_dtype_size(op->dtype);
+    if (!op->swizzled && !op->prequant) {
+        mxfp8i_qpanel p = {op->data + (r0 * op->s0) * (int64_t)es, op->dtype, rows, K, op->s0, op->s1, fmt, rule,
+                           group, out, MXFP8_DTYPE_F32, K, 1, NULL, 0, 0};
+        mxfp8i_quantize_panel(&p);
+        return;
+    }
+    if (!op->swizzled && op->prequant && (op->s1 == 1 || !op->x4)) {
+        for (int i = 0; i < rows; i++)
+            for (int64_t g = 0; g < G; g++) sbuf[i * G + g] = scale_at(op, r0 + i, g);
+        int64_t cls = op->x4 ? op->s0 * 4 : op->s0, cks = op->x4 ? 1 : op->s1;
+        mxfp8i_dqpanel p = {(const uint8_t *)op->data + r0 * cls, fmt, rows, K, cls, cks, sbuf, G, 1, group, out,
+                            MXFP8_DTYPE_F32, K, 1};
+        mxfp8i_dequantize_panel(&p);
+        return;
+    }
+    for (int i = 0; i < rows; i++) mxfp8i_gop_deq_row(op, r0 + i, fmt, rule, group, out + (int64_t)i * K, tmp);
 }

@@ -34,18 +34,37 @@
 #define MXFP8I_NR 32
 
 typedef enum mxfp8i_panel_format {
-    MXFP8I_PANEL_F32 = 0 /**< see the file comment */
+    MXFP8I_PANEL_F32 = 0,     /**< see the file comment */
+    MXFP8I_PANEL_OTHER = 1    /**< kernel-defined (e.g. AMX BF16 tiles + metadata); written by the slot's pack() */
 } mxfp8i_panel_format;
 
 typedef void (*mxfp8i_ukernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
                                   int load_c);
 
+/** One microkernel slot. The driver (src/gemm/driver.c) only uses panel_bytes, pack and run, so a kernel with its
+ *  own panel format plugs in by filling them:
+ *    panel_bytes(K, w)  bytes of one packed panel of w rows (w = mr for A, nr for B) covering all of K; the driver
+ *                       allocates panels 64-byte aligned, each at a multiple of round_up(panel_bytes, 64).
+ *    pack(is_b, src, rs, rows, K, panel)
+ *                       write the panel of rows [0, rows) (rows <= w) of an FP32 matrix src[r*rs + k], k < K, holding
+ *                       exact dequantized MX values; rows past `rows` must become zeros. is_b: 0 = A panel (rows of
+ *                       C, w = mr), 1 = B panel (columns of C, w = nr).
+ *    run(k0, kc, a, b, c, ldc, mr, nr, load_c)
+ *                       the contract above on steps [k0, k0 + kc) of the panels a, b (their bases, all of K);
+ *                       k0 is a multiple of kalign; kc is a multiple of kalign unless k0 + kc == K.
+ *  F32-panel kernels also set fn (the plain contract with pre-offset pointers); the driver then packs straight from
+ *  the quantizer into the panel. */
 typedef struct mxfp8i_ukernel {
     const char *name;          /**< "what__how", e.g. "f32_gemm_8x32__avx512f" */
     mxfp8i_panel_format panel;
     int mr, nr;                /**< register tile (MXFP8I_MR x MXFP8I_NR for F32 panels) */
+    int kalign;                /**< k tiles start at multiples of this (1 for F32 panels, 32 for AMX chunks) */
     int exact_order;           /**< 1: bitwise the reference order above */
-    mxfp8i_ukernel_fn fn;
+    mxfp8i_ukernel_fn fn;      /**< F32 panels only; else NULL */
+    int64_t (*panel_bytes)(int64_t K, int w);
+    void (*pack)(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel);
+    void (*run)(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
+                int load_c);
 } mxfp8i_ukernel;
 
 /** The scalar reference kernel (src/kernels/ref/gemm_f32_ref.c): the executable specification of the contract. */
