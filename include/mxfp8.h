@@ -305,10 +305,16 @@ typedef struct mxfp8_operand {
                                           mxfp8_swizzle_nki; K % 128 == 0); the view is then [K/4, 4R] */
 } mxfp8_operand;
 
-/** MatmulMxfp8KernelConfig [NKI-M]. On a CPU, tiles and blocks are cache blocking; run_with_lnc2/lnc_2_shard_rhs
- *  choose whether threads split the output along N (shard_rhs) or M; spill_reload keeps quantized operand blocks in
- *  a workspace for reuse instead of quantizing again. Every field is speed-only except float8_dtype, quant_scheme,
- *  scale_rule and output_dtype. 0 (or -1 where noted) means "auto-resolve". */
+/** MatmulMxfp8KernelConfig [NKI-M]. On a CPU, tiles and blocks are cache blocking: tile_m / tile_n are rounded up
+ *  to the microkernel's register tile (8 x 32 for the F32 kernels), tile_k is the k depth of one microkernel pass,
+ *  tile_* x TILES_IN_BLOCK_M/N is the output block one thread owns; TILES_IN_BLOCK_K and TILES_IN_LOAD_M/N are
+ *  accepted and have no effect (blocks always span all of K). block_loop_order orders a thread's blocks (m before n
+ *  or n before m), tile_loop_order the tiles inside a block. run_with_lnc2 = 0 runs on one thread; otherwise
+ *  threads split the blocks along N (lnc_2_shard_rhs = 1) or M (0). spill_reload = 1 quantizes A once into a shared
+ *  workspace; 0 lets each thread quantize the rows it needs (again). Every field is speed-only except
+ *  float8_dtype, quant_scheme and scale_rule (and output_dtype, which only the Python layer / CLI consult to
+ *  allocate outputs). 0 (or -1 where noted) means "auto-resolve". Negative sizes or unknown enum values are
+ *  INVALID_ARGUMENT. */
 typedef struct mxfp8_matmul_config {
     int64_t M, K, N;                 /**< 0 = from the tensors; if set, must match them */
     int64_t tile_m, tile_k, tile_n;  /**< 0 = auto */
@@ -350,16 +356,21 @@ MXFP8_API void mxfp8_matmul_config_init(mxfp8_matmul_config *config);
 MXFP8_API mxfp8_status mxfp8_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
                                   int accumulate, mxfp8_tensor *c);
 
-/** Forward Y[M, N] = X[M, K] @ W[N, K]^T, both quantized along K. config may be NULL (defaults).
- *  Errors as mxfp8_gemm. */
+/** Forward Y[M, N] = X[M, K] @ W[N, K]^T [NKI-M]: mxfp8_gemm with a = input_activation, b = weights, accumulate 0.
+ *  Pre-quantized X / W: codes [M, K] / [N, K] (or x4 [., ceil(K/4)]) with scales for F = M / N rows; swizzled: NKI's
+ *  [K/4, 4F] arrangement of the [K, F] tensor. config may be NULL (defaults). Errors as mxfp8_gemm. */
 MXFP8_API mxfp8_status mxfp8_matmul(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
                                     const mxfp8_matmul_config *config, mxfp8_tensor *output);
 
 /** All parameters of matmul_mxfp8_backward [NKI-M], with the seed page's names. */
 typedef struct mxfp8_matmul_bwd_args {
-    mxfp8_tensor output_grad;        /**< dY [M, N]: F32/BF16/F16, or E4M3/E5M2 codes when output_grad_scales given */
-    mxfp8_tensor weights;            /**< W [N, K] (contraction axis of dX = N): high precision or codes */
-    mxfp8_tensor input_activation;   /**< X [M, K] (contraction axis of dW = M): high precision or codes */
+    mxfp8_tensor output_grad;        /**< dY [M, N]: F32/BF16/F16, or codes (E4M3/E5M2/U8 [M, N], U32 x4 packed
+                                          along N [M, ceil(N/4)]) quantized along N with output_grad_scales (F = M);
+                                          swizzled: [N/4, 4M] (x4 [N/4, M]) */
+    mxfp8_tensor weights;            /**< W [N, K] (contraction axis of dX = N): high precision, or codes quantized
+                                          along N (x4 [ceil(N/4), K]) with weight_scales (F = K); swizzled [N/4, 4K] */
+    mxfp8_tensor input_activation;   /**< X [M, K] (contraction axis of dW = M): high precision, or codes quantized
+                                          along M (x4 [ceil(M/4), K]) with input_scales (F = K); swizzled [M/4, 4K] */
     const mxfp8_matmul_config *input_grad_config;  /**< dX phase config; NULL = auto-resolved */
     const mxfp8_matmul_config *weight_grad_config; /**< dW phase config; NULL = auto-resolved */
     mxfp8_loop_order tile_loop_order;  /**< default MNK */
@@ -385,8 +396,20 @@ MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
  *  weight_grad dW[N, K] = dY^T @ X[M, K] (dY and X quantized along M). dY is quantized twice, each time from high
  *  precision. When dY is given pre-quantized (codes quantized along N + output_grad_scales), the dW phase
  *  re-quantizes along M from its exact dequantized values, the highest precision available.
- *  input_grad / weight_grad: F32, BF16 or F16 views (dtype decides; output_dtype must agree). Any M, N, K >= 0.
- *  Errors: as mxfp8_gemm; INVALID_ARGUMENT for an unknown float8_dtype/loop order. */
+ *  Both GEMMs follow mxfp8_gemm's arithmetic (FP32 fmaf chain over the contraction index ascending, one rounding to
+ *  the output), so every knob (tile_loop_order, run_with_lnc2, lnc_2_shard_rhs, spill_reload, the phase configs'
+ *  tiles and blocks) and the thread count leave every bit unchanged.
+ *  M, N, K are read from the outputs: input_grad [M, K], weight_grad [N, K] (F32, BF16 or F16 views of dtype
+ *  output_dtype, else DTYPE); every input must agree (SHAPE_MISMATCH). Any M, N, K >= 0: a zero contraction length
+ *  gives zeros, a zero output extent an empty output. The phase configs (NULL = from the args) set speed only:
+ *  their float8_dtype, scale_rule, quant_scheme and output_dtype are replaced by the args' values, and their M/K/N,
+ *  when nonzero, must be (M, N, K) for dX and (N, M, K) for dW (logical M, contraction, logical N).
+ *  Scales of pre-quantized operands are in NKI packed layout when use_scale_packing, else in scale_layout.
+ *  wrapX groups need N % 128 == 0 and M % 128 == 0 (UNSUPPORTED otherwise), swizzled operands their contraction
+ *  length % 128 == 0.
+ *  Errors: as mxfp8_gemm; INVALID_ARGUMENT for an unknown float8_dtype / loop order / layout / rule / scheme /
+ *  output_dtype; ALIASING when an output overlaps an input or the other output; BAD_STRIDES for an output whose
+ *  elements overlap. On OUT_OF_MEMORY during the dW phase, input_grad has already been written. */
 MXFP8_API mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
                                              mxfp8_tensor *weight_grad);
 
