@@ -306,6 +306,29 @@ def test_valid_files_still_accepted(tmp_path):
         check_rc=0)
 
 
+def test_interop_with_the_reference_safetensors(tmp_path, rng):
+    """Files written by the reference implementation (the `safetensors` package, when installed) are read, and the
+    files we write pass its (Rust) validation with the same tensors: every dtype both sides know."""
+    st = pytest.importorskip("safetensors.numpy")
+    import safetensors
+    x = (rng.standard_normal((5, 70)) * 100).astype(np.float32)
+    tensors = {"f32": x, "f16": x.astype(np.float16), "bf16": x.astype(BF16), "f64": x.astype(np.float64),
+               "u8": rng.integers(0, 255, (3, 4), dtype=np.uint8), "i32": rng.integers(-9, 9, (7,), dtype=np.int32)}
+    st.save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"note": "written by safetensors"})
+    for name in ("f32", "f16", "bf16", "f64"):
+        run("quantize", tmp_path / "ref.safetensors", "-o", tmp_path / "q.safetensors", "--tensor", name,
+            check_rc=0)
+        want = tensors[name].astype(np.float32) if name == "f64" else tensors[name]
+        codes, scales = mx_oracle.quantize(want)
+        got = dict(safetensors.deserialize((tmp_path / "q.safetensors").read_bytes()))  # the reference's reader
+        assert got["data"]["dtype"] == "F8_E4M3" and got["scales"]["dtype"] == "U8"
+        assert list(got["data"]["shape"]) == [5, 70] and list(got["scales"]["shape"]) == [5, 3]
+        assert bytes(got["data"]["data"]) == codes.tobytes() and bytes(got["scales"]["data"]) == scales.tobytes()
+    run("dequantize", tmp_path / "q.safetensors", "-o", tmp_path / "dq.safetensors", "--dtype", "bf16", check_rc=0)
+    got = st.load_file(str(tmp_path / "dq.safetensors"))
+    assert got["dequantized"].dtype == BF16 and got["dequantized"].shape == x.shape
+
+
 def test_output_errors_leave_nothing(tmp_path, rng):
     np.save(tmp_path / "x.npy", spread(rng, (2, 64)))
     r = run("quantize", tmp_path / "x.npy", "-o", tmp_path / "nodir" / "q.safetensors")
