@@ -29,7 +29,8 @@ fi
 stamp="$VENV/.deps-stamp"
 # scikit-build-core: the build backend of pyproject.toml, installed here so `make python` can reinstall the
 # package quickly with --no-build-isolation (CMake itself comes from apt above).
-reqs="numpy ml_dtypes pytest scikit-build-core"
+# safetensors: the reference implementation, used by tests/python/test_cli.py to cross-check the CLI's reader/writer.
+reqs="numpy ml_dtypes pytest scikit-build-core safetensors"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$reqs" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q $reqs
