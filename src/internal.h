@@ -41,6 +41,10 @@ mxfp8_status mxfp8i_check_same_shape(const char *fn, const char *na, const mxfp8
  *  from the lowest to the highest addressed byte). Absent views (data NULL) never alias. */
 mxfp8_status mxfp8i_check_no_alias(const char *fn, const char *na, const mxfp8_tensor *a, const char *nb,
                                    const mxfp8_tensor *b);
+/** Error MXFP8_ERR_BAD_STRIDES unless the view's elements are distinct (no zero stride over an extent > 1, no
+ *  dimensions that interleave: sorted by |stride|, each stride exceeds the reach of the smaller ones). For output
+ *  views, after mxfp8i_check_view. */
+mxfp8_status mxfp8i_check_distinct(const char *fn, const char *name, const mxfp8_tensor *t);
 /** Byte span [lo, hi) addressed by a view; false if empty. */
 bool mxfp8i_view_span(const mxfp8_tensor *t, uintptr_t *lo, uintptr_t *hi);
 /** Normalize an axis (negative counts from the end); false if out of range. */

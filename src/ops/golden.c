@@ -27,6 +27,7 @@ static mxfp8_status check_golden_args(const char *fn, const mxfp8_tensor *a, con
     if (!c) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: c is NULL", fn);
     if ((st = mxfp8i_check_rank(fn, "c", c, 2))) return st;
     if ((st = mxfp8i_check_dtype(fn, "c", c, 2, MXFP8_DTYPE_F32, MXFP8_DTYPE_F64))) return st;
+    if ((st = mxfp8i_check_distinct(fn, "c", c))) return st;
     if (a->shape[1] != b->shape[1])
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: a has K = %lld but b has K = %lld", fn,
                             (long long)a->shape[1], (long long)b->shape[1]);

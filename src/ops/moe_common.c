@@ -151,8 +151,17 @@ static mxfp8_status check_config(const char *fn, const mxfp8_moe_config *c) {
     if (lim[2] > lim[3])
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.up_clamp_lower %g > up_clamp_upper %g", fn,
                             (double)lim[2], (double)lim[3]);
+    if (c->shard_option < 0 || c->shard_option > 2) /* issue 6: hardware-only knobs are still validated */
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.shard_option %d is not 0, 1 or 2", fn,
+                            c->shard_option);
+    if (c->skip_token != 0 && c->skip_token != 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.skip_token %d is not 0 or 1", fn, c->skip_token);
     const mxfp8_matmul_config *ph[4] = {&c->phase1, &c->phase2, &c->phase3, &c->phase4};
     for (int i = 0; i < 4; i++) {
+        char phname[32];
+        snprintf(phname, sizeof phname, "config.phase%d", i + 1);
+        mxfp8_status st = mxfp8i_check_config(fn, phname, ph[i]);
+        if (st) return st;
         if (ph[i]->quant_scheme == MXFP8_GROUP_WRAPX)
             return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
                                 "%s: config.phase%d.quant_scheme is wrapX; the MoE layer quantizes in 1x32 groups", fn,

@@ -58,6 +58,8 @@ mxfp8_status mxfp8i_moe_check_outputs_alias(const char *fn, const mxfp8i_moe_in 
     in_list(in, v, names);
     mxfp8_status st;
     for (int i = 0; i < n; i++) {
+        /* issue 6: an output's elements must be distinct (else threads race on them) */
+        if (outs[i]->data && (st = mxfp8i_check_distinct(fn, onames[i], outs[i]))) return st;
         if ((st = mxfp8i_moe_check_alias(fn, onames[i], outs[i], NUM_IN + 1, v, names))) return st;
         if ((st = mxfp8i_moe_check_alias(fn, onames[i], outs[i], nextra, extra, enames))) return st;
         for (int j = i + 1; j < n; j++)

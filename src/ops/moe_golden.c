@@ -169,6 +169,8 @@ mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_
     mxfp8i_clear_error();
     if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
     if (!outputs) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
+    if (quantized != 0 && quantized != 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: quantized %d is not 0 or 1", fn, quantized);
     mxfp8i_moe_in in;
     mxfp8i_moe_in_fwd(args, &in);
     mxfp8i_moe p;
@@ -256,6 +258,8 @@ mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe
     mxfp8i_clear_error();
     if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
     if (!grads) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
+    if (quantized != 0 && quantized != 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: quantized %d is not 0 or 1", fn, quantized);
     mxfp8i_moe_in in;
     mxfp8i_moe_in_bwd(args, &in);
     mxfp8i_moe p;

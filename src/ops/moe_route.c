@@ -42,8 +42,13 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
     static const char *fn = "mxfp8_moe_route";
     mxfp8i_clear_error();
     mxfp8_status st;
-    if (!topk_ids || !topk_weights || !token_position_to_id || !block_to_expert || !expert_affinities_masked)
-        return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: a tensor argument is NULL", fn);
+    {
+        const void *args[5] = {topk_ids, topk_weights, token_position_to_id, block_to_expert, expert_affinities_masked};
+        const char *argn[5] = {"topk_ids", "topk_weights", "token_position_to_id", "block_to_expert",
+                               "expert_affinities_masked"};
+        for (int i = 0; i < 5; i++) /* issue 6: the message names the parameter */
+            if (!args[i]) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, argn[i]);
+    }
     if ((st = mxfp8i_check_rank(fn, "topk_ids", topk_ids, 2))) return st;
     if ((st = mxfp8i_check_dtype(fn, "topk_ids", topk_ids, 1, MXFP8_DTYPE_I32))) return st;
     if ((st = mxfp8i_check_rank(fn, "topk_weights", topk_weights, 2))) return st;
@@ -87,7 +92,9 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
         const char *inames[5] = {"topk_ids", "topk_weights", "token_position_to_id", "block_to_expert",
                                  "expert_affinities_masked"};
         for (int o = 0; o < 3; o++)
-            if ((st = mxfp8i_moe_check_alias(fn, names[o], outs[o], 5, ins, inames))) return st;
+            if ((st = mxfp8i_check_distinct(fn, names[o], outs[o])) ||
+                (st = mxfp8i_moe_check_alias(fn, names[o], outs[o], 5, ins, inames)))
+                return st;
     }
 
     /* Read and check every id. */

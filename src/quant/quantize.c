@@ -286,6 +286,7 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     if ((st = mxfp8i_check_view(fn, "scales", scales))) return st;
     if ((st = mxfp8i_check_dtype(fn, "scales", scales, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
     if ((st = check_scales_shape(fn, src, ax, scales))) return st;
+    if ((st = mxfp8i_check_distinct(fn, "data", data)) || (st = mxfp8i_check_distinct(fn, "scales", scales))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "data", data, "src", src))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "scales", scales, "src", src))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "data", data, "scales", scales))) return st;
@@ -346,6 +347,7 @@ mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scal
     if ((st = mxfp8i_check_view(fn, "out", out))) return st;
     if ((st = mxfp8i_check_dtype(fn, "out", out, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
     if ((st = mxfp8i_check_same_shape(fn, "data", data, "out", out))) return st;
+    if ((st = mxfp8i_check_distinct(fn, "out", out))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "out", out, "data", data))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "out", out, "scales", scales))) return st;
 

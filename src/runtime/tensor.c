@@ -89,7 +89,7 @@ mxfp8_status mxfp8i_check_view(const char *fn, const char *name, const mxfp8_ten
                 return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s: strides address beyond any buffer", fn, name);
             span += ext;
         }
-        if (!mxfp8i_mul_size(span + 1, es, &span))
+        if (span == INT64_MAX || !mxfp8i_mul_size(span + 1, es, &span))
             return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s: strides address beyond any buffer", fn, name);
     }
     if (!t->data && n > 0) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s.data is NULL", fn, name);
@@ -132,5 +132,35 @@ mxfp8_status mxfp8i_check_no_alias(const char *fn, const char *na, const mxfp8_t
     if (!a || !b || !mxfp8i_view_span(a, &alo, &ahi) || !mxfp8i_view_span(b, &blo, &bhi)) return MXFP8_OK;
     if (alo < bhi && blo < ahi)
         return mxfp8i_error(MXFP8_ERR_ALIASING, "%s: %s overlaps %s in memory", fn, na, nb);
+    return MXFP8_OK;
+}
+
+/* Issue 6 (reliability): outputs must address distinct elements, or threads would race on shared bytes and the
+ * result would depend on the schedule. Sufficient rule (the usual "nested strides" one): the dimensions with extent
+ * > 1, taken by increasing |stride|, each step past everything the smaller ones span. */
+mxfp8_status mxfp8i_check_distinct(const char *fn, const char *name, const mxfp8_tensor *t) {
+    int64_t st[MXFP8_MAX_DIMS], sh[MXFP8_MAX_DIMS];
+    int n = 0;
+    for (int i = 0; i < t->ndim && i < MXFP8_MAX_DIMS; i++) {
+        if (t->shape[i] == 0) return MXFP8_OK;
+        if (t->shape[i] == 1) continue;
+        int64_t a = t->strides[i] < 0 ? -t->strides[i] : t->strides[i];
+        int j = n++;
+        while (j > 0 && st[j - 1] > a) { /* insertion sort by |stride| */
+            st[j] = st[j - 1];
+            sh[j] = sh[j - 1];
+            j--;
+        }
+        st[j] = a;
+        sh[j] = t->shape[i];
+    }
+    int64_t reach = 0; /* the largest element offset the smaller dimensions reach (they were checked to fit) */
+    for (int j = 0; j < n; j++) {
+        if (st[j] <= reach)
+            return mxfp8i_error(MXFP8_ERR_BAD_STRIDES,
+                                "%s: %s has stride %lld, which makes its elements overlap (output views must address "
+                                "distinct elements)", fn, name, (long long)st[j]);
+        reach += st[j] * (sh[j] - 1); /* no overflow: mxfp8i_check_view bounded the span */
+    }
     return MXFP8_OK;
 }
