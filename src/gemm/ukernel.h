@@ -76,6 +76,9 @@ void mxfp8i_f32_gemm_8x32__avx512f(int64_t kc, const float *a, const float *b, f
 
 /** The kernel the GEMM driver uses for the ISA in force (MXFP8_ISA respected). Never NULL. */
 const mxfp8i_ukernel *mxfp8i_select_ukernel(void);
+/** Tests only: make mxfp8i_select_ukernel() return `uk` (NULL = back to the ISA's choice). Not thread-safe with
+ *  respect to GEMMs running at the same time. */
+void mxfp8i_force_ukernel(const mxfp8i_ukernel *uk);
 /** The reference kernel descriptor. */
 const mxfp8i_ukernel *mxfp8i_ref_ukernel(void);
 

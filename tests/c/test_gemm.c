@@ -166,6 +166,83 @@ static void test_gemm_vs_naive(void) {
     }
 }
 
+/* A slot with its own panel format (row-major [w][K] panels, 16 x 24 tile, kalign 32), run by a plain fmaf loop:
+ * exercises the driver's generic pack()/run() path that an AMX kernel uses. */
+static int64_t g_rmK;
+static int g_rm_bad;
+static int64_t rm_bytes(int64_t K, int w) { return (int64_t)w * K * 4; }
+static void rm_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel) {
+    int w = is_b ? 24 : 16;
+    float *p = (float *)panel;
+    for (int i = 0; i < w; i++)
+        for (int64_t k = 0; k < K; k++) p[i * K + k] = i < rows ? src[i * rs + k] : 0.0f;
+}
+static void rm_run(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
+                   int load_c) {
+    if (k0 % 32 || (kc % 32 && k0 + kc != g_rmK) || mr > 16 || nr > 24) g_rm_bad = 1;
+    const float *A = (const float *)a, *B = (const float *)b;
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float acc = load_c ? c[i * ldc + j] : 0.0f;
+            for (int64_t k = k0; k < k0 + kc; k++) acc = fmaf(A[i * g_rmK + k], B[j * g_rmK + k], acc);
+            c[i * ldc + j] = acc;
+        }
+}
+static const mxfp8i_ukernel k_rowmajor = {"f32_gemm_16x24__test_rowmajor", MXFP8I_PANEL_OTHER, 16, 24, 32, 1, NULL,
+                                          rm_bytes, rm_pack, rm_run};
+
+static void test_generic_slot(void) {
+    int64_t shapes[][3] = {{17, 50, 100}, {40, 24, 33}, {3, 5, 64}};
+    for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K);
+        float *C0 = malloc(sizeof(float) * M * N), *C = malloc(sizeof(float) * M * N);
+        for (int64_t i = 0; i < M * K; i++) A[i] = nrand();
+        for (int64_t i = 0; i < N * K; i++) B[i] = nrand();
+        naive(A, B, M, N, K, MXFP8_FMT_E4M3, MXFP8_SCALE_OCP, C0);
+        /* B given transposed ([K, N] buffer viewed as [N, K]) to take the column path too */
+        float *Bt = malloc(sizeof(float) * N * K);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) Bt[k * N + n] = B[n * K + k];
+        int64_t sa[2] = {M, K}, sbt[2] = {K, N}, sc[2] = {M, N};
+        mxfp8_operand oa = {0}, ob = {0};
+        oa.values = mxfp8_tensor_make(A, MXFP8_DTYPE_F32, 2, sa);
+        ob.values = mxfp8_tensor_make(Bt, MXFP8_DTYPE_F32, 2, sbt);
+        ob.values.shape[0] = N;
+        ob.values.shape[1] = K;
+        ob.values.strides[0] = 1;
+        ob.values.strides[1] = N;
+        mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
+        for (int v = 0; v < 4; v++) {
+            mxfp8_matmul_config cfg;
+            mxfp8_matmul_config_init(&cfg);
+            cfg.float8_dtype = MXFP8_FMT_E4M3;
+            cfg.scale_rule = MXFP8_SCALE_OCP;
+            cfg.tile_k = v == 0 ? 0 : 7 + 20 * v; /* rounded up to kalign */
+            cfg.tile_loop_order = (mxfp8_loop_order)(v + 1);
+            cfg.spill_reload = v & 1;
+            mxfp8_set_num_threads(1 + (v & 1));
+            g_rmK = K;
+            mxfp8i_force_ukernel(&k_rowmajor);
+            mxfp8_status st = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
+            mxfp8i_force_ukernel(NULL);
+            if (st) {
+                FAIL("generic slot: status %d %s", st, mxfp8_last_error_message());
+                continue;
+            }
+            for (int64_t i = 0; i < M * N; i++)
+                if (!bits_eq(C[i], C0[i])) {
+                    FAIL("generic slot %lldx%lldx%lld variant %d: C[%lld] = %a, naive %a", (long long)M, (long long)N,
+                         (long long)K, v, (long long)i, C[i], C0[i]);
+                    break;
+                }
+        }
+        if (g_rm_bad) FAIL("generic slot: the driver broke the kalign / tile contract");
+        mxfp8_set_num_threads(0);
+        free(A); free(B); free(Bt); free(C0); free(C);
+    }
+}
+
 static void test_errors(void) {
     float A[4 * 40], B[3 * 40], C[12];
     for (int i = 0; i < 160; i++) A[i] = 1;
@@ -211,6 +288,7 @@ static void test_errors(void) {
 int main(void) {
     test_ukernels();
     test_gemm_vs_naive();
+    test_generic_slot();
     test_errors();
     if (failures) {
         printf("test_gemm: %d failure(s)\n", failures);
