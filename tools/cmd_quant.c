@@ -133,6 +133,11 @@ int cmd_quantize(int argc, char **argv) {
         cli_error(cmd, "%s", err);
         goto done;
     }
+    char sb1[160], sb2[160];
+    printf("%s: wrote data %s %s and scales %s U8 (E8M0; axis %d, %s groups, %s rule)\n", out_path,
+           tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
+           tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
+           qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
     rc = CLI_OK;
 done:
     tf_free(&in);
@@ -234,6 +239,8 @@ int cmd_dequantize(int argc, char **argv) {
         cli_error(cmd, "%s", err);
         goto done;
     }
+    printf("%s: wrote %s %s (axis %d, %s groups)\n", out_path, tf_shape_str(o->ndim, o->shape, sb1, sizeof sb1),
+           tf_dtype_name(o->dtype), ax, group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32");
     rc = CLI_OK;
 done:
     tf_free(&in);
