@@ -22,6 +22,7 @@
 
 #include "gemm.h"
 #include "ukernel.h"
+#include "../kernels/amx/amx.h" /* [perf hook] */
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* microkernel selection                                                                                       */
@@ -62,6 +63,9 @@ const mxfp8i_ukernel *mxfp8i_select_ukernel(void) {
     const mxfp8i_ukernel *f = g_forced;
     if (f) return f;
 #if defined(__x86_64__)
+    /* [perf hook] BF16 chunk-panel kernels (src/kernels/amx/amx.h), each only after its one-time self-test passed. */
+    if (mxfp8i_isa() == MXFP8_ISA_AMX && (f = mxfp8i_amx_ukernel())) return f;
+    if (mxfp8i_use_avx512_bf16() && (f = mxfp8i_avx512bf16_ukernel())) return f;
     if (mxfp8i_use_avx512()) return &k_avx512f;
 #endif
     return &k_ref;

@@ -9,7 +9,10 @@
  *     territory), near-overflow groups, a pair-rounding trap. Splitting K across two calls changes no bit.
  *  3. Negative control: the emulation WITHOUT the exact-path routing differs on the tiny-product cases (so the
  *     routing is what keeps the results exact, and this test can fail).
- *  4. The real AMX kernel on the same cases, and the one-time self-test -- skipped (with a line saying so) when the
+ *  4. The AVX512-BF16 (VDPBF16PS) kernel on the same panels and cases, in both pair orders: the order its self-test
+ *     picks must reproduce the reference, and the trap cases must tell the two orders apart -- skipped without
+ *     AVX512-BF16.
+ *  5. The real AMX kernel on the same cases, and the one-time self-test -- skipped (with a line saying so) when the
  *     CPU lacks AMX-BF16 or the OS refuses XTILEDATA.
  * Sections 1-3 need AVX-512F/BW (the folder is compiled for it); without it the whole test is skipped.
  */
@@ -138,6 +141,20 @@ int main(void) {
              "negative control: without exact-path routing the emulation should differ (FTZ), but 0 of %d differ", n);
     printf("test_amx_kernel: emulation %d/%d cases bitwise equal; without routing %d cases differ (expected > 0)\n",
            n - fails, n, fails_noroute);
+    if (info.has_avx512_bf16) {
+        int n3 = 0, n4 = 0, f3 = mxfp8i_amx_check_kernel(3, &n3), f4 = mxfp8i_amx_check_kernel(4, &n4);
+        const char *why = NULL;
+        int order = mxfp8i_avx512bf16_self_test(&why);
+        printf("test_amx_kernel: AVX512-BF16 kernel: swapped panels %d/%d, plain panels %d/%d cases bitwise equal; "
+               "self-test picks %s\n", n3 - f3, n3, n4 - f4, n4,
+               order == 1 ? "swapped" : order == 0 ? "plain" : why);
+        TU_CHECK(order == -1 || (order == 1 ? f3 : f4) == 0, "self-test picked order %d but it fails", order);
+        TU_CHECK(order != -1 || (f3 > 0 && f4 > 0), "self-test rejected both orders but one passes");
+        /* the two orders cannot both reproduce the reference: the pair-order trap separates them */
+        TU_CHECK(f3 > 0 || f4 > 0, "both pair orders pass: the trap cases do not discriminate");
+    } else {
+        printf("test_amx_kernel: AVX512-BF16 kernel not run: CPU lacks AVX512-BF16\n");
+    }
     if (info.has_amx_tile && info.has_amx_bf16 && info.amx_permitted) {
         int nr = 0, fr = mxfp8i_amx_check_kernel(0, &nr);
         TU_CHECK(fr == 0, "real AMX kernel differs from the reference in %d of %d cases", fr, nr);

@@ -57,13 +57,16 @@ static void test_ukernels(void) {
         return;
     }
     const mxfp8i_ukernel *ref = mxfp8i_ref_ukernel();
-    const mxfp8i_ukernel *uks[] = {mxfp8i_select_ukernel()};
+    /* [perf] the selected kernel may use its own panels (no fn; tested by test_amx_kernel): also test the F32 one */
+    static const mxfp8i_ukernel avx512f = {.name = "f32_gemm_8x32__avx512f", .panel = MXFP8I_PANEL_F32,
+                                           .fn = mxfp8i_f32_gemm_8x32__avx512f};
+    const mxfp8i_ukernel *uks[] = {mxfp8i_select_ukernel(), &avx512f};
     int64_t kcs[] = {1, 2, 7, 31, 32, 33, 255, 256, 257, 600};
     int nrs[] = {1, 2, 15, 16, 17, 31, 32};
     int64_t ldcs[] = {32, 33, 47, 101};
     for (unsigned u = 0; u < sizeof uks / sizeof *uks; u++) {
         const mxfp8i_ukernel *uk = uks[u];
-        if (uk == ref) continue;
+        if (uk == ref || !uk->fn) continue;
         for (unsigned ik = 0; ik < sizeof kcs / sizeof *kcs; ik++)
             for (int mr = 1; mr <= MXFP8I_MR; mr++)
                 for (unsigned in = 0; in < sizeof nrs / sizeof *nrs; in++)

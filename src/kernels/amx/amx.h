@@ -29,10 +29,13 @@
  * Panel format (the slot's own, MXFP8I_PANEL_OTHER); a panel holds 32 rows (A: rows of C; B: columns of C), all of K
  * ----------------------------------------------------------------------------------------------------------------
  *   chunks = ceil(K / 32); chunk c (steps k = 32c + kk) at byte c * MXFP8I_AMX_CHUNK_BYTES: a 64-byte header holding
- *   mxfp8i_amx_meta[2] (tiles 0, 1; rest zero), then slot t in {0, 1} (rows 16t .. 16t+15) at byte 64 + t * SLOT.
- *   A slot, BF16 (meta.f32 == 0): bf16 of row 16t+r, step kk at byte r*64 + kk*2          (an AMX A tile, 16 x 64 B)
+ *   mxfp8i_amx_meta[2] (tiles 0, 1), the pair-order byte s at MXFP8I_AMX_SWAP_BYTE, zeros; then slot t in {0, 1}
+ *   (rows 16t .. 16t+15) at byte 64 + t * SLOT. In BF16 slots the two steps of a pair trade places when s = 1
+ *   (kk' = kk ^ s below): the order a VDPBF16PS unit that takes the odd element first needs (mxfp8i_amx_pack_swapped).
+ *   The AMX kernel needs s = 0 (mxfp8i_amx_pack).
+ *   A slot, BF16 (meta.f32 == 0): bf16 of row 16t+r, step kk at byte r*64 + kk'*2         (an AMX A tile, 16 x 64 B)
  *   A slot, FP32 (meta.f32 == 1): float of row 16t+r, step kk at byte r*128 + kk*4
- *   B slot, BF16: bf16 of row 16t+j, step kk at byte (kk/2)*64 + j*4 + (kk%2)*2            (an AMX B tile, VNNI pairs)
+ *   B slot, BF16: bf16 of row 16t+j, step kk at byte (kk/2)*64 + j*4 + (kk'%2)*2           (an AMX B tile, VNNI pairs)
  *   B slot, FP32: float of row 16t+j, step kk at byte kk*64 + j*4
  *   Rows >= the operand's row count and steps >= K are zero.
  * The slot is 2 KiB so either form fits; a BF16 slot uses only its first 1 KiB (the rest is never read).
@@ -57,6 +60,7 @@
 #define MXFP8I_AMX_KCHUNK 32 /**< k steps per chunk: one MX group when the chunk starts at a multiple of 32 */
 #define MXFP8I_AMX_SLOT 2048 /**< bytes of one (chunk, tile) slot */
 #define MXFP8I_AMX_CHUNK_BYTES (64 + 2 * MXFP8I_AMX_SLOT) /**< header + two slots */
+#define MXFP8I_AMX_SWAP_BYTE 16 /**< header byte: 1 = the steps of each BF16 pair are stored swapped */
 
 /** Per (chunk, tile) facts written by the packer and read by the kernel. */
 typedef struct mxfp8i_amx_meta {
@@ -78,6 +82,8 @@ int64_t mxfp8i_amx_panel_bytes(int64_t K, int w);
  *  aligned, mxfp8i_amx_panel_bytes(K, 32) bytes. The values should be exact dequantized MX values; any FP32 is
  *  accepted (what BF16 cannot hold exactly is stored in FP32 and computed on the exact path). Needs AVX-512F/BW. */
 void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel);
+/** The same with every BF16 pair stored swapped (for an odd-first VDPBF16PS unit; never for the AMX kernel). */
+void mxfp8i_amx_pack_swapped(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel);
 
 /** The AMX microkernel (contract above; the slot's run). Needs AMX-TILE + AMX-BF16 and XTILEDATA permission. */
 void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr,
@@ -89,6 +95,32 @@ void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const vo
 void mxfp8i_bf16_gemm_32x32__amxemu(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                     int mr, int nr, int load_c, int route);
 
+/* ---- helpers shared by the kernels on these panels ---- */
+/** The facts of a chunk (its 64-byte header: tile 0, tile 1). */
+static inline const mxfp8i_amx_meta *mxfp8i_amx_chunk_meta(const void *chunk) {
+    return (const mxfp8i_amx_meta *)chunk;
+}
+/** 1 when an A tile-chunk and a B tile-chunk may run on BF16 dot-product hardware (conditions 1 and 3 above; the
+ *  part of condition 2 that concerns the products). */
+static inline int mxfp8i_amx_pair_ok(const mxfp8i_amx_meta *x, const mxfp8i_amx_meta *y) {
+    return !x->f32 && !y->f32 && x->qmin + y->qmin >= -126 && x->emax + y->emax <= 126;
+}
+/** cb[32][32] (row-major accumulators) += the chunk's steps kk < kn, acc = fmaf(a, b, acc) in ascending kk. */
+void mxfp8i_amx_exact_chunk(float *cb, const void *a_chunk, const void *b_chunk, int kn);
+/** 1 when every accumulator of cb[32][32] is zero or a finite normal whose lowest set bit is >= 2^-126. */
+int mxfp8i_amx_acc_ok(const float *cb);
+
+/* ---- AVX512-BF16 kernel on the same panels (src/kernels/amx/gemm_bf16_avx512bf16.c) ----
+ * VDPBF16PS is, per lane, two FP32 FMAs with DAZ/FTZ and RNE (the SDM: the odd element of each pair first; measured
+ * on AMD Zen 4: odd first, bit for bit on 3.2 M random pairs). A dword of the A slot is the pair (k = 2p, 2p+1) of one
+ * row, a 64-byte row p of the VNNI B slot is that pair for 16 columns: the AMX panel is exactly what VDPBF16PS reads.
+ * The kernel computes in the stored order; panels packed swapped (mxfp8i_amx_pack_swapped) make an odd-first unit
+ * see k = 2p first, plain panels suit an even-first unit; the routing of chunks is the AMX kernel's. Whichever
+ * packing reproduces the reference in the self-test is used; if neither does, the kernel is not used. Register
+ * tile: 8 rows x 32 columns (16 zmm). */
+void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                        int mr, int nr, int load_c);
+
 /** One-time self-test of the real AMX kernel against the reference F32 microkernel on small deterministic problems
  *  (random MX-like groups, a group with BF16-subnormal dequantized values, tiny-product groups, near-overflow groups,
  *  a pair-rounding trap, partial tiles, a K tail, load_c). Returns NULL when every result is bitwise equal, else a
@@ -97,8 +129,22 @@ void mxfp8i_bf16_gemm_32x32__amxemu(int64_t k0, int64_t kc, const void *a, const
 const char *mxfp8i_amx_self_test(void);
 
 /** The self-test's problem generator and checker, run against any kernel with the contract above (tests use it with
- *  the emulation). kind: 0 = real AMX, 1 = emulation, 2 = emulation without routing. Returns the number of cases
- *  that differ from the reference (0 = all bitwise equal); *ncases gets the number of cases run. */
+ *  the emulation). kind: 0 = real AMX, 1 = emulation, 2 = emulation without routing, 3 = AVX512-BF16 on swapped
+ *  panels, 4 = AVX512-BF16 on plain panels. Returns the number of cases that differ from the reference (0 = all bitwise
+ *  equal; -1 = no memory); *ncases gets the number of cases run. */
 int mxfp8i_amx_check_kernel(int kind, int *ncases);
+
+/** The AVX512-BF16 kernel's one-time self-test: returns the packing that reproduces the reference (1 = swapped
+ *  pairs, 0 = plain), or -1 when neither does (then *why, if given, says so). Call only when the CPU has
+ *  AVX512-BF16. */
+int mxfp8i_avx512bf16_self_test(const char **why);
+
+/* ---- GEMM slots (src/gemm/ukernel.h): descriptors with panel_bytes / pack / run, kalign 32, exact_order 1 ---- */
+struct mxfp8i_ukernel;
+/** The AMX kernel's slot, or NULL when its self-test failed. Call only when mxfp8i_isa() == MXFP8_ISA_AMX. */
+const struct mxfp8i_ukernel *mxfp8i_amx_ukernel(void);
+/** The AVX512-BF16 kernel's slot (with the packing its self-test chose), or NULL when the self-test failed. Call only
+ *  when the CPU has AVX512-BF16 (mxfp8i_use_avx512_bf16()). */
+const struct mxfp8i_ukernel *mxfp8i_avx512bf16_ukernel(void);
 
 #endif /* MXFP8_KERNELS_AMX_H */

@@ -68,13 +68,16 @@ int64_t mxfp8i_amx_panel_bytes(int64_t K, int w) {
     return mxfp8i_amx_chunks(K) * MXFP8I_AMX_CHUNK_BYTES;
 }
 
-void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel_v) {
+static void amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel_v, int swap) {
     uint8_t *panel = panel_v;
+    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     uint32_t t[16 * 32] __attribute__((aligned(64)));
     int64_t nch = mxfp8i_amx_chunks(K);
     for (int64_t ch = 0; ch < nch; ch++) {
         uint8_t *chunk = panel + ch * MXFP8I_AMX_CHUNK_BYTES;
-        memset(chunk, 0, 64); /* header: two mxfp8i_amx_meta, then zeros */
+        memset(chunk, 0, 64); /* header: two mxfp8i_amx_meta, the pair-order byte, zeros */
+        chunk[MXFP8I_AMX_SWAP_BYTE] = (uint8_t)swap;
         int64_t k0 = ch * MXFP8I_AMX_KCHUNK;
         int kn = (int)(K - k0 < MXFP8I_AMX_KCHUNK ? K - k0 : MXFP8I_AMX_KCHUNK);
         __mmask16 m0 = kn >= 16 ? 0xFFFF : (__mmask16)((1u << kn) - 1);
@@ -100,17 +103,10 @@ void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K
                 else
                     for (int kk = 0; kk < 32; kk++)
                         for (int j = 0; j < 16; j++) s[kk * 16 + j] = t[j * 32 + kk]; /* [kk][j] */
-            } else if (!is_b) {
-                for (int r = 0; r < 16; r++) { /* [r][kk] bf16 = the high half of the (BF16-exact) FP32 */
-                    __m512i v0 = _mm512_srli_epi32(_mm512_load_si512((const void *)(t + r * 32)), 16);
-                    __m512i v1 = _mm512_srli_epi32(_mm512_load_si512((const void *)(t + r * 32 + 16)), 16);
-                    _mm256_store_si256((__m256i *)(slot + r * 64), _mm512_cvtepi32_epi16(v0));
-                    _mm256_store_si256((__m256i *)(slot + r * 64 + 32), _mm512_cvtepi32_epi16(v1));
-                }
             } else {
-                /* VNNI: dword (p, j) = bf16(kk = 2p) | bf16(kk = 2p + 1) << 16 at byte p*64 + j*4. */
-                const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-                const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+                /* Pair dwords of each row: bf16(kk = 2p) | bf16(kk = 2p + 1) << 16 (the high halves of the
+                 * BF16-exact FP32 values), rotated by 16 bits when swap. A: row r's 16 dwords at byte r*64 (the
+                 * [r][kk] bf16 layout); B (VNNI): dword (p, j) at byte p*64 + j*4, a 16x16 transpose. */
                 uint32_t w[16 * 16] __attribute__((aligned(64)));
                 for (int j = 0; j < 16; j++) {
                     __m512i v0 = _mm512_load_si512((const void *)(t + j * 32));
@@ -118,48 +114,61 @@ void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K
                     __m512i e = _mm512_permutex2var_epi32(v0, ev, v1), o = _mm512_permutex2var_epi32(v0, od, v1);
                     __m512i d = _mm512_or_si512(_mm512_srli_epi32(e, 16),
                                                 _mm512_and_si512(o, _mm512_set1_epi32((int)0xFFFF0000u)));
-                    _mm512_store_si512((void *)(w + j * 16), d);
+                    if (swap) d = _mm512_rol_epi32(d, 16);
+                    _mm512_store_si512((void *)(is_b ? (void *)(w + j * 16) : (void *)(slot + j * 64)), d);
                 }
-                uint32_t *s = (uint32_t *)slot;
-                for (int p = 0; p < 16; p++)
-                    for (int j = 0; j < 16; j++) s[p * 16 + j] = w[j * 16 + p];
+                if (is_b) {
+                    uint32_t *s = (uint32_t *)slot;
+                    for (int p = 0; p < 16; p++)
+                        for (int j = 0; j < 16; j++) s[p * 16 + j] = w[j * 16 + p];
+                }
             }
         }
     }
 }
 
 
+void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel) {
+    amx_pack(is_b, src, rs, rows, K, panel, 0);
+}
+void mxfp8i_amx_pack_swapped(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel) {
+    amx_pack(is_b, src, rs, rows, K, panel, 1);
+}
+
 /* ---------------------------------------------------------------------------------------------------------- */
 /* the exact path and the accumulator check                                                                    */
 /* ---------------------------------------------------------------------------------------------------------- */
-static inline const mxfp8i_amx_meta *chunk_meta_of(const uint8_t *chunk) {
-    return (const mxfp8i_amx_meta *)chunk; /* the header is 64-byte aligned: two metas at its start */
-}
 
 /* Values of one chunk as FP32: af[i][kk] (32 rows of A), bf[kk][j] (32 columns of B). a, b: chunk bases. */
 static void expand_chunk(const uint8_t *a, const uint8_t *b, float *af, float *bf) {
-    const mxfp8i_amx_meta *am = chunk_meta_of(a), *bm = chunk_meta_of(b);
+    const mxfp8i_amx_meta *am = mxfp8i_amx_chunk_meta(a), *bm = mxfp8i_amx_chunk_meta(b);
+    int sa_sw = a[MXFP8I_AMX_SWAP_BYTE], sb_sw = b[MXFP8I_AMX_SWAP_BYTE];
     for (int tile = 0; tile < 2; tile++) {
         const uint8_t *sa = a + 64 + tile * MXFP8I_AMX_SLOT, *sb = b + 64 + tile * MXFP8I_AMX_SLOT;
         for (int r = 0; r < 16; r++)
             for (int kk = 0; kk < 32; kk++) {
                 uint32_t u;
                 if (am[tile].f32) memcpy(&u, sa + r * 128 + kk * 4, 4);
-                else { uint16_t h; memcpy(&h, sa + r * 64 + kk * 2, 2); u = (uint32_t)h << 16; }
+                else { uint16_t h; memcpy(&h, sa + r * 64 + (kk ^ sa_sw) * 2, 2); u = (uint32_t)h << 16; }
                 memcpy(&af[(tile * 16 + r) * 32 + kk], &u, 4);
             }
         for (int kk = 0; kk < 32; kk++)
             for (int j = 0; j < 16; j++) {
                 uint32_t u;
                 if (bm[tile].f32) memcpy(&u, sb + kk * 64 + j * 4, 4);
-                else { uint16_t h; memcpy(&h, sb + (kk / 2) * 64 + j * 4 + (kk % 2) * 2, 2); u = (uint32_t)h << 16; }
+                else {
+                    uint16_t h;
+                    memcpy(&h, sb + (kk / 2) * 64 + j * 4 + ((kk % 2) ^ sb_sw) * 2, 2);
+                    u = (uint32_t)h << 16;
+                }
                 memcpy(&bf[kk * 32 + tile * 16 + j], &u, 4);
             }
     }
 }
 
 /* cb[32][32] += chunk, steps kk < kn, each element acc = fmaf(a, b, acc) in ascending kk. */
-static void exact_chunk(float *cb, const uint8_t *a, const uint8_t *b, int kn) {
+void mxfp8i_amx_exact_chunk(float *cb, const void *a_chunk, const void *b_chunk, int kn) {
+    const uint8_t *a = a_chunk, *b = b_chunk;
     float af[32 * 32] __attribute__((aligned(64))), bf[32 * 32] __attribute__((aligned(64)));
     expand_chunk(a, b, af, bf);
     for (int i = 0; i < 32; i++) {
@@ -175,7 +184,7 @@ static void exact_chunk(float *cb, const uint8_t *a, const uint8_t *b, int kn) {
 }
 
 /* 1 when every accumulator is zero, or a finite normal whose lowest set bit is >= 2^-126 (amx.h, condition 2). */
-static int acc_ok(const float *cb) {
+int mxfp8i_amx_acc_ok(const float *cb) {
     const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), mantm = _mm512_set1_epi32(0x007FFFFF);
     const __m512i implicit = _mm512_set1_epi32(0x00800000), zero = _mm512_setzero_si512();
     __mmask16 bad = 0;
@@ -194,9 +203,6 @@ static int acc_ok(const float *cb) {
     return bad == 0;
 }
 
-static inline int pair_ok(const mxfp8i_amx_meta *x, const mxfp8i_amx_meta *y) {
-    return !x->f32 && !y->f32 && x->qmin + y->qmin >= -126 && x->emax + y->emax <= 126;
-}
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* tiles: the real instructions, and their emulation                                                           */
@@ -262,7 +268,7 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
     emu_tiles emu;
     for (int i = 0; i < 32; i++)
         for (int j = 0; j < 32; j++) cb[i * 32 + j] = (load_c && i < mr && j < nr) ? c[i * ldc + j] : 0.0f;
-    int c_ok = load_c ? acc_ok(cb) : 1;
+    int c_ok = load_c ? mxfp8i_amx_acc_ok(cb) : 1;
     int64_t nfull = kc / MXFP8I_AMX_KCHUNK;
     int tail = (int)(kc % MXFP8I_AMX_KCHUNK);
     const int64_t cs = 32 * 4; /* byte stride of a C row in cb */
@@ -297,9 +303,9 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
         LOAD_C();
         for (int64_t ch = 0; ch < nfull; ch++) {
             const uint8_t *ca = a + ch * MXFP8I_AMX_CHUNK_BYTES, *cbp = b + ch * MXFP8I_AMX_CHUNK_BYTES;
-            const mxfp8i_amx_meta *ma = chunk_meta_of(ca), *mb = chunk_meta_of(cbp);
-            int on_tiles = route ? (c_ok && pair_ok(ma, mb) && pair_ok(ma, mb + 1) && pair_ok(ma + 1, mb) &&
-                                    pair_ok(ma + 1, mb + 1))
+            const mxfp8i_amx_meta *ma = mxfp8i_amx_chunk_meta(ca), *mb = mxfp8i_amx_chunk_meta(cbp);
+            int on_tiles = route ? (c_ok && mxfp8i_amx_pair_ok(ma, mb) && mxfp8i_amx_pair_ok(ma, mb + 1) && mxfp8i_amx_pair_ok(ma + 1, mb) &&
+                                    mxfp8i_amx_pair_ok(ma + 1, mb + 1))
                                  : (!ma[0].f32 && !ma[1].f32 && !mb[0].f32 && !mb[1].f32);
             if (on_tiles) {
                 if (mode == 0) {
@@ -317,8 +323,8 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
                 }
             } else {
                 STORE_C();
-                exact_chunk(cb, ca, cbp, MXFP8I_AMX_KCHUNK);
-                c_ok = acc_ok(cb);
+                mxfp8i_amx_exact_chunk(cb, ca, cbp, MXFP8I_AMX_KCHUNK);
+                c_ok = mxfp8i_amx_acc_ok(cb);
                 LOAD_C();
             }
         }
@@ -327,7 +333,7 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
 #undef LOAD_C
 #undef STORE_C
     }
-    if (tail) exact_chunk(cb, a + nfull * MXFP8I_AMX_CHUNK_BYTES, b + nfull * MXFP8I_AMX_CHUNK_BYTES, tail);
+    if (tail) mxfp8i_amx_exact_chunk(cb, a + nfull * MXFP8I_AMX_CHUNK_BYTES, b + nfull * MXFP8I_AMX_CHUNK_BYTES, tail);
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) c[i * ldc + j] = cb[i * 32 + j];
 }
@@ -412,10 +418,13 @@ static int run_case(check_ws *w, int kind, uint64_t seed, int64_t K, int mr, int
             }
             mxfp8i_f32_gemm_8x32__ref(K, w->ap, w->bp, w->c_ref + m0 * 32 + n0, 32, mrr, nrr, load_c);
         }
-    mxfp8i_amx_pack(0, A, K, mr, K, w->pa);
-    mxfp8i_amx_pack(1, B, K, nr, K, w->pb);
+    void (*pack)(int, const float *, int64_t, int, int64_t, void *) =
+        kind == 3 ? mxfp8i_amx_pack_swapped : mxfp8i_amx_pack;
+    pack(0, A, K, mr, K, w->pa);
+    pack(1, B, K, nr, K, w->pb);
     memcpy(w->c_k, w->c_init, sizeof w->c_k);
     if (kind == 0) mxfp8i_bf16_gemm_32x32__amx(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c);
+    else if (kind >= 3) mxfp8i_bf16_gemm_32x32__avx512bf16(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c);
     else mxfp8i_bf16_gemm_32x32__amxemu(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c, kind == 1);
     for (int i = 0; i < 32; i++)
         for (int j = 0; j < 32; j++) {
@@ -481,3 +490,13 @@ const char *mxfp8i_amx_self_test(void) {
     call_once(&g_selftest_once, selftest_run);
     return g_selftest_result;
 }
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the GEMM slot (src/gemm/ukernel.h)                                                                          */
+/* ---------------------------------------------------------------------------------------------------------- */
+static const mxfp8i_ukernel k_amx = {
+    .name = "bf16_gemm_32x32__amx", .panel = MXFP8I_PANEL_OTHER, .mr = 32, .nr = 32, .kalign = MXFP8I_AMX_KCHUNK,
+    .exact_order = 1, .fn = NULL, .panel_bytes = mxfp8i_amx_panel_bytes, .pack = mxfp8i_amx_pack,
+    .run = mxfp8i_bf16_gemm_32x32__amx};
+
+const mxfp8i_ukernel *mxfp8i_amx_ukernel(void) { return mxfp8i_amx_self_test() ? NULL : &k_amx; }

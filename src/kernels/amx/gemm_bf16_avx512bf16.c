@@ -1,0 +1,133 @@
+/*
+ * gemm_bf16_avx512bf16.c -- the AVX512-BF16 (VDPBF16PS) GEMM microkernel on the AMX kernel's BF16 chunk panels.
+ *
+ * Contract: the AMX kernel's (src/kernels/amx/amx.h): C[32x32 valid mr x nr] (=|+=) the steps [k0, k0 + kc) of two
+ * panels, equal to the reference F32 FMA sequence bit for bit. Why it can be exact and how chunks are routed: amx.h.
+ * VDPBF16PS reads exactly the panel's layout: a dword of the A slot is one row's pair (k = 2p, 2p + 1), broadcast to
+ * 16 lanes; the 64-byte row p of the VNNI B slot is that pair for 16 columns. Per lane the unit does two FP32 FMAs
+ * (DAZ, FTZ, RNE) in its own order within the pair; panels packed with swapped pairs (mxfp8i_amx_pack_swapped) make a
+ * unit that takes the odd element first see k = 2p first, plain panels suit an even-first unit.
+ * mxfp8i_avx512bf16_self_test() finds which packing reproduces the reference.
+ *
+ * Register tile: 8 rows x 32 columns (16 zmm accumulators), kept in registers across a run of consecutive chunks
+ * that may all use the unit; a chunk that may not (or a partial last chunk) runs mxfp8i_amx_exact_chunk on the stored
+ * accumulators. Compiled with -mavx512bf16 (this folder's flags); call only when the CPU has AVX512-BF16.
+ */
+#include <immintrin.h>
+#include <string.h>
+#include <threads.h>
+
+#include "../../gemm/ukernel.h"
+#include "amx.h"
+
+static inline int chunk_ok(const uint8_t *ca, const uint8_t *cb) {
+    const mxfp8i_amx_meta *ma = mxfp8i_amx_chunk_meta(ca), *mb = mxfp8i_amx_chunk_meta(cb);
+    return mxfp8i_amx_pair_ok(ma, mb) && mxfp8i_amx_pair_ok(ma, mb + 1) && mxfp8i_amx_pair_ok(ma + 1, mb) &&
+           mxfp8i_amx_pair_ok(ma + 1, mb + 1);
+}
+
+/* nch consecutive chunks (bases a, b), all allowed on the unit, onto cb rows [0, mr). */
+static void dp_run(float *cb, const uint8_t *a, const uint8_t *b, int64_t nch, int mr) {
+    for (int g = 0; g < mr; g += 8) {
+        __m512 acc[8][2];
+        for (int r = 0; r < 8; r++) {
+            acc[r][0] = _mm512_load_ps(cb + (g + r) * 32);
+            acc[r][1] = _mm512_load_ps(cb + (g + r) * 32 + 16);
+        }
+        for (int64_t ch = 0; ch < nch; ch++) {
+            const uint8_t *ca = a + ch * MXFP8I_AMX_CHUNK_BYTES + 64 + (g / 16) * MXFP8I_AMX_SLOT + (g % 16) * 64;
+            const uint8_t *cbb = b + ch * MXFP8I_AMX_CHUNK_BYTES + 64;
+            for (int p = 0; p < 16; p++) {
+                __m512i b0 = _mm512_load_si512((const void *)(cbb + p * 64));
+                __m512i b1 = _mm512_load_si512((const void *)(cbb + MXFP8I_AMX_SLOT + p * 64));
+                for (int r = 0; r < 8; r++) {
+                    int32_t w;
+                    memcpy(&w, ca + r * 64 + p * 4, 4);
+                    __m512bh av = (__m512bh)_mm512_set1_epi32(w);
+                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, (__m512bh)b0);
+                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, (__m512bh)b1);
+                }
+            }
+        }
+        for (int r = 0; r < 8; r++) {
+            _mm512_store_ps(cb + (g + r) * 32, acc[r][0]);
+            _mm512_store_ps(cb + (g + r) * 32 + 16, acc[r][1]);
+        }
+    }
+}
+
+void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a_panel, const void *b_panel, float *c,
+                                        int64_t ldc, int mr, int nr, int load_c) {
+    float cb[32 * 32] __attribute__((aligned(64)));
+    for (int i = 0; i < 32; i++)
+        for (int j = 0; j < 32; j++) cb[i * 32 + j] = (load_c && i < mr && j < nr) ? c[i * ldc + j] : 0.0f;
+    int c_ok = load_c ? mxfp8i_amx_acc_ok(cb) : 1;
+    const uint8_t *a = (const uint8_t *)a_panel + (k0 / MXFP8I_AMX_KCHUNK) * MXFP8I_AMX_CHUNK_BYTES;
+    const uint8_t *b = (const uint8_t *)b_panel + (k0 / MXFP8I_AMX_KCHUNK) * MXFP8I_AMX_CHUNK_BYTES;
+    int64_t nfull = kc / MXFP8I_AMX_KCHUNK;
+    int tail = (int)(kc % MXFP8I_AMX_KCHUNK);
+    int64_t ch = 0;
+    while (ch < nfull) {
+        const uint8_t *ca = a + ch * MXFP8I_AMX_CHUNK_BYTES, *cbp = b + ch * MXFP8I_AMX_CHUNK_BYTES;
+        if (!c_ok || !chunk_ok(ca, cbp)) {
+            mxfp8i_amx_exact_chunk(cb, ca, cbp, MXFP8I_AMX_KCHUNK);
+            c_ok = mxfp8i_amx_acc_ok(cb);
+            ch++;
+            continue;
+        }
+        int64_t end = ch + 1;
+        while (end < nfull && chunk_ok(a + end * MXFP8I_AMX_CHUNK_BYTES, b + end * MXFP8I_AMX_CHUNK_BYTES)) end++;
+        dp_run(cb, ca, cbp, end - ch, mr); /* accumulators stay multiples of 2^-126: c_ok holds */
+        ch = end;
+    }
+    if (tail)
+        mxfp8i_amx_exact_chunk(cb, a + nfull * MXFP8I_AMX_CHUNK_BYTES, b + nfull * MXFP8I_AMX_CHUNK_BYTES, tail);
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = cb[i * 32 + j];
+}
+
+static once_flag g_once = ONCE_FLAG_INIT;
+static int g_order = -1;
+static const char *g_why = "AVX512-BF16 self-test not run";
+
+static void self_test(void) {
+    int n = 0;
+    if (mxfp8i_amx_check_kernel(3, &n) == 0) {
+        g_order = 1;
+        g_why = "";
+    } else if (mxfp8i_amx_check_kernel(4, &n) == 0) {
+        g_order = 0;
+        g_why = "";
+    } else {
+        g_order = -1;
+        g_why = "AVX512-BF16 self-test failed: VDPBF16PS does not reproduce the reference FMA sequence in either pair "
+                "order";
+    }
+}
+
+int mxfp8i_avx512bf16_self_test(const char **why) {
+    call_once(&g_once, self_test);
+    if (why) *why = g_why;
+    return g_order;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the GEMM slot (src/gemm/ukernel.h)                                                                          */
+/* ---------------------------------------------------------------------------------------------------------- */
+static void run_dp(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
+                   int load_c) {
+    mxfp8i_bf16_gemm_32x32__avx512bf16(k0, kc, a, b, c, ldc, mr, nr, load_c);
+}
+static const mxfp8i_ukernel k_dp_swapped = {
+    .name = "bf16_gemm_32x32__avx512bf16", .panel = MXFP8I_PANEL_OTHER, .mr = 32, .nr = 32,
+    .kalign = MXFP8I_AMX_KCHUNK, .exact_order = 1, .fn = NULL, .panel_bytes = mxfp8i_amx_panel_bytes,
+    .pack = mxfp8i_amx_pack_swapped, .run = run_dp};
+static const mxfp8i_ukernel k_dp_plain = {
+    .name = "bf16_gemm_32x32__avx512bf16", .panel = MXFP8I_PANEL_OTHER, .mr = 32, .nr = 32,
+    .kalign = MXFP8I_AMX_KCHUNK, .exact_order = 1, .fn = NULL, .panel_bytes = mxfp8i_amx_panel_bytes,
+    .pack = mxfp8i_amx_pack, .run = run_dp};
+
+const mxfp8i_ukernel *mxfp8i_avx512bf16_ukernel(void) {
+    int order = mxfp8i_avx512bf16_self_test(NULL);
+    return order == 1 ? &k_dp_swapped : order == 0 ? &k_dp_plain : NULL;
+}
