@@ -147,7 +147,7 @@ typedef struct bwd_ws {
 
 /* dst[c][r] = src[r][c] for src [R][C]; column ranges split between threads. */
 static void transpose(const float *src, int64_t R, int64_t C, float *dst) {
-    const int nt = mxfp8i_num_threads();
+    const int nt = mxfp8i_moe_nt((double)R * (double)C);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         const int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
@@ -238,7 +238,6 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     for (int64_t i = 0; i < E * I2; i++) w.db1[i] = 0.0;
     for (int64_t i = 0; i < E * H; i++) w.db2[i] = 0.0;
 
-    const int nt = mxfp8i_num_threads();
     for (int64_t n = 0; n < p.N; n++) {
         const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
         const int32_t *tok = p.tok + n * B;
@@ -250,6 +249,7 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
               *dgu = w.dgu, *S = w.S, *D = w.D, *down = w.down, *b1 = w.b1, *b2 = w.b2;
         double *dablk = w.dablk;
 
+        const int nt = mxfp8i_moe_nt((double)L * (double)(H + I2)); /* elementwise work of this block */
         /* gather X and dY rows (padding rows zero) */
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t q = 0; q < L; q++)

@@ -411,7 +411,7 @@ static inline float deq_code(const mxfp8i_moe *p, const mxfp8_tensor *codes, int
 void mxfp8i_moe_load_w1(const mxfp8i_moe *p, int64_t e, float *w1f) {
     const int64_t H = p->H, I = p->I;
     const mxfp8_tensor *w = &p->W1, *s = &p->W1s;
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_num_threads())
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt(2.0 * (double)H * (double)I))
     for (int64_t h = 0; h < H; h++)
         for (int64_t j = 0; j < 2; j++)
             for (int64_t i = 0; i < I; i++) {
@@ -433,7 +433,7 @@ void mxfp8i_moe_load_w1(const mxfp8i_moe *p, int64_t e, float *w1f) {
 void mxfp8i_moe_load_w2(const mxfp8i_moe *p, int64_t e, float *w2f) {
     const int64_t H = p->H, I = p->I;
     const mxfp8_tensor *w = &p->W2, *s = &p->W2s;
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_num_threads())
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)H * (double)I))
     for (int64_t i = 0; i < I; i++)
         for (int64_t h = 0; h < H; h++) {
             int64_t off = e * w->strides[0] + i * w->strides[1] + h * w->strides[2];
@@ -508,7 +508,7 @@ void mxfp8i_moe_wq_free(mxfp8i_moe_wq *w) {
 static void quantize_lines(const mxfp8i_moe *p, const float *src, int64_t lines, int64_t K, int64_t ls, int64_t ks,
                            uint8_t *codes, uint8_t *scales) {
     const int64_t G = mxfp8i_moe_groups(K);
-    const int nt = mxfp8i_num_threads();
+    const int nt = mxfp8i_moe_nt((double)lines * (double)K);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int c = 0; c < nt; c++) {
         int64_t l0 = lines * c / nt, l1 = lines * (c + 1) / nt;
@@ -537,7 +537,7 @@ static void quantize_lines(const mxfp8i_moe *p, const float *src, int64_t lines,
 /* Quantize src [K][C] (row-major) down its columns: codes [K][C], scales [G][C]; columns split between threads. */
 static void quantize_cols(const mxfp8i_moe *p, const float *src, int64_t K, int64_t C, uint8_t *codes,
                           uint8_t *scales) {
-    const int nt = mxfp8i_num_threads();
+    const int nt = mxfp8i_moe_nt((double)K * (double)C);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
@@ -699,6 +699,7 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t 
     c.shape[1] = N;
     c.strides[0] = ldc;
     c.strides[1] = 1;
-    mxfp8_status st = mxfp8i_gemm(&a, &b, &cfg, accumulate, &c, mxfp8i_num_threads());
+    mxfp8_status st = mxfp8i_gemm(&a, &b, &cfg, accumulate, &c,
+                                   (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads());
     return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }

@@ -175,7 +175,6 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
         goto done;
     }
 
-    const int nt = mxfp8i_num_threads();
     for (int64_t n = 0; n < p.N; n++) {
         const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
         const int32_t *tok = p.tok + n * B;
@@ -183,6 +182,7 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
             write_checkpoints(&p, n, 0, outputs, g, u, act, inter, down);
             continue;
         }
+        const int nt = mxfp8i_moe_nt((double)L * (double)(H + I2)); /* elementwise work of this block */
         mxfp8i_moe_wq_prepare(&p, e, &wq);
         mxfp8i_moe_load_b1(&p, e, b1);
         mxfp8i_moe_load_b2(&p, e, b2);
@@ -236,7 +236,7 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
     }
     {
         const mxfp8_tensor *o = &outputs->output;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)T * (double)H))
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++)
                 mxfp8i_store_f32(o->data, o->dtype, t * o->strides[0] + h * o->strides[1], acc[t * H + h]);

@@ -171,6 +171,10 @@ static inline double mxfp8i_moe_ld(const mxfp8_tensor *t, int64_t off) {
     return (double)mxfp8i_load_f32(t->data, t->dtype, off);
 }
 
+/** Threads for `work` elementwise operations (or multiply-adds): 1 below a threshold, so that small problems do not
+ *  pay OpenMP fork/barrier costs (results never depend on the thread count). */
+static inline int mxfp8i_moe_nt(double work) { return work < 65536.0 ? 1 : mxfp8i_num_threads(); }
+
 /** Number of groups of 32 along an axis of length K. */
 static inline int64_t mxfp8i_moe_groups(int64_t K) { return (K + 31) / 32; }
 

@@ -442,8 +442,8 @@ static void test_prequantized(void) {
 }
 
 static void test_threads(void) {
-    prob P;
-    prob_make(&P, 90, 64, 48, 3, 2, 40, 1, NULL);
+    prob P; /* large enough that every phase splits between threads (small work runs on one thread) */
+    prob_make(&P, 400, 256, 128, 3, 2, 256, 1, NULL);
     mxfp8_moe_config cfg;
     mxfp8_moe_config_init(&cfg);
     cfg.bias = 1;
