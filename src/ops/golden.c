@@ -13,6 +13,20 @@
 
 #include "../gemm/gemm.h"
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__gnu_linux__)
+#define MXFP8_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define MXFP8_CLONES
+#endif
+
+/* acc = fmaf(a[k], b[k], acc) for k ascending from +0 (fmaf is exact by definition: both clones give the same bits). */
+MXFP8_CLONES
+static float dot_fma(const float *a, const float *b, int64_t K) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++) acc = fmaf(a[k], b[k], acc);
+    return acc;
+}
+
 static mxfp8_status check_hp(const char *fn, const char *name, const mxfp8_tensor *t) {
     mxfp8_status st;
     if (!t) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
@@ -77,10 +91,7 @@ mxfp8_status mxfp8_gemm_golden_unquantized(const mxfp8_tensor *a, const mxfp8_te
 #pragma omp parallel for schedule(static) num_threads(mxfp8i_num_threads())
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
-            float acc = 0.0f;
-            const float *ar = A + m * K, *br = B + n * K;
-            for (int64_t k = 0; k < K; k++) acc = fmaf(ar[k], br[k], acc);
-            store_c(c, m, n, acc);
+            store_c(c, m, n, dot_fma(A + m * K, B + n * K, K));
         }
     free(A);
     free(B);
