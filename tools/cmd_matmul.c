@@ -46,7 +46,9 @@ static void help(void) {
         "  --threads N         threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
         "  --seed S            seed of the random problem (default 42); data ~ N(0, 1), rounded to BF16\n"
         "  --repeat R          run the backward R times and report the best time (default 3)\n"
-        "  --no-check          skip the golden references (just compute and write)\n\n"
+        "  --no-check          skip the golden references (just compute and write)\n"
+        "  --save-inputs FILE  write the generated problem (output_grad, weights, input_activation) to a\n"
+        "                      .safetensors bundle that --inputs (or the Python API) can read back\n\n"
         "exit status: 0 ok, 1 a pass criterion failed, 2 bad usage, bad input or IO error\n");
 }
 
@@ -78,7 +80,8 @@ int cmd_matmul_bwd(int argc, char **argv) {
                       {"inputs", 'i', 0, NULL},   {"output", 'o', 0, NULL},    {"float8-dtype", 0, 0, NULL},
                       {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL},       {"scale-layout", 0, 0, NULL},
                       {"output-dtype", 0, 0, NULL}, {"threads", 0, 0, NULL},   {"seed", 0, 0, NULL},
-                      {"repeat", 0, 0, NULL},     {"no-check", 0, 1, NULL}};
+                      {"repeat", 0, 0, NULL},     {"no-check", 0, 1, NULL},
+                      {"save-inputs", 0, 0, NULL}};
     int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
     const char *pos[1];
     int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 0, &npos);
@@ -113,6 +116,10 @@ int cmd_matmul_bwd(int argc, char **argv) {
     args.use_scale_packing = layout == MXFP8_SCALES_NKI_PACKED;
     const char *in_path = cli_get(opts, nopts, "inputs"), *out_path = cli_get(opts, nopts, "output");
     int check = cli_get(opts, nopts, "no-check") == NULL;
+    const char *save_path = cli_get(opts, nopts, "save-inputs");
+    char err0[TF_ERR_LEN];
+    if (save_path && cli_get(opts, nopts, "inputs")) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
+    if (save_path && tf_check_writable(save_path, 3, err0, sizeof err0)) return cli_error(cmd, "%s", err0);
     char err[TF_ERR_LEN], sb[160];
     if (in_path && (cli_get(opts, nopts, "M") || cli_get(opts, nopts, "N") || cli_get(opts, nopts, "K")))
         return cli_error(cmd, "--M/--N/--K set the random problem's size; with --inputs the bundle's shapes decide");
@@ -194,6 +201,13 @@ int cmd_matmul_bwd(int argc, char **argv) {
         fill_normal_bf16(dy->data, dy->numel, &r);
         fill_normal_bf16(w->data, w->numel, &r);
         fill_normal_bf16(x->data, x->numel, &r);
+        if (save_path) {
+            if (tf_save(save_path, &in, err, sizeof err)) {
+                cli_error(cmd, "%s", err);
+                goto done;
+            }
+            printf("wrote the problem (output_grad, weights, input_activation) to %s\n", save_path);
+        }
     }
     tf_dtype gdt = odt == 0 ? TF_BF16 : odt == 1 ? TF_F16 : TF_F32;
     int64_t s_dx[2] = {M, K}, s_dw[2] = {N, K};

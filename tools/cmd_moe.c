@@ -69,6 +69,8 @@ static void help(void) {
         "                        hidden_states_grad, expert_affinities_masked_grad, gate_up_proj_weight_grad,\n"
         "                        down_proj_weight_grad (+ gate_and_up_proj_bias_grad, down_proj_bias_grad)\n"
         "  --no-check            skip the golden references (just compute and write)\n"
+        "  --save-inputs FILE    write the generated problem to a .safetensors bundle (the seed's parameter names,\n"
+        "                        explicit routing) that --inputs (or the Python API) can read back\n"
         "  --quiet               no progress lines on stderr (shown on a terminal or for big problems)\n\n"
         "exit status: 0 ok, 1 a pass criterion failed, 2 bad usage, bad input or IO error\n");
 }
@@ -148,7 +150,7 @@ int cmd_moe_bwd(int argc, char **argv) {
         {"float8-dtype", 0, 0, NULL}, {"scale-rule", 0, 0, NULL}, {"grad-dtype", 0, 0, NULL},
         {"threads", 0, 0, NULL},     {"repeat", 0, 0, NULL},     {"inputs", 'i', 0, NULL},
         {"block-size", 0, 0, NULL},  {"single-expert-dense", 0, 1, NULL}, {"output", 'o', 0, NULL},
-        {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL}};
+        {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL},    {"save-inputs", 0, 0, NULL}};
     int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
     const char *pos[1];
     int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 0, &npos);
@@ -196,6 +198,8 @@ int cmd_moe_bwd(int argc, char **argv) {
     cfg.single_expert_dense = cli_get(opts, nopts, "single-expert-dense") != NULL;
     const char *in_path = cli_get(opts, nopts, "inputs"), *out_path = cli_get(opts, nopts, "output");
     int check = cli_get(opts, nopts, "no-check") == NULL;
+    const char *save_path = cli_get(opts, nopts, "save-inputs");
+    if (save_path && in_path) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
     static const char *const shape_opts[] = {"H", "T", "E", "B", "topk", "I", "seed"};
     if (in_path)
         for (int i = 0; i < 7; i++)
@@ -209,6 +213,7 @@ int cmd_moe_bwd(int argc, char **argv) {
     char err[TF_ERR_LEN], sb[160];
     int n_out = 4 + (cfg.bias ? 2 : 0);
     if (out_path && tf_check_writable(out_path, n_out, err, sizeof err)) return cli_error(cmd, "%s", err);
+    if (save_path && tf_check_writable(save_path, 8, err, sizeof err)) return cli_error(cmd, "%s", err);
 
     tf_set in = {0}, work = {0}, grads = {0}, gold = {0}, qref = {0};
     rc = CLI_USAGE;
@@ -451,6 +456,13 @@ int cmd_moe_bwd(int argc, char **argv) {
         }
     }
 
+    if (save_path) {
+        if (tf_save(save_path, &in, err, sizeof err)) {
+            cli_error(cmd, "%s", err);
+            goto done;
+        }
+        printf("wrote the problem (%d tensors, block size %lld) to %s\n", in.n, (long long)B, save_path);
+    }
     ba.hidden_states = tf_view(x);
     ba.expert_affinities_masked = tf_view(ea);
     ba.gate_up_proj_weight = tf_view(w1);
