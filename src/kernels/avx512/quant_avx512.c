@@ -9,13 +9,18 @@
  *  - amax is the unsigned-integer max of |x| bits (NaN > Inf > finite), so a non-finite group is seen exactly as the
  *    reference sees it, and the scale code is read from amax's exponent field exactly as mxfp8_scale_code does
  *    (an FP32-subnormal amax always clamps to code 0 under every rule);
- *  - y = x * 2^-e is the same IEEE multiply as the reference; the FP8 code of |y| is an integer round-to-nearest-even
- *    of the FP32 bits in the normal range and a magic-number addition (RNE by the FPU) in the subnormal range,
- *    after saturating |y| to max normal (rounding is monotonic, so saturating first is the same as after);
- *  - qdq values are the rounded |y| times 2^(s-127) (the same multiply the reference dequantizer does), sign OR-ed.
- * Rows: one 32-group per step, horizontal max by shuffles. Cols: 32 columns per step, the group's 32 source rows
- * read twice (amax, then quantize; the second read hits L1). wrapX rows: each (sub)tile is gathered into group
- * order in a small buffer, processed as 1x32, and scattered back.
+ *  - |y| = |x| * 2^-e is the same IEEE multiply as the reference (signs are applied to the finished bytes/words);
+ *    the FP8 code of |y| comes from a magic addition: with E = max(exponent(|y|), emin), |y| + 2^(E + 23 - m) is
+ *    rounded by the FPU to nearest-even on exactly the FP8 grid of binade E, normal and subnormal alike; |y| is
+ *    first saturated to max normal under the OCP rule (rounding is monotonic, so saturating first is the same as
+ *    after; under nki/rceil a finite group never exceeds max normal);
+ *  - qdq values are the rounded |y| times 2^(s-127) (the multiply the reference dequantizer does); BF16 outputs are
+ *    the high halves, which is exact because such values have <= 4 significant bits, unless a value lies below
+ *    2^-126: then (like NaN groups in qdq) the block is redone element-wise with the reference arithmetic.
+ * Rows: 16 groups per batch, their amax reduced together by a transposing shuffle tree. Cols: 32 columns per step,
+ * the group's rows read twice (amax, then quantize; the second read hits L1). BF16 sources are processed in the
+ * in-lane "unpack order" so that conversion and packing are single instructions. wrapX rows: each (sub)tile is
+ * gathered into group order in a small buffer, processed as 1x32, and scattered back.
  */
 #include <math.h>
 
@@ -43,38 +48,8 @@ AI __m512 set1f_bits(uint32_t v) { return _mm512_castsi512_ps(_mm512_set1_epi32(
 AI __mmask32 tail_mask(int64_t n) { return n >= 32 ? 0xFFFFFFFFu : (((__mmask32)1 << n) - 1); }
 
 /* ---- per-format constants ---- */
-AI int f_shift(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 21 : 20; }
-AI uint32_t f_off(int fmt) { return fmt == MXFP8_FMT_E5M2 ? (112u << 2) : (120u << 3); }
-AI uint32_t f_minnorm(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x38800000u : 0x3C800000u; } /* 2^-14, 2^-6 */
-AI uint32_t f_magic(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x43000000u : 0x46800000u; }   /* 2^7, 2^14 */
-AI uint32_t f_maxn(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x47600000u : 0x43E00000u; }    /* 57344, 448 */
+AI uint32_t f_maxn(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x47600000u : 0x43E00000u; } /* 57344, 448 */
 AI uint32_t f_nan(int fmt) { return fmt == MXFP8_FMT_E5M2 ? 0x7Eu : 0x7Fu; }
-
-/* ---- loads: 32 values (n <= 32 valid, rest zero) as two F32 vectors ---- */
-AI void load32(const void *p, int dt, __mmask32 m, bool full, __m512 *lo, __m512 *hi) {
-    if (dt == MXFP8_DTYPE_F32) {
-        const float *f = (const float *)p;
-        if (full) {
-            *lo = _mm512_loadu_ps(f);
-            *hi = _mm512_loadu_ps(f + 16);
-        } else {
-            *lo = _mm512_maskz_loadu_ps((__mmask16)m, f);
-            *hi = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), f + 16);
-        }
-        return;
-    }
-    __m512i v = full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(m, p);
-    __m256i a = _mm512_castsi512_si256(v), b = _mm512_extracti64x4_epi64(v, 1);
-    if (dt == MXFP8_DTYPE_BF16) {
-        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(a), 16));
-        *hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-    } else {
-        *lo = _mm512_cvtph_ps(a);
-        *hi = _mm512_cvtph_ps(b);
-    }
-}
-
-AI __m512i abs_bits(__m512 x) { return _mm512_and_si512(_mm512_castps_si512(x), set1(0x7FFFFFFFu)); }
 
 /* E8M0 codes from amax bits: clamp(expfield - d (+1 for rceil when the fraction > 0.75), 0, 254); 255 when
  * amax is NaN/Inf. d = emax-1 (nki) or emax (ocp, rceil). */
@@ -93,48 +68,6 @@ AI __m512 inv_scale(__m512i s) { return _mm512_castsi512_ps(_mm512_slli_epi32(_m
 AI __m512 scale_value(__m512i s) {
     __mmask16 z = _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512());
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(s, 23), z, set1(0x00400000u)));
-}
-
-/* Rounded |y| (saturated) as FP8: code (unsigned) or value (FP32). */
-AI __m512i fp8_code_abs(__m512 a, int fmt) {
-    const int sh = f_shift(fmt);
-    __m512i u = _mm512_castps_si512(a);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, sh), set1(1));
-    __m512i nrm = _mm512_add_epi32(_mm512_add_epi32(u, set1((1u << (sh - 1)) - 1)), lsb);
-    nrm = _mm512_sub_epi32(_mm512_srli_epi32(nrm, sh), set1(f_off(fmt)));
-    __m512 mg = set1f_bits(f_magic(fmt));
-    __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, mg)), set1(f_magic(fmt)));
-    __mmask16 small = _mm512_cmp_ps_mask(a, set1f_bits(f_minnorm(fmt)), _CMP_LT_OQ);
-    return _mm512_mask_mov_epi32(nrm, small, sub);
-}
-AI __m512 fp8_value_abs(__m512 a, int fmt) {
-    const int sh = f_shift(fmt);
-    __m512i u = _mm512_castps_si512(a);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, sh), set1(1));
-    __m512i nrm = _mm512_add_epi32(_mm512_add_epi32(u, set1((1u << (sh - 1)) - 1)), lsb);
-    nrm = _mm512_and_si512(nrm, set1(~((1u << sh) - 1)));
-    __m512 mg = set1f_bits(f_magic(fmt));
-    __m512 sub = _mm512_sub_ps(_mm512_add_ps(a, mg), mg);
-    __mmask16 small = _mm512_cmp_ps_mask(a, set1f_bits(f_minnorm(fmt)), _CMP_LT_OQ);
-    return _mm512_mask_mov_ps(_mm512_castsi512_ps(nrm), small, sub);
-}
-
-/* Codes (int32 lanes, 8 significant bits) of 16 values x with multiplier inv; lanes in nf get NaN codes. */
-AI __m512i quant16(__m512 x, __m512 inv, __mmask16 nf, int fmt) {
-    __m512 a = _mm512_abs_ps(_mm512_mul_ps(x, inv));
-    a = _mm512_min_ps(a, set1f_bits(f_maxn(fmt)));
-    __m512i c = fp8_code_abs(a, fmt);
-    c = _mm512_mask_mov_epi32(c, nf, set1(f_nan(fmt)));
-    /* c | ((x >> 24) & 0x80): the sign of x (= the sign of x * 2^-e, including -0 and underflow) */
-    return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(_mm512_castps_si512(x), 24), set1(0x80), 0xF8);
-}
-/* qdq values of 16 values x; lanes in nf get the canonical quiet NaN. */
-AI __m512 qdq16(__m512 x, __m512 inv, __m512 sv, __mmask16 nf, int fmt) {
-    __m512 y = _mm512_mul_ps(x, inv);
-    __m512 a = _mm512_min_ps(_mm512_abs_ps(y), set1f_bits(f_maxn(fmt)));
-    __m512 v = _mm512_mul_ps(fp8_value_abs(a, fmt), sv);
-    __m512i r = _mm512_ternarylogic_epi32(_mm512_castps_si512(v), _mm512_castps_si512(y), set1(0x80000000u), 0xF8);
-    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nf, set1(0x7FC00000u)));
 }
 
 /* Decode 16 FP8 codes (int32 lanes) to FP32 exactly, as mxfp8_fp8_to_fp32 (NaN codes: quiet NaN, sign kept). */
@@ -159,14 +92,6 @@ AI __m512 decode16(__m512i c, int fmt) {
     return _mm512_castsi512_ps(v);
 }
 
-/* ---- stores of 32 results; return the number of BF16/F16-inexact lanes ---- */
-AI void store_codes(uint8_t *p, __m512i lo, __m512i hi, __mmask32 m, bool full) {
-    __m256i c = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(lo)), _mm512_cvtepi32_epi8(hi), 1);
-    if (full)
-        _mm256_storeu_si256((__m256i *)p, c);
-    else
-        _mm256_mask_storeu_epi8(p, m, c);
-}
 AI __m256i bf16_of(__m512 v, __mmask16 *inexact) {
     __m512i u = _mm512_castps_si512(v);
     __m512i r =
@@ -331,8 +256,8 @@ static const int16_t HI_WORDS_UNPACK[32] = {1,  3,  5,  7,  33, 35, 37, 39, 9,  
                                             17, 19, 21, 23, 49, 51, 53, 55, 25, 27, 29, 31, 57, 59, 61, 63};
 static const int16_t HI_WORDS_NATURAL[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
                                              33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-static const int32_t F32_FROM_UNPACK[32] = {0,  1,  2,  3,  16, 17, 18, 19, 4,  5,  6,  7,  20, 21, 22, 23,
-                                            8,  9,  10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+static const int32_t F32_FROM_UNPACK[32] = {0, 1, 2,  3,  16, 17, 18, 19, 4,  5,  6,  7,  20, 21, 22, 23,
+                                            8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
 
 /* Store the qdq magnitudes (vlo, vhi; block order) with signs. Returns the inexact count, or -1 when a lane needs
  * the element-wise fallback (a non-zero value below 2^-126 for BF16 output: truncation would not be RNE). */
@@ -346,8 +271,10 @@ AI int64_t store_qdq32(char *o, int ok, int dt, __m512 vlo, __m512 vhi, __mmask3
         __m512i idx = _mm512_loadu_si512(unpack_order(dt) ? HI_WORDS_UNPACK : HI_WORDS_NATURAL);
         __m512i w = _mm512_permutex2var_epi16(bl, idx, bh);
         w = _mm512_mask_mov_epi16(w, sign, _mm512_or_si512(w, _mm512_set1_epi16((short)0x8000)));
-        if (full) _mm512_storeu_si512(o, w);
-        else _mm512_mask_storeu_epi16(o, m, w);
+        if (full)
+            _mm512_storeu_si512(o, w);
+        else
+            _mm512_mask_storeu_epi16(o, m, w);
         return 0;
     }
     __m512 nlo = vlo, nhi = vhi;
@@ -355,8 +282,8 @@ AI int64_t store_qdq32(char *o, int ok, int dt, __m512 vlo, __m512 vhi, __mmask3
         nlo = _mm512_permutex2var_ps(vlo, _mm512_loadu_si512(F32_FROM_UNPACK), vhi);
         nhi = _mm512_permutex2var_ps(vlo, _mm512_loadu_si512(F32_FROM_UNPACK + 16), vhi);
     }
-    nlo = _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(nlo), (__mmask16)sign,
-                                                   _mm512_castps_si512(nlo), set1(0x80000000u)));
+    nlo = _mm512_castsi512_ps(
+        _mm512_mask_or_epi32(_mm512_castps_si512(nlo), (__mmask16)sign, _mm512_castps_si512(nlo), set1(0x80000000u)));
     nhi = _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(nhi), (__mmask16)(sign >> 16),
                                                    _mm512_castps_si512(nhi), set1(0x80000000u)));
     return store_vals(o, ok, nlo, nhi, m, full);
@@ -365,20 +292,29 @@ AI int64_t store_qdq32(char *o, int ok, int dt, __m512 vlo, __m512 vhi, __mmask3
 typedef struct qctx {
     int d;          /* emax-1 (nki) or emax */
     uint32_t rceil; /* 0x7FFFFF for rceil, else 0 */
+    int sat;        /* scaled values can exceed max normal (ocp only: nki and rceil keep amax * 2^-e <= max) */
 } qctx;
+
+/* min(|x| * 2^-e, max normal); the min only where the rule can overshoot (a finite group under nki/rceil never
+ * does: amax * 2^-e < 2^emax resp. <= max normal, and RNE cannot round past max normal from below it). */
+AI __m512 scaled_abs(__m512 x, __m512 inv, int fmt, int sat) {
+    __m512 a = _mm512_mul_ps(x, inv);
+    return sat ? _mm512_min_ps(a, set1f_bits(f_maxn(fmt))) : a;
+}
 
 /* One block: quantize the magnitudes with multipliers (ilo, ihi) and store codes or qdq values (scale values
  * svlo/svhi). s32/ss: the scale codes for the fallback. */
-AI int64_t do_block(const char *src, int dt, int fmt, int ok, __m512 lo, __m512 hi, __mmask32 sign, __m512 ilo,
+AI int64_t do_block(const char *src, int dt, int fmt, int ok, int sat, __m512 lo, __m512 hi, __mmask32 sign, __m512 ilo,
                     __m512 ihi, __m512 svlo, __m512 svhi, __mmask32 m, bool full, int n, char *o, const uint8_t *s32,
                     int ss) {
-    const __m512 mx = set1f_bits(f_maxn(fmt));
-    __m512 alo = _mm512_min_ps(_mm512_mul_ps(lo, ilo), mx), ahi = _mm512_min_ps(_mm512_mul_ps(hi, ihi), mx);
+    __m512 alo = scaled_abs(lo, ilo, fmt, sat), ahi = scaled_abs(hi, ihi, fmt, sat);
     if (ok == OUT_CODES) {
         __m256i c = pack_bytes(fp8_code(alo, fmt), fp8_code(ahi, fmt), dt);
         c = _mm256_mask_mov_epi8(c, sign, _mm256_or_si256(c, _mm256_set1_epi8((char)0x80)));
-        if (full) _mm256_storeu_si256((__m256i *)o, c);
-        else _mm256_mask_storeu_epi8(o, m, c);
+        if (full)
+            _mm256_storeu_si256((__m256i *)o, c);
+        else
+            _mm256_mask_storeu_epi8(o, m, c);
         return 0;
     }
     __m512 vlo = _mm512_mul_ps(fp8_round(alo, fmt), svlo), vhi = _mm512_mul_ps(fp8_round(ahi, fmt), svhi);
@@ -407,7 +343,8 @@ AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx c
         uint8_t sb[16];
         _mm_storeu_si128((__m128i *)sb, _mm512_cvtepi32_epi8(s));
         if (sc) {
-            if (sc_gs == 1) memcpy(sc + g, sb, 16);
+            if (sc_gs == 1)
+                memcpy(sc + g, sb, 16);
             else
                 for (int j = 0; j < 16; j++) sc[(g + j) * sc_gs] = sb[j];
         }
@@ -423,7 +360,7 @@ AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx c
             __m512i bj = _mm512_set1_epi32(j);
             __m512 ij = _mm512_permutexvar_ps(bj, inv), svj = _mm512_permutexvar_ps(bj, sv);
             load_abs32(sj, dt, ~0u, true, &lo, &hi, &sign);
-            inexact += do_block(sj, dt, fmt, ok, lo, hi, sign, ij, ij, svj, svj, ~0u, true, 32, oj, sb + j, 0);
+            inexact += do_block(sj, dt, fmt, ok, cx.sat, lo, hi, sign, ij, ij, svj, svj, ~0u, true, 32, oj, sb + j, 0);
         }
     }
     for (; g < G; g++) {
@@ -441,7 +378,7 @@ AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx c
             continue;
         }
         __m512 inv = inv_scale(s), sv = scale_value(s);
-        inexact += do_block(sj, dt, fmt, ok, lo, hi, sign, inv, inv, sv, sv, m, full, n, oj, &sv8, 0);
+        inexact += do_block(sj, dt, fmt, ok, cx.sat, lo, hi, sign, inv, inv, sv, sv, m, full, n, oj, &sv8, 0);
     }
     return inexact;
 }
@@ -472,8 +409,10 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
             _Alignas(32) uint8_t s32[32];
             _mm256_store_si256((__m256i *)s32, sbytes);
             if (p->scales) {
-                if (full) _mm256_storeu_si256((__m256i *)(p->scales + g * p->sc_gs + c0), sbytes);
-                else _mm256_mask_storeu_epi8(p->scales + g * p->sc_gs + c0, m, sbytes);
+                if (full)
+                    _mm256_storeu_si256((__m256i *)(p->scales + g * p->sc_gs + c0), sbytes);
+                else
+                    _mm256_mask_storeu_epi8(p->scales + g * p->sc_gs + c0, m, sbytes);
             }
             __mmask32 nfm = _mm256_cmpeq_epi8_mask(sbytes, _mm256_set1_epi8(-1)) & m;
             __m512 ilo = inv_scale(slo), ihi = inv_scale(shi), vlo = scale_value(slo), vhi = scale_value(shi);
@@ -486,16 +425,17 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
                 }
                 load_abs32(row, dt, m, full, &lo, &hi, &sign);
                 if (nfm) { /* codes of a block with NaN groups: NaN codes there, sign kept */
-                    const __m512 mx = set1f_bits(f_maxn(fmt));
-                    __m512 al = _mm512_min_ps(_mm512_mul_ps(lo, ilo), mx), ah = _mm512_min_ps(_mm512_mul_ps(hi, ihi), mx);
+                    __m512 al = scaled_abs(lo, ilo, fmt, cx.sat), ah = scaled_abs(hi, ihi, fmt, cx.sat);
                     __m256i c = pack_bytes(fp8_code(al, fmt), fp8_code(ah, fmt), dt);
                     c = _mm256_mask_mov_epi8(c, nfm, _mm256_set1_epi8((char)f_nan(fmt)));
                     c = _mm256_mask_mov_epi8(c, sign, _mm256_or_si256(c, _mm256_set1_epi8((char)0x80)));
-                    if (full) _mm256_storeu_si256((__m256i *)o, c);
-                    else _mm256_mask_storeu_epi8(o, m, c);
+                    if (full)
+                        _mm256_storeu_si256((__m256i *)o, c);
+                    else
+                        _mm256_mask_storeu_epi8(o, m, c);
                     continue;
                 }
-                inexact += do_block(row, dt, fmt, ok, lo, hi, sign, ilo, ihi, vlo, vhi, m, full, nc, o, s32, 1);
+                inexact += do_block(row, dt, fmt, ok, cx.sat, lo, hi, sign, ilo, ihi, vlo, vhi, m, full, nc, o, s32, 1);
             }
         }
     }
@@ -509,6 +449,28 @@ AI void dq32(const uint8_t *c, __mmask32 m, bool full, __m512 slo, __m512 shi, i
     __m256i b = full ? _mm256_loadu_si256((const __m256i *)c) : _mm256_maskz_loadu_epi8(m, c);
     *lo = _mm512_mul_ps(decode16(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b)), fmt), slo);
     *hi = _mm512_mul_ps(decode16(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b, 1)), fmt), shi);
+}
+
+/* Store dequantized values (natural order, signed): BF16 by truncation when every lane is exact in BF16 (zero,
+ * |v| >= 2^-126, Inf or NaN: truncating a NaN gives what the RNE formula gives for the quiet NaNs produced here),
+ * else through the RNE path. */
+AI int64_t store_deq(char *o, int ok, __m512 lo, __m512 hi, __mmask32 m, bool full) {
+    if (ok == OUT_BF16) {
+        __m512i bl = _mm512_and_si512(_mm512_castps_si512(lo), set1(0x7FFFFFFFu));
+        __m512i bh = _mm512_and_si512(_mm512_castps_si512(hi), set1(0x7FFFFFFFu));
+        __mmask16 rl = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(bl, set1(1)), set1(0x007FFFFFu));
+        __mmask16 rh = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(bh, set1(1)), set1(0x007FFFFFu));
+        if ((((uint32_t)rl | ((uint32_t)rh << 16)) & m) == 0) {
+            __m512i w = _mm512_permutex2var_epi16(_mm512_castps_si512(lo), _mm512_loadu_si512(HI_WORDS_NATURAL),
+                                                  _mm512_castps_si512(hi));
+            if (full)
+                _mm512_storeu_si512(o, w);
+            else
+                _mm512_mask_storeu_epi16(o, m, w);
+            return 0;
+        }
+    }
+    return store_vals(o, ok, lo, hi, m, full);
 }
 
 AI int64_t dq_row_seg(const uint8_t *codes, int64_t K, int fmt, int ok, const uint8_t *sc, int64_t sc_gs, void *out) {
@@ -525,7 +487,7 @@ AI int64_t dq_row_seg(const uint8_t *codes, int64_t K, int fmt, int ok, const ui
             __m512 sv = scale_value(set1(s));
             dq32(codes + k, m, full, sv, sv, fmt, &lo, &hi);
         }
-        inexact += store_vals((char *)out + k * os, ok, lo, hi, m, full);
+        inexact += store_deq((char *)out + k * os, ok, lo, hi, m, full);
     }
     return inexact;
 }
@@ -550,7 +512,7 @@ AI int64_t dq_cols(const mxfp8i_dqpanel *p, int fmt, int ok) {
                 dq32(p->codes + idx[i] * p->codes_ks + c0, m, full, vlo, vhi, fmt, &lo, &hi);
                 lo = _mm512_mask_mov_ps(lo, nlo, set1f_bits(0x7FC00000u));
                 hi = _mm512_mask_mov_ps(hi, nhi, set1f_bits(0x7FC00000u));
-                inexact += store_vals((char *)p->out + (idx[i] * p->out_ks + c0) * os, ok, lo, hi, m, full);
+                inexact += store_deq((char *)p->out + (idx[i] * p->out_ks + c0) * os, ok, lo, hi, m, full);
             }
         }
     }
@@ -592,7 +554,8 @@ static const q_cols_fn q_cols_tab[3][2][4] = {
     }                                                                                                                  \
     static int64_t dqcols_##FMT##_##OK(const mxfp8i_dqpanel *p) { return dq_cols(p, FMT, OK); }
 DQINST(0, 1)
-DQINST(0, 2) DQINST(0, 3) DQINST(1, 1) DQINST(1, 2) DQINST(1, 3) static const dq_row_fn dq_row_tab[2][4] = {
+DQINST(0, 2)
+DQINST(0, 3) DQINST(1, 1) DQINST(1, 2) DQINST(1, 3) static const dq_row_fn dq_row_tab[2][4] = {
     {NULL, dqrow_0_1, dqrow_0_2, dqrow_0_3}, {NULL, dqrow_1_1, dqrow_1_2, dqrow_1_3}};
 static const dq_cols_fn dq_cols_tab[2][4] = {{NULL, dqcols_0_1, dqcols_0_2, dqcols_0_3},
                                              {NULL, dqcols_1_1, dqcols_1_2, dqcols_1_3}};
@@ -601,17 +564,34 @@ static const dq_cols_fn dq_cols_tab[2][4] = {{NULL, dqcols_0_1, dqcols_0_2, dqco
 /* wrapX rows: gather a (sub)tile into group order, run 1x32, scatter back                                    */
 /* ---------------------------------------------------------------------------------------------------------- */
 /* tmp[j*32 + s*8 + q] <-> row[k0 + s*S + 8j + q], element size es. */
-static void wrapx_gather(const char *row, int64_t k0, int64_t P, int es, char *tmp) {
+AI void wrapx_move(char *dst, const char *src, int64_t k0, int64_t P, int es, bool gather) {
     int64_t S = P / 4;
     for (int64_t j = 0; j < P / 32; j++)
-        for (int s = 0; s < 4; s++)
-            memcpy(tmp + (j * 32 + s * 8) * es, row + (k0 + s * S + 8 * j) * es, 8 * (size_t)es);
+        for (int s = 0; s < 4; s++) {
+            char *t = (gather ? dst : (char *)src) + (j * 32 + s * 8) * es;
+            char *r = (gather ? (char *)src : dst) + (k0 + s * S + 8 * j) * es;
+            if (gather)
+                memcpy(t, r, 8 * (size_t)es);
+            else
+                memcpy(r, t, 8 * (size_t)es);
+        }
+}
+/* tmp[j*32 + s*8 + q] <-> row[k0 + s*S + 8j + q] for element sizes 1, 2, 4 (constant-size copies). */
+static void wrapx_gather(const char *row, int64_t k0, int64_t P, int es, char *tmp) {
+    if (es == 1)
+        wrapx_move(tmp, row, k0, P, 1, true);
+    else if (es == 2)
+        wrapx_move(tmp, row, k0, P, 2, true);
+    else
+        wrapx_move(tmp, row, k0, P, 4, true);
 }
 static void wrapx_scatter(const char *tmp, int64_t k0, int64_t P, int es, char *row) {
-    int64_t S = P / 4;
-    for (int64_t j = 0; j < P / 32; j++)
-        for (int s = 0; s < 4; s++)
-            memcpy(row + (k0 + s * S + 8 * j) * es, tmp + (j * 32 + s * 8) * es, 8 * (size_t)es);
+    if (es == 1)
+        wrapx_move(row, tmp, k0, P, 1, false);
+    else if (es == 2)
+        wrapx_move(row, tmp, k0, P, 2, false);
+    else
+        wrapx_move(row, tmp, k0, P, 4, false);
 }
 
 static int dt_index(mxfp8_dtype dt) { return dt == MXFP8_DTYPE_F32 ? 0 : dt == MXFP8_DTYPE_BF16 ? 1 : 2; }
@@ -621,7 +601,8 @@ int64_t mxfp8i_quantize_panel__avx512(const mxfp8i_qpanel *p) {
     const int ok = out_kind(p->out_dtype), fmt = (int)p->fmt;
     const int es = (int)mxfp8_dtype_size(p->src_dtype), os = out_size(ok);
     const int emax = mxfp8i_fmt(p->fmt).emax;
-    qctx cx = {p->rule == MXFP8_SCALE_NKI ? emax - 1 : emax, p->rule == MXFP8_SCALE_RCEIL ? 0x7FFFFFu : 0u};
+    qctx cx = {p->rule == MXFP8_SCALE_NKI ? emax - 1 : emax, p->rule == MXFP8_SCALE_RCEIL ? 0x7FFFFFu : 0u,
+               p->rule == MXFP8_SCALE_OCP};
     const int di = dt_index(p->src_dtype);
     if (p->src_ks == 1 && p->out_ks == 1) {
         q_row_fn f = q_row_tab[di][fmt][ok];
