@@ -109,6 +109,9 @@ static inline int mxfp8i_amx_pair_ok(const mxfp8i_amx_meta *x, const mxfp8i_amx_
 void mxfp8i_amx_exact_chunk(float *cb, const void *a_chunk, const void *b_chunk, int kn);
 /** 1 when every accumulator of cb[32][32] is zero or a finite normal whose lowest set bit is >= 2^-126. */
 int mxfp8i_amx_acc_ok(const float *cb);
+/** cb[32][32] (64-byte aligned) = the valid mr x nr block of c when load_c, zeros elsewhere; and the way back. */
+void mxfp8i_amx_load_acc(float *cb, const float *c, int64_t ldc, int mr, int nr, int load_c);
+void mxfp8i_amx_store_acc(const float *cb, float *c, int64_t ldc, int mr, int nr);
 
 /* ---- AVX512-BF16 kernel on the same panels (src/kernels/amx/gemm_bf16_avx512bf16.c) ----
  * VDPBF16PS is, per lane, two FP32 FMAs with DAZ/FTZ and RNE (the SDM: the odd element of each pair first; measured

@@ -185,7 +185,18 @@ void mxfp8i_amx_exact_chunk(float *cb, const void *a_chunk, const void *b_chunk,
 
 /* 1 when every accumulator is zero, or a finite normal whose lowest set bit is >= 2^-126 (amx.h, condition 2). */
 int mxfp8i_amx_acc_ok(const float *cb) {
-    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), mantm = _mm512_set1_epi32(0x007FFFFF);
+    /* Fast test first: zero, or 2^-103 <= |c| < Inf (biased exponent 24..254) -- then the lowest set bit of the
+     * 24-bit significand is >= 2^(-103-23) = 2^-126. Only when some value fails it, the exact test below. */
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+    __mmask16 out = 0;
+    for (int v = 0; v < 64; v++) {
+        __m512i ax = _mm512_and_si512(_mm512_load_si512((const void *)(cb + v * 16)), absm);
+        __m512i off = _mm512_sub_epi32(ax, _mm512_set1_epi32(24 << 23)); /* in [0, (255-24) << 23) when fine */
+        out |= _mm512_cmpge_epu32_mask(off, _mm512_set1_epi32((255 - 24) << 23)) &
+               _mm512_test_epi32_mask(ax, ax);
+    }
+    if (!out) return 1;
+    const __m512i mantm = _mm512_set1_epi32(0x007FFFFF);
     const __m512i implicit = _mm512_set1_epi32(0x00800000), zero = _mm512_setzero_si512();
     __mmask16 bad = 0;
     for (int v = 0; v < 64; v++) {
@@ -203,6 +214,29 @@ int mxfp8i_amx_acc_ok(const float *cb) {
     return bad == 0;
 }
 
+
+/* cb[32][32] = the valid mr x nr block of c (load_c) or zeros; and back. Masked 16-lane rows. */
+void mxfp8i_amx_load_acc(float *cb, const float *c, int64_t ldc, int mr, int nr, int load_c) {
+    __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+    for (int i = 0; i < 32; i++) {
+        __m512 v0 = _mm512_setzero_ps(), v1 = v0;
+        if (load_c && i < mr) {
+            v0 = _mm512_maskz_loadu_ps(m0, c + i * ldc);
+            v1 = _mm512_maskz_loadu_ps(m1, c + i * ldc + 16);
+        }
+        _mm512_store_ps(cb + i * 32, v0);
+        _mm512_store_ps(cb + i * 32 + 16, v1);
+    }
+}
+void mxfp8i_amx_store_acc(const float *cb, float *c, int64_t ldc, int mr, int nr) {
+    __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+    for (int i = 0; i < mr; i++) {
+        _mm512_mask_storeu_ps(c + i * ldc, m0, _mm512_load_ps(cb + i * 32));
+        _mm512_mask_storeu_ps(c + i * ldc + 16, m1, _mm512_load_ps(cb + i * 32 + 16));
+    }
+}
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* tiles: the real instructions, and their emulation                                                           */
@@ -266,8 +300,7 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
     const uint8_t *b = (const uint8_t *)b_panel + (k0 / MXFP8I_AMX_KCHUNK) * MXFP8I_AMX_CHUNK_BYTES;
     float cb[32 * 32] __attribute__((aligned(64)));
     emu_tiles emu;
-    for (int i = 0; i < 32; i++)
-        for (int j = 0; j < 32; j++) cb[i * 32 + j] = (load_c && i < mr && j < nr) ? c[i * ldc + j] : 0.0f;
+    mxfp8i_amx_load_acc(cb, c, ldc, mr, nr, load_c);
     int c_ok = load_c ? mxfp8i_amx_acc_ok(cb) : 1;
     int64_t nfull = kc / MXFP8I_AMX_KCHUNK;
     int tail = (int)(kc % MXFP8I_AMX_KCHUNK);
@@ -334,8 +367,7 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
 #undef STORE_C
     }
     if (tail) mxfp8i_amx_exact_chunk(cb, a + nfull * MXFP8I_AMX_CHUNK_BYTES, b + nfull * MXFP8I_AMX_CHUNK_BYTES, tail);
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) c[i * ldc + j] = cb[i * 32 + j];
+    mxfp8i_amx_store_acc(cb, c, ldc, mr, nr);
 }
 
 void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr,

@@ -59,8 +59,7 @@ static void dp_run(float *cb, const uint8_t *a, const uint8_t *b, int64_t nch, i
 void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a_panel, const void *b_panel, float *c,
                                         int64_t ldc, int mr, int nr, int load_c) {
     float cb[32 * 32] __attribute__((aligned(64)));
-    for (int i = 0; i < 32; i++)
-        for (int j = 0; j < 32; j++) cb[i * 32 + j] = (load_c && i < mr && j < nr) ? c[i * ldc + j] : 0.0f;
+    mxfp8i_amx_load_acc(cb, c, ldc, mr, nr, load_c);
     int c_ok = load_c ? mxfp8i_amx_acc_ok(cb) : 1;
     const uint8_t *a = (const uint8_t *)a_panel + (k0 / MXFP8I_AMX_KCHUNK) * MXFP8I_AMX_CHUNK_BYTES;
     const uint8_t *b = (const uint8_t *)b_panel + (k0 / MXFP8I_AMX_KCHUNK) * MXFP8I_AMX_CHUNK_BYTES;
@@ -82,8 +81,7 @@ void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a_pa
     }
     if (tail)
         mxfp8i_amx_exact_chunk(cb, a + nfull * MXFP8I_AMX_CHUNK_BYTES, b + nfull * MXFP8I_AMX_CHUNK_BYTES, tail);
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) c[i * ldc + j] = cb[i * 32 + j];
+    mxfp8i_amx_store_acc(cb, c, ldc, mr, nr);
 }
 
 static once_flag g_once = ONCE_FLAG_INIT;
