@@ -110,8 +110,26 @@ static inline float ck4(const mxfp8_tensor *t, int64_t n, int64_t j, int64_t i, 
 }
 
 /* Store a row-major flat FP32 / FP64 buffer into a view; add != 0: the view's value + src (one FP32 addition). */
+static bool contiguous(const mxfp8_tensor *t) {
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && t->strides[d] != s) return false;
+        s *= t->shape[d];
+    }
+    return true;
+}
 static void store_flat_f(const mxfp8_tensor *t, const float *src, int add) {
     int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
+    if (contiguous(t) && t->dtype != MXFP8_DTYPE_F64) { /* fast path: one pass, threads split the range */
+        const int nt = mxfp8i_moe_nt((double)n);
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int c = 0; c < nt; c++)
+            for (int64_t k = n * c / nt; k < n * (c + 1) / nt; k++) {
+                float v = add ? mxfp8i_load_f32(t->data, t->dtype, k) + src[k] : src[k];
+                mxfp8i_store_f32(t->data, t->dtype, k, v);
+            }
+        return;
+    }
     for (int64_t k = 0; k < n; k++) {
         int64_t off = 0;
         for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
@@ -152,8 +170,11 @@ static void transpose(const float *src, int64_t R, int64_t C, float *dst) {
     for (int t = 0; t < nt; t++) {
         const int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
         for (int64_t r0 = 0; r0 < R; r0 += 16)
-            for (int64_t c = c0; c < c1; c++)
-                for (int64_t r = r0; r < R && r < r0 + 16; r++) dst[c * R + r] = src[r * C + c];
+            for (int64_t cb = c0; cb < c1; cb += 16) {
+                const int64_t r1 = r0 + 16 < R ? r0 + 16 : R, ce = cb + 16 < c1 ? cb + 16 : c1;
+                for (int64_t c = cb; c < ce; c++)
+                    for (int64_t r = r0; r < r1; r++) dst[c * R + r] = src[r * C + c];
+            }
     }
 }
 

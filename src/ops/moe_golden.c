@@ -68,9 +68,10 @@ static bool gold_alloc(gold *G, const mxfp8i_moe *p, int quantized) {
 
 /* Quantize-dequantize in place `lines` lines of K values (element (l, k) at x[l*ls + k*ks]) along K. */
 static void qdq_lines(const mxfp8i_moe *p, double *x, int64_t lines, int64_t K, int64_t ls, int64_t ks) {
-    float v[32], o[32];
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)lines * (double)K))
     for (int64_t l = 0; l < lines; l++)
         for (int64_t k0 = 0; k0 < K; k0 += 32) {
+            float v[32], o[32];
             int nk = (int)(K - k0 < 32 ? K - k0 : 32);
             for (int i = 0; i < nk; i++) v[i] = (float)x[l * ls + (k0 + i) * ks];
             mxfp8i_qdq_group_ref(v, nk, p->cfg.quant_dtype, p->cfg.scale_rule, o);
@@ -114,6 +115,8 @@ static void gold_gemm(gold *G, int64_t M, int64_t N, int64_t K, const double *a,
         if (!a_preq) qdq_lines(G->p, qa, M, K, K, 1);
         if (!b_preq) qdq_lines(G->p, qb, N, K, 1, N);
     }
+    /* rows of C split between threads; each element summed over k in ascending order */
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)M * (double)N * (double)K / 64.0))
     for (int64_t m = 0; m < M; m++) {
         double *c = C + m * ldc;
         if (!accumulate)
