@@ -134,15 +134,15 @@ int main(void) {
     test_packer();
     test_split();
     int n = 0;
-    int fails = mxfp8i_amx_check_kernel(1, &n);
+    int fails = mxfp8i_amx_check_kernel(1, 0, &n);
     TU_CHECK(fails == 0 && n > 0, "emulated AMX kernel differs from the reference in %d of %d cases", fails, n);
-    int fails_noroute = mxfp8i_amx_check_kernel(2, &n);
+    int fails_noroute = mxfp8i_amx_check_kernel(2, 0, &n);
     TU_CHECK(fails_noroute > 0,
              "negative control: without exact-path routing the emulation should differ (FTZ), but 0 of %d differ", n);
     printf("test_amx_kernel: emulation %d/%d cases bitwise equal; without routing %d cases differ (expected > 0)\n",
            n - fails, n, fails_noroute);
     if (info.has_avx512_bf16) {
-        int n3 = 0, n4 = 0, f3 = mxfp8i_amx_check_kernel(3, &n3), f4 = mxfp8i_amx_check_kernel(4, &n4);
+        int n3 = 0, n4 = 0, f3 = mxfp8i_amx_check_kernel(3, 0, &n3), f4 = mxfp8i_amx_check_kernel(4, 0, &n4);
         const char *why = NULL;
         int order = mxfp8i_avx512bf16_self_test(&why);
         printf("test_amx_kernel: AVX512-BF16 kernel: swapped panels %d/%d, plain panels %d/%d cases bitwise equal; "
@@ -152,11 +152,15 @@ int main(void) {
         TU_CHECK(order != -1 || (f3 > 0 && f4 > 0), "self-test rejected both orders but one passes");
         /* the two orders cannot both reproduce the reference: the pair-order trap separates them */
         TU_CHECK(f3 > 0 || f4 > 0, "both pair orders pass: the trap cases do not discriminate");
+        int q3 = mxfp8i_amx_check_kernel(3, 1, NULL), q4 = mxfp8i_amx_check_kernel(4, 1, NULL);
+        TU_CHECK((q3 == 0) == (f3 == 0) && (q4 == 0) == (f4 == 0),
+                 "the quick self-test subset disagrees with the full set (swapped %d/%d, plain %d/%d failures)", q3, f3,
+                 q4, f4);
     } else {
         printf("test_amx_kernel: AVX512-BF16 kernel not run: CPU lacks AVX512-BF16\n");
     }
     if (info.has_amx_tile && info.has_amx_bf16 && info.amx_permitted) {
-        int nr = 0, fr = mxfp8i_amx_check_kernel(0, &nr);
+        int nr = 0, fr = mxfp8i_amx_check_kernel(0, 0, &nr);
         TU_CHECK(fr == 0, "real AMX kernel differs from the reference in %d of %d cases", fr, nr);
         const char *why = mxfp8i_amx_self_test();
         printf("test_amx_kernel: real AMX kernel %d/%d cases bitwise equal; self-test: %s\n", nr - fr, nr,

@@ -132,10 +132,10 @@ void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a, c
 const char *mxfp8i_amx_self_test(void);
 
 /** The self-test's problem generator and checker, run against any kernel with the contract above (tests use it with
- *  the emulation). kind: 0 = real AMX, 1 = emulation, 2 = emulation without routing, 3 = AVX512-BF16 on swapped
+ *  the emulation; quick = 1 is the subset the run-time self-tests use, 41 cases instead of 201). kind: 0 = real AMX, 1 = emulation, 2 = emulation without routing, 3 = AVX512-BF16 on swapped
  *  panels, 4 = AVX512-BF16 on plain panels. Returns the number of cases that differ from the reference (0 = all bitwise
  *  equal; -1 = no memory); *ncases gets the number of cases run. */
-int mxfp8i_amx_check_kernel(int kind, int *ncases);
+int mxfp8i_amx_check_kernel(int kind, int quick, int *ncases);
 
 /** The AVX512-BF16 kernel's one-time self-test: returns the packing that reproduces the reference (1 = swapped
  *  pairs, 0 = plain), or -1 when neither does (then *why, if given, says so). Call only when the CPU has

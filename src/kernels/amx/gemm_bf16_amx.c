@@ -466,9 +466,14 @@ static int run_case(check_ws *w, int kind, uint64_t seed, int64_t K, int mr, int
     return 0;
 }
 
-int mxfp8i_amx_check_kernel(int kind, int *ncases) {
-    static const int64_t Ks[] = {32, 71, 160, 7, 256}; /* the trap (reg 4) needs K >= 8 */
-    static const int mrs[][2] = {{32, 32}, {19, 27}, {1, 1}, {16, 17}};
+int mxfp8i_amx_check_kernel(int kind, int quick, int *ncases) {
+    /* full: every K and tile shape; quick (the run-time self-tests): the K tail and partial tiles, still every
+     * regime and the traps */
+    static const int64_t Ks_full[] = {32, 71, 160, 7, 256}, Ks_quick[] = {71, 160}; /* the trap needs K >= 8 */
+    static const int mrs_full[][2] = {{32, 32}, {19, 27}, {1, 1}, {16, 17}}, mrs_quick[][2] = {{32, 32}, {19, 27}};
+    const int64_t *Ks = quick ? Ks_quick : Ks_full;
+    const int(*mrs)[2] = quick ? mrs_quick : mrs_full;
+    unsigned nK = quick ? 2u : 5u, nM = quick ? 2u : 4u;
     int regime[CHECK_KMAX / 32], fails = 0, n = 0;
     check_ws *w = aligned_alloc(64, (sizeof(check_ws) + 63) & ~(size_t)63);
     if (!w) {
@@ -476,8 +481,8 @@ int mxfp8i_amx_check_kernel(int kind, int *ncases) {
         return -1;
     }
     for (int reg = 0; reg < 5; reg++)
-        for (unsigned ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
-            for (unsigned mi = 0; mi < sizeof mrs / sizeof mrs[0]; mi++)
+        for (unsigned ki = 0; ki < nK; ki++)
+            for (unsigned mi = 0; mi < nM; mi++)
                 for (int load_c = 0; load_c < 2; load_c++) {
                     int64_t K = Ks[ki];
                     /* all groups normal, or one special group (the second when there is one, so the accumulators
@@ -505,7 +510,7 @@ static const char *g_selftest_result;
 static char g_selftest_msg[160];
 
 static void selftest_run(void) {
-    int n = 0, fails = mxfp8i_amx_check_kernel(0, &n);
+    int n = 0, fails = mxfp8i_amx_check_kernel(0, 1, &n);
     if (fails < 0) {
         g_selftest_result = "AMX self-test could not allocate its workspace";
     } else if (fails == 0) {

@@ -90,10 +90,10 @@ static const char *g_why = "AVX512-BF16 self-test not run";
 
 static void self_test(void) {
     int n = 0;
-    if (mxfp8i_amx_check_kernel(3, &n) == 0) {
+    if (mxfp8i_amx_check_kernel(3, 1, &n) == 0) {
         g_order = 1;
         g_why = "";
-    } else if (mxfp8i_amx_check_kernel(4, &n) == 0) {
+    } else if (mxfp8i_amx_check_kernel(4, 1, &n) == 0) {
         g_order = 0;
         g_why = "";
     } else {
