@@ -457,11 +457,15 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
  *     Phase 4  dW2[e] += (a*inter)^T @ dY_blk       (ON_I; ON_H: inter^T @ D; quantized along B)
  *              db1[e] += sum_p dGU;  db2[e] += sum_p a*dY
  * Quantization: every GEMM quantizes both operands from FP32 values along its own contraction axis in 1x32 groups
- * with config->quant_dtype and config->scale_rule (never transposes a quantized tensor). GEMMs accumulate in FP32;
- * weight and bias gradients accumulate over a expert's blocks in block order in FP32 and are rounded once to the
- * output dtype; hidden_states_grad rows accumulate over blocks in block order in FP32 and are rounded once.
- * Activation and affinity math is FP32 (sums for the affinity gradient and bias gradients in FP64, then FP32).
- * Results are bitwise identical for any thread count (threads split GEMM output tiles and rows, never a sum).
+ * with config->quant_dtype and config->scale_rule (never transposes a quantized tensor). Along the block's positions
+ * the groups start at position 0 of the block (padding positions are zeros inside the groups). GEMMs accumulate in
+ * FP32; weight gradients accumulate over an expert's blocks in block order in FP32 and are rounded once to the output
+ * dtype; hidden_states_grad rows accumulate over blocks in block order in FP32 and are rounded once. Activation and
+ * affinity math is FP32; the sums of the affinity gradient and of the bias gradients are FP64, then FP32, then the
+ * output dtype. accumulate_hidden_states_grad / skip_grad_initialization add the given buffer once at the end:
+ * out = given + gradient (one FP32 addition, then rounded to the dtype).
+ * Results are bitwise identical for any thread count (threads split GEMM output tiles, rows of elementwise work
+ * and column ranges of scatters and reductions, never a sum; small work runs on one thread).
  *
  * Padding and token ids. With config->skip_token = 1 (default) the padding id is -1 and valid ids are [0, T); with
  * skip_token = 0 the padding id is T (NKI's implicit zero row) and -1 is rejected. Anything else is
@@ -474,11 +478,11 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
  *    not a multiple of 32 end with a short group (OCP).
  *  - Biases: the seed's bwd has no bias inputs; here b1/b2 are optional inputs of both passes (absent = zero):
  *    b2 enters the affinity gradient, b1 the recomputation of g and u.
- *  - compute_dtype (BF16 or F32) is accepted but intermediates are always FP32 on a CPU (at least BF16's
+ *  - compute_dtype (BF16 or F32) is validated but intermediates are always FP32 on a CPU (at least BF16's
  *    precision); shard_option, transpose modes, swizzle modes, skip_weight and use_fast_dma are hardware knobs:
- *    validated, no effect on results. Per-phase matmul configs only set blocking (speed); their element format,
- *    scale rule and output dtype are taken from this config (quant_dtype, scale_rule, FP32); a phase config with
- *    quant_scheme wrapX is UNSUPPORTED (MoE groups are 1x32).
+ *    accepted, no effect on results. The per-phase matmul configs are accepted (quant_scheme must be 1x32: wrapX is
+ *    UNSUPPORTED, anything else INVALID_ARGUMENT) but the phases use the GEMM's automatic blocking; element format,
+ *    scale rule and output dtype always come from this config (quant_dtype, scale_rule, FP32 accumulators).
  *  - single_expert_dense defaults to 0 (the NKI default 1 would make every multi-expert call an error). When set:
  *    E must be 1, routing is the identity (position p of block n holds token n*B + p, positions >= T are padding),
  *    N = ceil(T/B) (NKI needs T % B == 0), token_position_to_id / block_to_expert are ignored and may be absent.
@@ -498,8 +502,11 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
  *    forward and never read by the backward.
  *  - Pre-quantized weights (codes of dtype matching quant_dtype + compact E8M0/U8 scales, both as produced by
  *    mxfp8_quantize along the stated axis with 1x32 groups) are used as they are by the GEMM that contracts along
- *    that axis (bitwise equal to quantizing on the fly); a GEMM contracting along another axis dequantizes them
- *    exactly and re-quantizes (the highest precision available). Layouts:
+ *    that axis, which is bitwise equal to quantizing the high-precision weights on the fly; a GEMM contracting along
+ *    another axis dequantizes them exactly and re-quantizes (the highest precision available) -- in the backward
+ *    that is only the recomputation of g, u (no gate_up_proj_act_checkpoint_T) and of the AFFINITY_ON_H down
+ *    projection (no down_proj_output_checkpoint), so with those checkpoints the whole backward is bitwise equal to
+ *    on-the-fly quantization. High-precision weights are quantized once per expert, not once per block. Layouts:
  *      backward: W1 along 2I: gate_up_weight_scales [E, H, ceil(2I/32)] (W1 viewed [E, H, 2I], axis 2);
  *                W2 along H:  down_weight_scales   [E, I, ceil(H/32)]  (axis 2).
  *      forward:  W1 along H:  gate_up_weight_scales [E, ceil(H/32), 2, I] (axis 1);
@@ -564,8 +571,8 @@ typedef struct mxfp8_moe_config {
     float gate_clamp_lower, gate_clamp_upper, up_clamp_lower, up_clamp_upper; /**< +-INFINITY = no limit */
     int skip_token;                      /**< SkipMode.skip_token: 1 = padding id is -1 (default); 0 = padding id T */
     int skip_weight;                     /**< SkipMode.skip_weight: hardware-only, no effect on results */
-    int accumulate_hidden_states_grad;   /**< add into hidden_states_grad instead of overwriting it */
-    int skip_grad_initialization;        /**< weight and bias grads are NOT zeroed first: the backward adds into them */
+    int accumulate_hidden_states_grad;   /**< hidden_states_grad = given + gradient instead of overwriting it */
+    int skip_grad_initialization;        /**< weight/bias grads are NOT zeroed: result = given + gradient */
     int single_expert_dense;             /**< E = 1 identity routing (see above); default 0 */
     int bias;                            /**< the layer has biases b1, b2; bias grads are returned */
     int use_fast_dma;                    /**< hardware-only: no effect on results */
@@ -608,8 +615,9 @@ typedef struct mxfp8_moe_fwd_outputs {
 /** Forward of the blockwise MoE layer (see the section comment). GEMM 1: X_blk [B, H] @ W1[e] [H, 2I], both
  *  quantized along H; GEMM 2: inter [B, I] @ W2[e] [I, H], both quantized along I; the affinity is applied in FP32
  *  to the GEMM 2 result (for both affinity options; NKI's AFFINITY_ON_I forward scales inter before quantizing:
- *  equal in exact arithmetic, and the backward's checkpoints stay independent of the option).
- *  Errors: see the section comment. */
+ *  equal in exact arithmetic, and the backward's checkpoints stay independent of the option). output accumulates
+ *  over blocks in block order in FP32. Errors: see the section comment; an OUT_OF_MEMORY inside a GEMM (after
+ *  validation) may leave checkpoints of earlier blocks written. Thread-safe. */
 MXFP8_API mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs);
 
 /** All parameters of blockwise_mm_bwd_mxfp8 [NKI-E] with the seed page's names (+ ours, marked). */
@@ -638,12 +646,12 @@ typedef struct mxfp8_moe_bwd_args {
 
 /** Gradients returned by the backward (the seed's return tuple). F32/BF16/F16 each (F64/F32 for the goldens). */
 typedef struct mxfp8_moe_bwd_grads {
-    mxfp8_tensor hidden_states_grad;            /**< [T, H]; += with accumulate_hidden_states_grad */
+    mxfp8_tensor hidden_states_grad;            /**< [T, H]; given + grad with accumulate_hidden_states_grad */
     mxfp8_tensor expert_affinities_masked_grad; /**< [T*E, 1] (or [T*E]); overwritten, unrouted pairs 0 */
-    mxfp8_tensor gate_up_proj_weight_grad;      /**< [E, H, 2, I]; += with skip_grad_initialization */
-    mxfp8_tensor down_proj_weight_grad;         /**< [E, I, H]; += with skip_grad_initialization */
-    mxfp8_tensor gate_and_up_proj_bias_grad;    /**< [E, 2, I], required iff config->bias */
-    mxfp8_tensor down_proj_bias_grad;           /**< [E, H], required iff config->bias */
+    mxfp8_tensor gate_up_proj_weight_grad;      /**< [E, H, 2, I]; given + grad with skip_grad_initialization */
+    mxfp8_tensor down_proj_weight_grad;         /**< [E, I, H]; given + grad with skip_grad_initialization */
+    mxfp8_tensor gate_and_up_proj_bias_grad;    /**< [E, 2, I], required iff config->bias (else must be absent) */
+    mxfp8_tensor down_proj_bias_grad;           /**< [E, H], required iff config->bias (else must be absent) */
 } mxfp8_moe_bwd_grads;
 
 /** Seed defaults for the args: every tensor absent, block_size 4096, config NULL. NULL is ignored. */
@@ -652,7 +660,11 @@ MXFP8_API void mxfp8_moe_bwd_args_init(mxfp8_moe_bwd_args *args);
 MXFP8_API void mxfp8_moe_fwd_args_init(mxfp8_moe_fwd_args *args);
 
 /** blockwise_mm_bwd_mxfp8 [NKI-E]: the MXFP8 backward of the layer (see the section comment for the math,
- *  quantization axes, precision, checkpoints, deviations and errors). */
+ *  quantization axes, precision, checkpoints, deviations and errors). Phase 1: dY_blk (or D) [L, H] x W2[e] as
+ *  [I, H], along H; Phase 2: dGU [L, 2I] x W1[e] as [H, 2I], along 2I; Phase 3: X_blk^T [H, L] x dGU^T [2I, L] and
+ *  Phase 4: (a*inter)^T or inter^T [I, L] x dY_blk^T or D^T [H, L], along the block's L positions (L = last real
+ *  position + 1; trailing padding only adds zeros). All outputs are written only after every block is done, so an
+ *  OUT_OF_MEMORY inside a GEMM also leaves them untouched. Thread-safe; keeps no pointer after returning. */
 MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads);
 
 /** Golden references (FP64, scalar, slow: for tests and the NKI criteria of `mxfp8 moe-bwd`).
