@@ -190,7 +190,7 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
     }
     int rows = (int)(op->R - r0 < w ? op->R - r0 : w);
     mxfp8i_gop_rows_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, x->scratch[tid],
-                        (uint8_t *)(tmp + K), tmp);
+                        (uint8_t *)(tmp + K), tmp, x->scratch[tid] + (int64_t)w * K);
     uk->pack(is_b, x->scratch[tid], K, rows, K, panel);
 }
 
@@ -368,7 +368,7 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     int64_t nbB, nbA, nbAblk, nC, nS, nT;
     if (!mxfp8i_mul_size(npb, x.pb_stride, &nbB) || !mxfp8i_mul_size(npa, x.pa_stride, &nbA) ||
         !mxfp8i_mul_size(mxfp8i_ceil_div(bm, uk->mr), x.pa_stride, &nbAblk) ||
-        !mxfp8i_mul_size(bm, x.ldcb * 4, &nC) || !mxfp8i_mul_size(wmax * 4, K, &nS) ||
+        !mxfp8i_mul_size(bm, x.ldcb * 4, &nC) || !mxfp8i_mul_size(wmax * 8, K, &nS) ||
         !mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &nT))
         return st;
     x.Bp = alloc_bytes(nbB);

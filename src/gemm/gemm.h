@@ -68,9 +68,10 @@ void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_r
                            int64_t r0, int W, float *panel, float *scratch, uint8_t *sbuf, float *tmp);
 
 /** Rows [r0, r0 + rows) of an operand over all of K, dequantized (quantized first when high precision), into
- *  out[i*K + k]. Scratch as mxfp8i_gop_pack_panel. */
+ *  out[i*K + k]. sbuf, tmp as mxfp8i_gop_pack_panel; t2 (rows*K floats, or NULL) lets a column-geometry operand
+ *  (a transposed view) take the fast column quantizer before a transpose. */
 void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                         int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp);
+                         int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp, float *t2);
 
 /** Row r of an operand as FP32 without quantizing: the high-precision values, or the exact dequantized values of a
  *  pre-quantized operand. out[0..K). */

@@ -294,7 +294,9 @@ void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_r
                 mxfp8i_dequantize_panel(&p);
                 done = 2;
             } else {
-                mxfp8i_dqpanel p = {cb, fmt, rows, K, 1, op->s1, sbuf, G, 1, group, panel, MXFP8_DTYPE_F32, 1, W};
+                for (int i = 0; i < rows; i++)
+                    for (int64_t g = 0; g < G; g++) sbuf[g * rows + i] = scale_at(op, r0 + i, g);
+                mxfp8i_dqpanel p = {cb, fmt, rows, K, 1, op->s1, sbuf, 1, rows, group, panel, MXFP8_DTYPE_F32, 1, W};
                 mxfp8i_dequantize_panel(&p);
                 done = 1;
             }
@@ -320,23 +322,49 @@ void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_r
             for (int i = rows; i < W; i++) panel[k * W + i] = 0.0f;
 }
 
+/* out[i*K + k] = t[k*rows + i] */
+static void transpose_to_rows(const float *t, int rows, int64_t K, float *out) {
+    for (int64_t k0 = 0; k0 < K; k0 += 64) {
+        int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
+        for (int i = 0; i < rows; i++)
+            for (int64_t k = k0; k < k1; k++) out[i * K + k] = t[k * rows + i];
+    }
+}
+
 void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                         int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp) {
+                         int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp, float *t2) {
     int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
     if (rows <= 0) return;
     size_t es = mxfp8_dtype_size(op->dtype);
     if (!op->swizzled && !op->prequant) {
-        mxfp8i_qpanel p = {op->data + (r0 * op->s0) * (int64_t)es, op->dtype, rows, K, op->s0, op->s1, fmt, rule,
-                           group, out, MXFP8_DTYPE_F32, K, 1, NULL, 0, 0};
+        const char *base = op->data + (r0 * op->s0) * (int64_t)es;
+        if (op->s0 == 1 && op->s1 > 0 && t2) {
+            /* [K, R]-contiguous (a transposed view): quantize down the columns into t2 [K, rows], then transpose */
+            mxfp8i_qpanel p = {base, op->dtype, rows, K, 1, op->s1, fmt, rule, group, t2, MXFP8_DTYPE_F32, 1, rows,
+                               NULL, 0, 0};
+            mxfp8i_quantize_panel(&p);
+            transpose_to_rows(t2, rows, K, out);
+            return;
+        }
+        mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, op->s1, fmt, rule, group, out, MXFP8_DTYPE_F32, K, 1,
+                           NULL, 0, 0};
         mxfp8i_quantize_panel(&p);
         return;
     }
     if (!op->swizzled && op->prequant && (op->s1 == 1 || !op->x4)) {
+        int64_t cls = op->x4 ? op->s0 * 4 : op->s0, cks = op->x4 ? 1 : op->s1;
+        const uint8_t *cb = (const uint8_t *)op->data + r0 * cls;
+        if (cls == 1 && cks > 0 && t2) {
+            for (int i = 0; i < rows; i++)
+                for (int64_t g = 0; g < G; g++) sbuf[g * rows + i] = scale_at(op, r0 + i, g);
+            mxfp8i_dqpanel p = {cb, fmt, rows, K, 1, cks, sbuf, 1, rows, group, t2, MXFP8_DTYPE_F32, 1, rows};
+            mxfp8i_dequantize_panel(&p);
+            transpose_to_rows(t2, rows, K, out);
+            return;
+        }
         for (int i = 0; i < rows; i++)
             for (int64_t g = 0; g < G; g++) sbuf[i * G + g] = scale_at(op, r0 + i, g);
-        int64_t cls = op->x4 ? op->s0 * 4 : op->s0, cks = op->x4 ? 1 : op->s1;
-        mxfp8i_dqpanel p = {(const uint8_t *)op->data + r0 * cls, fmt, rows, K, cls, cks, sbuf, G, 1, group, out,
-                            MXFP8_DTYPE_F32, K, 1};
+        mxfp8i_dqpanel p = {cb, fmt, rows, K, cls, cks, sbuf, G, 1, group, out, MXFP8_DTYPE_F32, K, 1};
         mxfp8i_dequantize_panel(&p);
         return;
     }
