@@ -535,6 +535,9 @@ def blockwise_mm_bwd_golden(hidden_states, expert_affinities_masked, gate_up_pro
     NKI criteria's golden); quantized=True: each GEMM operand MX-quantized along its contraction axis, GEMMs in
     FP64. Output buffers (float64) may be given as keywords as for blockwise_mm_bwd_mxfp8."""
     _declare()
+    unknown = set(given) - set(_GRAD_NAMES)
+    if unknown:
+        raise TypeError(f"blockwise_mm_bwd_golden: unexpected keyword argument(s) {sorted(unknown)}")
     return _bwd_call("mxfp8_moe_backward_golden", (int(bool(quantized)),), np.dtype(np.float64), hidden_states,
                      expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
                      block_to_expert, output_hidden_states_grad, block_size, {}, config, gate_up_weight_scales,
