@@ -288,11 +288,91 @@ static void test_errors(void) {
         if (C[i] != -7) { FAIL("an error call wrote the output"); break; }
 }
 
+/* mxfp8_matmul_backward == the two GEMMs it stands for (bitwise), and its errors leave the outputs untouched. */
+static void test_backward(void) {
+    int64_t M = 45, N = 70, K = 33;
+    float *dy = malloc(sizeof(float) * M * N), *w = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * M * K);
+    float *dx = malloc(sizeof(float) * M * K), *dw = malloc(sizeof(float) * N * K);
+    float *gx = malloc(sizeof(float) * M * K), *gw = malloc(sizeof(float) * N * K);
+    for (int64_t i = 0; i < M * N; i++) dy[i] = nrand();
+    for (int64_t i = 0; i < N * K; i++) w[i] = nrand();
+    for (int64_t i = 0; i < M * K; i++) x[i] = nrand();
+    int64_t s_dy[2] = {M, N}, s_w[2] = {N, K}, s_x[2] = {M, K};
+    mxfp8_matmul_bwd_args args;
+    mxfp8_matmul_bwd_args_init(&args);
+    args.output_grad = mxfp8_tensor_make(dy, MXFP8_DTYPE_F32, 2, s_dy);
+    args.weights = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, s_w);
+    args.input_activation = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, s_x);
+    args.output_dtype = MXFP8_DTYPE_F32;
+    args.float8_dtype = MXFP8_FMT_E4M3;
+    args.scale_rule = MXFP8_SCALE_RCEIL;
+    mxfp8_tensor tdx = mxfp8_tensor_make(dx, MXFP8_DTYPE_F32, 2, s_x), tdw = mxfp8_tensor_make(dw, MXFP8_DTYPE_F32, 2, s_w);
+    mxfp8_status st = mxfp8_matmul_backward(&args, &tdx, &tdw);
+    if (st) FAIL("backward: status %d %s", st, mxfp8_last_error_message());
+    /* the same as two GEMMs: dX = dY [M, N] . (W viewed [K, N]); dW = (dY viewed [N, M]) . (X viewed [K, M]) */
+    mxfp8_matmul_config cfg;
+    mxfp8_matmul_config_init(&cfg);
+    cfg.float8_dtype = MXFP8_FMT_E4M3;
+    cfg.scale_rule = MXFP8_SCALE_RCEIL;
+    mxfp8_operand a = {0}, b = {0};
+    a.values = args.output_grad;
+    b.values = args.weights;
+    b.values.shape[0] = K; b.values.shape[1] = N; b.values.strides[0] = 1; b.values.strides[1] = K;
+    mxfp8_tensor tgx = mxfp8_tensor_make(gx, MXFP8_DTYPE_F32, 2, s_x), tgw = mxfp8_tensor_make(gw, MXFP8_DTYPE_F32, 2, s_w);
+    if ((st = mxfp8_gemm(&a, &b, &cfg, 0, &tgx))) FAIL("gemm dX: %d", st);
+    a.values.shape[0] = N; a.values.shape[1] = M; a.values.strides[0] = 1; a.values.strides[1] = N;
+    b.values = args.input_activation;
+    b.values.shape[0] = K; b.values.shape[1] = M; b.values.strides[0] = 1; b.values.strides[1] = K;
+    if ((st = mxfp8_gemm(&a, &b, &cfg, 0, &tgw))) FAIL("gemm dW: %d", st);
+    if (memcmp(dx, gx, sizeof(float) * M * K)) FAIL("backward dX differs from mxfp8_gemm");
+    if (memcmp(dw, gw, sizeof(float) * N * K)) FAIL("backward dW differs from mxfp8_gemm");
+    /* errors: status, message, outputs untouched */
+    for (int64_t i = 0; i < M * K; i++) dx[i] = -3;
+    for (int64_t i = 0; i < N * K; i++) dw[i] = -3;
+    struct { const char *what; mxfp8_status want; } cs[8] = {
+        {"input_grad aliases output_grad", MXFP8_ERR_ALIASING}, {"outputs overlap", MXFP8_ERR_ALIASING},
+        {"output dtype != output_dtype", MXFP8_ERR_DTYPE}, {"float8_dtype 7", MXFP8_ERR_INVALID_ARGUMENT},
+        {"bad phase loop order", MXFP8_ERR_INVALID_ARGUMENT}, {"phase config M mismatch", MXFP8_ERR_SHAPE_MISMATCH},
+        {"weights K mismatch", MXFP8_ERR_SHAPE_MISMATCH}, {"scales with f32 operand", MXFP8_ERR_INVALID_ARGUMENT}};
+    for (int c = 0; c < 8; c++) {
+        mxfp8_matmul_bwd_args e = args;
+        mxfp8_tensor ex = tdx, ew = tdw;
+        mxfp8_matmul_config pc;
+        mxfp8_matmul_config_init(&pc);
+        uint8_t sc[64 * 8] = {0};
+        int64_t s_sc[2] = {M, 3};
+        switch (c) {
+        case 0: ex = mxfp8_tensor_make(dy, MXFP8_DTYPE_F32, 2, s_x); break;
+        case 1: ew = mxfp8_tensor_make(dx + 1, MXFP8_DTYPE_F32, 2, s_w); ew.shape[0] = 1; break;
+        case 2: e.output_dtype = MXFP8_DTYPE_BF16; break;
+        case 3: e.float8_dtype = (mxfp8_format)7; break;
+        case 4: pc.tile_loop_order = (mxfp8_loop_order)6; e.input_grad_config = &pc; break;
+        case 5: pc.M = M + 1; e.weight_grad_config = &pc; break;
+        case 6: e.weights.shape[1] = K - 1; break;
+        case 7: e.output_grad_scales = mxfp8_tensor_make(sc, MXFP8_DTYPE_U8, 2, s_sc); break;
+        }
+        if (c == 1) { /* weight_grad [1, K] overlapping input_grad: shapes must still agree, so N = 1 here */
+            e.weights.shape[0] = 1;
+            e.output_grad.shape[1] = 1;
+        }
+        st = mxfp8_matmul_backward(&e, &ex, &ew);
+        if (st != cs[c].want) FAIL("backward error case '%s': status %d, want %d (%s)", cs[c].what, st, cs[c].want,
+                                   mxfp8_last_error_message());
+        else if (!*mxfp8_last_error_message()) FAIL("backward error case '%s': no message", cs[c].what);
+    }
+    for (int64_t i = 0; i < M * K; i++)
+        if (dx[i] != -3) { FAIL("a failed backward call wrote input_grad"); break; }
+    for (int64_t i = 0; i < N * K; i++)
+        if (dw[i] != -3) { FAIL("a failed backward call wrote weight_grad"); break; }
+    free(dy); free(w); free(x); free(dx); free(dw); free(gx); free(gw);
+}
+
 int main(void) {
     test_ukernels();
     test_gemm_vs_naive();
     test_generic_slot();
     test_errors();
+    test_backward();
     if (failures) {
         printf("test_gemm: %d failure(s)\n", failures);
         return 1;
