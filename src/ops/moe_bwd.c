@@ -205,7 +205,7 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
         mxfp8i_moe_free(&p);
         return st;
     }
-    const int64_t T = p.T, H = p.H, I = p.I, E = p.E, B = p.B, I2 = 2 * I;
+    const int64_t T = p.T, H = p.H, I = p.I, E = p.E, B = p.B, I2 = 2 * I, Bw = p.Bw;
     const mxfp8_moe_config *c = &p.cfg;
     const int onH = c->affinity_option == MXFP8_AFFINITY_ON_H;
     const mxfp8_tensor *ck_gu = &args->gate_up_proj_act_checkpoint_T, *ck_act = &args->gate_act_checkpoint_T,
@@ -222,26 +222,26 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     w.da = (double *)xmalloc(T * E, sizeof(double), &ok);
     w.db1 = (double *)xmalloc(E * I2, sizeof(double), &ok);
     w.db2 = (double *)xmalloc(E * H, sizeof(double), &ok);
-    w.xb = (float *)xmalloc(B * H, sizeof(float), &ok);
-    w.dyb = (float *)xmalloc(B * H, sizeof(float), &ok);
-    w.gu = (float *)xmalloc(B * I2, sizeof(float), &ok);
-    w.g = (float *)xmalloc(B * I, sizeof(float), &ok);
-    w.u = (float *)xmalloc(B * I, sizeof(float), &ok);
-    w.act = (float *)xmalloc(B * I, sizeof(float), &ok);
-    w.inter = (float *)xmalloc(B * I, sizeof(float), &ok);
-    w.dI = (float *)xmalloc(B * I, sizeof(float), &ok);
-    w.dgu = (float *)xmalloc(B * I2, sizeof(float), &ok);
-    w.dxb = (float *)xmalloc(B * H, sizeof(float), &ok);
-    w.S = (float *)xmalloc(B * I, sizeof(float), &ok);
-    w.D = (float *)xmalloc(B * H, sizeof(float), &ok);
-    w.down = (float *)xmalloc(B * H, sizeof(float), &ok);
+    w.xb = (float *)xmalloc(Bw * H, sizeof(float), &ok);
+    w.dyb = (float *)xmalloc(Bw * H, sizeof(float), &ok);
+    w.gu = (float *)xmalloc(Bw * I2, sizeof(float), &ok);
+    w.g = (float *)xmalloc(Bw * I, sizeof(float), &ok);
+    w.u = (float *)xmalloc(Bw * I, sizeof(float), &ok);
+    w.act = (float *)xmalloc(Bw * I, sizeof(float), &ok);
+    w.inter = (float *)xmalloc(Bw * I, sizeof(float), &ok);
+    w.dI = (float *)xmalloc(Bw * I, sizeof(float), &ok);
+    w.dgu = (float *)xmalloc(Bw * I2, sizeof(float), &ok);
+    w.dxb = (float *)xmalloc(Bw * H, sizeof(float), &ok);
+    w.S = (float *)xmalloc(Bw * I, sizeof(float), &ok);
+    w.D = (float *)xmalloc(Bw * H, sizeof(float), &ok);
+    w.down = (float *)xmalloc(Bw * H, sizeof(float), &ok);
     w.b1 = (float *)xmalloc(I2, sizeof(float), &ok);
     w.b2 = (float *)xmalloc(H, sizeof(float), &ok);
-    w.dablk = (double *)xmalloc(B, sizeof(double), &ok);
-    w.xT = (float *)xmalloc(B * H, sizeof(float), &ok);
-    w.dguT = (float *)xmalloc(B * I2, sizeof(float), &ok);
-    w.sT = (float *)xmalloc(B * I, sizeof(float), &ok);
-    w.dyT = (float *)xmalloc(B * H, sizeof(float), &ok);
+    w.dablk = (double *)xmalloc(Bw, sizeof(double), &ok);
+    w.xT = (float *)xmalloc(Bw * H, sizeof(float), &ok);
+    w.dguT = (float *)xmalloc(Bw * I2, sizeof(float), &ok);
+    w.sT = (float *)xmalloc(Bw * I, sizeof(float), &ok);
+    w.dyT = (float *)xmalloc(Bw * H, sizeof(float), &ok);
     mxfp8i_moe_wq wq;
     const int want_fwd = !ck_gu->data || (onH && !ck_down->data);
     if (!ok || mxfp8i_moe_wq_alloc(&p, want_fwd, 1, &wq)) {

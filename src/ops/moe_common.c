@@ -334,6 +334,12 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: N*B overflows", fn);
 
     p->T = T; p->H = H; p->I = I; p->E = E; p->N = N; p->B = B; p->V = V;
+    p->Bw = N > 0 ? B : 1;
+    {
+        int64_t w;
+        if (!mxfp8i_mul_size(p->Bw, H + 2 * I, &w) || w > INT64_MAX / 64)
+            return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: block workspace B*(H + 2I) overflows", fn);
+    }
     p->X = *in->X;
     p->a = *in->a;
     p->W1 = *in->W1;

@@ -153,19 +153,19 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
         mxfp8i_moe_free(&p);
         return st;
     }
-    const int64_t T = p.T, H = p.H, I = p.I, B = p.B, I2 = 2 * I;
+    const int64_t T = p.T, H = p.H, I = p.I, B = p.B, I2 = 2 * I, Bw = p.Bw;
     const mxfp8_moe_config *c = &p.cfg;
 
     /* Workspaces (all allocated before the first store). */
     mxfp8i_moe_wq wq;
     float *acc = (float *)calloc((size_t)(T * H > 0 ? T * H : 1), sizeof(float));
-    float *xb = (float *)malloc((size_t)(B * H) * sizeof(float));
-    float *gu = (float *)malloc((size_t)(B * I2) * sizeof(float));
-    float *g = (float *)malloc((size_t)(B * I) * sizeof(float));
-    float *u = (float *)malloc((size_t)(B * I) * sizeof(float));
-    float *act = (float *)malloc((size_t)(B * I) * sizeof(float));
-    float *inter = (float *)malloc((size_t)(B * I) * sizeof(float));
-    float *down = (float *)malloc((size_t)(B * H) * sizeof(float));
+    float *xb = (float *)malloc((size_t)(Bw * H) * sizeof(float));
+    float *gu = (float *)malloc((size_t)(Bw * I2) * sizeof(float));
+    float *g = (float *)malloc((size_t)(Bw * I) * sizeof(float));
+    float *u = (float *)malloc((size_t)(Bw * I) * sizeof(float));
+    float *act = (float *)malloc((size_t)(Bw * I) * sizeof(float));
+    float *inter = (float *)malloc((size_t)(Bw * I) * sizeof(float));
+    float *down = (float *)malloc((size_t)(Bw * H) * sizeof(float));
     float *b1 = (float *)malloc((size_t)I2 * sizeof(float));
     float *b2 = (float *)malloc((size_t)H * sizeof(float));
     st = mxfp8i_moe_wq_alloc(&p, 1, 0, &wq);

@@ -34,7 +34,7 @@ static bool gold_alloc(gold *G, const mxfp8i_moe *p, int quantized) {
     G->p = p;
     G->quantized = quantized;
     G->e = -1;
-    const size_t HI = (size_t)p->H * (size_t)p->I, B = (size_t)p->B, H = (size_t)p->H, I = (size_t)p->I;
+    const size_t HI = (size_t)p->H * (size_t)p->I, B = (size_t)p->Bw, H = (size_t)p->H, I = (size_t)p->I;
     const size_t big = (B * H > B * 2 * I ? B * H : B * 2 * I) + (2 * HI > B * H ? 2 * HI : B * H) + 1;
     G->w1f = malloc(2 * HI * sizeof(float));
     G->w2f = malloc(HI * sizeof(float));
