@@ -322,7 +322,8 @@ typedef struct mxfp8_matmul_config {
     int64_t tiles_in_load_m, tiles_in_load_n;                     /**< TILES_IN_LOAD_*; 0 = auto */
     mxfp8_loop_order block_loop_order, tile_loop_order;           /**< default MNK */
     mxfp8_format float8_dtype;       /**< element format */
-    int enable_scale_packing;        /**< pre-quantized scales are in NKI packed layout */
+    int enable_scale_packing;        /**< asserts that pre-quantized operands' scales are in NKI packed layout
+                                          (mxfp8_gemm / mxfp8_matmul: INVALID_ARGUMENT otherwise) */
     int run_with_lnc2;               /**< split the work between threads (default 1) */
     int lnc_2_shard_rhs;             /**< 1: split along N; 0: along M; -1: auto (N if N >= M) */
     int spill_reload;                /**< keep quantized operand blocks in a workspace */

@@ -276,6 +276,8 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
     if not isinstance(config, MatmulMxfp8KernelConfig):
         raise TypeError("config: expected a MatmulMxfp8KernelConfig")
     c = config._to_c(fmt, rule, group, out_code, "config")
+    if use_scale_packing:
+        c.enable_scale_packing = 1
     if tile_loop_order is not None:
         c.tile_loop_order = _loop_order(tile_loop_order, "tile_loop_order")
     if K is not None:

@@ -76,6 +76,17 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
         mxfp8_matmul_config_init(&defaults);
         config = &defaults;
     }
+    /* enable_scale_packing asserts NKI packed scales on every pre-quantized operand [NKI-M use_scale_packing]. */
+    if (config->enable_scale_packing) {
+        const mxfp8_operand *ops[2] = {a, b};
+        const char *nms[2] = {na, nb};
+        for (int i = 0; i < 2; i++)
+            if (ops[i]->scales.data && ops[i]->scale_layout != MXFP8_SCALES_NKI_PACKED)
+                return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT,
+                                    "%s: config.enable_scale_packing is set but %s's scale_layout is %d, not "
+                                    "MXFP8_SCALES_NKI_PACKED (2)",
+                                    fn, nms[i], (int)ops[i]->scale_layout);
+    }
     /* Contraction length: config->K, else the output-independent operand that knows it. */
     int64_t hint = config->K > 0 ? config->K : -1;
     mxfp8i_gop ga, gb;

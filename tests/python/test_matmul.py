@@ -239,6 +239,13 @@ def test_forward_prequantized_bitwise(rng):
                                input_scales=O.to_layout(sx, K, lay), weight_scales=O.to_layout(sw, K, lay),
                                scale_layout=lay, K=K)
         assert np.array_equal(_bits(y), _bits(ref)), lay
+    y = mxfp8.matmul_mxfp8(cx, cw, float8_dtype="e4m3", output_dtype="float32", use_scale_packing=True,
+                           input_scales=O.to_layout(sx, K, "nki_packed"), weight_scales=O.to_layout(sw, K, "nki_packed"))
+    assert np.array_equal(_bits(y), _bits(ref))
+    with pytest.raises(mxfp8.MXFP8Error) as e:  # enable_scale_packing asserts the packed layout
+        mxfp8.matmul_mxfp8(cx, cw, float8_dtype="e4m3", config=mm.MatmulMxfp8KernelConfig(enable_scale_packing=True),
+                           input_scales=sx, weight_scales=sw)
+    assert e.value.status == 2
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
