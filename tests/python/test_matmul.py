@@ -168,16 +168,18 @@ def _prequant_operands(dy, w, x, fmt, rule, group):
     return {"output_grad": (cdy, sdy, cdy.T), "weights": (cwt.T, sw, cwt.T), "input_activation": (cxt.T, sx, cxt.T)}
 
 
-@pytest.mark.parametrize("fmt", FMTS)
-def test_prequantized_every_layout_bitwise(rng, fmt):
-    M, K, N = 128, 72, 256  # M, N % 128 == 0 so the swizzled arrangement applies too
-    rule, group = "nki", "1x32"
+@pytest.mark.parametrize("fmt,group", [("float8_e4m3fn", "1x32"), ("float8_e5m2", "1x32"),
+                                       ("float8_e4m3fn", "wrapx"), ("float8_e5m2", "wrapx")])
+def test_prequantized_every_layout_bitwise(rng, fmt, group):
+    M, K, N = 128, 72, 640 if group == "wrapx" else 256  # M, N % 128 == 0: swizzled arrangement and wrapX apply
+    rule = "ocp" if group == "wrapx" else "nki"
     dy, w, x = _inputs(rng, M, K, N, np.float32, spread=6)
-    ref_dx, ref_dw = mxfp8.matmul_mxfp8_backward(dy, w, x, float8_dtype=fmt, output_dtype="float32")
+    kw0 = dict(float8_dtype=fmt, output_dtype="float32", scale_rule=rule, quant_scheme=group)
+    ref_dx, ref_dw = mxfp8.matmul_mxfp8_backward(dy, w, x, **kw0)
     q = _prequant_operands(dy, w, x, fmt, rule, group)
     # dW of a pre-quantized dY is computed from dY's dequantized values (re-quantized along M)
-    dy_deq = O.dequantize(q["output_grad"][0], q["output_grad"][1]).astype(np.float32)
-    _, ref_dw_deq = mxfp8.matmul_mxfp8_backward(dy_deq, w, x, float8_dtype=fmt, output_dtype="float32")
+    dy_deq = O.dequantize(q["output_grad"][0], q["output_grad"][1], group).astype(np.float32)
+    _, ref_dw_deq = mxfp8.matmul_mxfp8_backward(dy_deq, w, x, **kw0)
     contraction = {"output_grad": N, "weights": N, "input_activation": M}
     cases = [(lay, False, False) for lay in ("compact", "nki_unpacked", "nki_packed", "swizzle_128x4")]
     cases += [("compact", True, False), ("swizzle_128x4", True, False), ("compact", False, True),
@@ -210,7 +212,8 @@ def test_prequantized_every_layout_bitwise(rng, fmt):
             else:
                 kw["scale_layout"] = layout
             dx, dw = mxfp8.matmul_mxfp8_backward(args["output_grad"], args["weights"], args["input_activation"],
-                                                 float8_dtype=fmt, output_dtype="float32", **kw)
+                                                 float8_dtype=fmt, output_dtype="float32", scale_rule=rule,
+                                                 quant_scheme=group, **kw)
             what = f"{name} layout={lay} x4={x4} swizzled={swz}"
             assert np.array_equal(_bits(dx), _bits(ref_dx)), "input_grad " + what
             want_dw = ref_dw_deq if name == "output_grad" else ref_dw
