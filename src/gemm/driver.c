@@ -132,7 +132,9 @@ void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, int64_t M, int64_t N, in
     const mxfp8i_ukernel *uk = mxfp8i_select_ukernel();
     out->tile_m = round_up(in->tile_m > 0 ? in->tile_m : 128, uk->mr);
     out->tile_n = round_up(in->tile_n > 0 ? in->tile_n : 256, uk->nr);
-    out->tile_k = round_up(in->tile_k > 0 ? in->tile_k : 128, uk->kalign);
+    /* [perf hook] the BF16 chunk-panel kernels reload and check their 32x32 accumulators per call: a deeper k tile
+     * (512) measured ~16% faster than 128 at 1024x2048x1024 on this AMD Zen 4 (speed only). */
+    out->tile_k = round_up(in->tile_k > 0 ? in->tile_k : (uk->kalign > 1 ? 512 : 128), uk->kalign);
     out->tiles_in_block_m = in->tiles_in_block_m > 0 ? in->tiles_in_block_m : 4;
     out->tiles_in_block_n = in->tiles_in_block_n > 0 ? in->tiles_in_block_n : 2;
     out->tiles_in_block_k = in->tiles_in_block_k > 0 ? in->tiles_in_block_k : 1;
