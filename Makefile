@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CTEST := ctest --test-dir $(BUILD) --output-on-failure
 PYTEST := $(PY) -m pytest tests/python -q -p no:cacheprovider
 
-.PHONY: all setup build python test test-c test-python run bench clean
+.PHONY: all setup build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
 
 all: build
 
@@ -33,7 +33,18 @@ test-python: python
 	$(PYTEST)
 	MXFP8_ISA=scalar $(PYTEST)
 
-test: test-c test-python
+# Issue 6 (reliability): ASan+UBSan build of the C tests (build-asan), TSan on tests/c/test_threads.c (build-tsan,
+# clang + libomp), valgrind on `mxfp8 moe-bwd`; then every libFuzzer target for FUZZ_SECONDS (build-fuzz).
+FUZZ_SECONDS ?= 60
+test-sanitize: build
+	BUILD=$(BUILD) JOBS=$(JOBS) scripts/sanitize.sh
+
+fuzz: setup
+	FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
+
+test-fuzz: fuzz
+
+test: test-c test-python test-sanitize test-fuzz
 
 run: build
 	$(BUILD)/mxfp8 moe-bwd

@@ -1,0 +1,13 @@
+/* fuzz_npy.c -- libFuzzer target: the .npy reader (tools/io/npy.c) on arbitrary bytes. See fuzz_common.h. */
+#include "fuzz_common.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    fuzz_tmp_init(".npy");
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_load_and_check(data, size);
+    return 0;
+}
