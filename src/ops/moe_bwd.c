@@ -159,30 +159,13 @@ typedef struct bwd_ws {
     float *dx, *dw1, *dw2;             /* accumulators [T*H], [E*H*2I], [E*I*H] */
     double *da, *db1, *db2;            /* [T*E], [E*2I], [E*H] */
     float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
-    float *xT, *dguT, *sT, *dyT;       /* transposed Phase 3/4 operands [H][B], [2I][B], [I][B], [H][B] */
     double *dablk;
 } bwd_ws;
-
-/* dst[c][r] = src[r][c] for src [R][C]; column ranges split between threads. */
-static void transpose(const float *src, int64_t R, int64_t C, float *dst) {
-    const int nt = mxfp8i_moe_nt((double)R * (double)C);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        const int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
-        for (int64_t r0 = 0; r0 < R; r0 += 16)
-            for (int64_t cb = c0; cb < c1; cb += 16) {
-                const int64_t r1 = r0 + 16 < R ? r0 + 16 : R, ce = cb + 16 < c1 ? cb + 16 : c1;
-                for (int64_t c = cb; c < ce; c++)
-                    for (int64_t r = r0; r < r1; r++) dst[c * R + r] = src[r * C + c];
-            }
-    }
-}
 
 static void ws_free(bwd_ws *w) {
     free(w->dx); free(w->dw1); free(w->dw2); free(w->da); free(w->db1); free(w->db2);
     free(w->xb); free(w->dyb); free(w->gu); free(w->g); free(w->u); free(w->act); free(w->inter); free(w->dI);
     free(w->dgu); free(w->dxb); free(w->S); free(w->D); free(w->down); free(w->b1); free(w->b2); free(w->dablk);
-    free(w->xT); free(w->dguT); free(w->sT); free(w->dyT);
 }
 
 static void *xmalloc(int64_t n, size_t es, bool *ok) {
@@ -238,10 +221,6 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     w.b1 = (float *)xmalloc(I2, sizeof(float), &ok);
     w.b2 = (float *)xmalloc(H, sizeof(float), &ok);
     w.dablk = (double *)xmalloc(Bw, sizeof(double), &ok);
-    w.xT = (float *)xmalloc(Bw * H, sizeof(float), &ok);
-    w.dguT = (float *)xmalloc(Bw * I2, sizeof(float), &ok);
-    w.sT = (float *)xmalloc(Bw * I, sizeof(float), &ok);
-    w.dyT = (float *)xmalloc(Bw * H, sizeof(float), &ok);
     mxfp8i_moe_wq wq;
     const int want_fwd = !ck_gu->data || (onH && !ck_down->data);
     if (!ok || mxfp8i_moe_wq_alloc(&p, want_fwd, 1, &wq)) {
@@ -389,24 +368,19 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
                 for (int64_t h = h0; h < h1; h++) dst[h] += src[h];
             }
         }
-        /* Phases 3 and 4 contract over the block's positions: their operands are transposed into [rows][L]
-           buffers first so that the GEMM reads contiguous contraction rows (values unchanged). */
-        transpose(xb, L, H, w.xT);
-        transpose(dgu, L, I2, w.dguT);
-        transpose(onH ? inter : S, L, I, w.sT);
-        transpose(onH ? D : dyb, L, H, w.dyT);
-        /* Phase 3: dW1[e] [H, 2I] += X_blk^T @ dGU */
+        /* Phase 3: dW1[e] [H, 2I] += X_blk^T @ dGU; both operands are transposed views ([H, L] with strides
+           (1, H), [2I, L] with strides (1, 2I)) that the GEMM quantizes down their columns */
         {
             mxfp8i_moe_op A = {0}, Bo = {0};
-            A.v = w.xT; A.rs = L; A.ks = 1;
-            Bo.v = w.dguT; Bo.rs = L; Bo.ks = 1;
+            A.v = xb; A.rs = 1; A.ks = H;
+            Bo.v = dgu; Bo.rs = 1; Bo.ks = I2;
             if ((st = mxfp8i_moe_gemm(&p, H, I2, L, &A, &Bo, 1, w.dw1 + e * H * I2, I2))) goto oom;
         }
-        /* Phase 4: dW2[e] [I, H] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H) */
+        /* Phase 4: dW2[e] [I, H] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H), transposed views likewise */
         {
             mxfp8i_moe_op A = {0}, Bo = {0};
-            A.v = w.sT; A.rs = L; A.ks = 1;
-            Bo.v = w.dyT; Bo.rs = L; Bo.ks = 1;
+            A.v = onH ? inter : S; A.rs = 1; A.ks = I;
+            Bo.v = onH ? D : dyb; Bo.rs = 1; Bo.ks = H;
             if ((st = mxfp8i_moe_gemm(&p, I, H, L, &A, &Bo, 1, w.dw2 + e * I * H, H))) goto oom;
         }
         for (int64_t q = 0; q < L; q++)
