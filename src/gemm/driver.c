@@ -57,6 +57,12 @@ static const mxfp8i_ukernel k_avx512f = {"f32_gemm_8x32__avx512f", MXFP8I_PANEL_
                                          mxfp8i_f32_gemm_8x32__avx512f, f32_panel_bytes, f32_pack, run_avx512f};
 
 const mxfp8i_ukernel *mxfp8i_ref_ukernel(void) { return &k_ref; }
+const mxfp8i_ukernel *mxfp8i_f32_avx512_ukernel(void) {
+#if defined(__x86_64__)
+    if (mxfp8i_use_avx512()) return &k_avx512f;
+#endif
+    return NULL;
+}
 static const mxfp8i_ukernel *_Atomic g_forced;
 void mxfp8i_force_ukernel(const mxfp8i_ukernel *uk) { g_forced = uk; }
 const mxfp8i_ukernel *mxfp8i_select_ukernel(void) {

@@ -79,6 +79,8 @@ const mxfp8i_ukernel *mxfp8i_select_ukernel(void);
 /** Tests only: make mxfp8i_select_ukernel() return `uk` (NULL = back to the ISA's choice). Not thread-safe with
  *  respect to GEMMs running at the same time. */
 void mxfp8i_force_ukernel(const mxfp8i_ukernel *uk);
+/** The F32 AVX-512F kernel descriptor, or NULL when AVX-512 is not in use. */
+const mxfp8i_ukernel *mxfp8i_f32_avx512_ukernel(void);
 /** The reference kernel descriptor. */
 const mxfp8i_ukernel *mxfp8i_ref_ukernel(void);
 

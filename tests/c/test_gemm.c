@@ -110,8 +110,85 @@ static void naive(const float *A, const float *B, int64_t M, int64_t N, int64_t 
     free(qb);
 }
 
+/* B operand arrangements: 0 plain F32, 1 transposed view of a [K, N] buffer, 2 U8 codes + compact scales,
+ * 3 transposed codes + NKI unpacked scales, 4 x4-packed codes + 128x4-swizzled scales (flat). */
+typedef struct bops {
+    float *bt;
+    uint8_t *codes, *codes_t, *sc_compact, *sc_unpacked, *sc_swz;
+    uint32_t *x4;
+} bops;
+
+static void make_bops(const float *B, int64_t N, int64_t K, mxfp8_format f, bops *o) {
+    int64_t G = mxfp8i_ceil_div(K, 32), Kw = mxfp8i_ceil_div(K, 4);
+    int64_t Ru = mxfp8i_ceil_div(G, 4) * 32, Rp = mxfp8i_ceil_div(N, 128) * 128, Cp = mxfp8i_ceil_div(G, 4) * 4;
+    o->bt = malloc(sizeof(float) * N * K);
+    o->codes = calloc((size_t)(N * K + 1), 1);
+    o->codes_t = calloc((size_t)(N * K + 1), 1);
+    o->sc_compact = calloc((size_t)(N * G + 1), 1);
+    o->sc_unpacked = calloc((size_t)(Ru * N + 1), 1);
+    o->sc_swz = calloc((size_t)(Rp * Cp + 1), 1);
+    o->x4 = calloc((size_t)(N * Kw + 1), 4);
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t k = 0; k < K; k++) o->bt[k * N + n] = B[n * K + k];
+        for (int64_t g = 0; g < G; g++) {
+            int cnt = (int)(K - 32 * g < 32 ? K - 32 * g : 32);
+            uint8_t s = mxfp8i_quantize_group_ref(B + n * K + 32 * g, cnt, f, MXFP8_SCALE_NKI, o->codes + n * K + 32 * g);
+            o->sc_compact[n * G + g] = s;
+            o->sc_unpacked[((g / 4) * 32 + g % 4) * N + n] = s;
+            o->sc_swz[((n / 128) * (Cp / 4) + g / 4) * 512 + (n % 32) * 16 + ((n % 128) / 32) * 4 + g % 4] = s;
+        }
+        for (int64_t k = 0; k < K; k++) {
+            o->codes_t[k * N + n] = o->codes[n * K + k];
+            o->x4[n * Kw + k / 4] |= (uint32_t)o->codes[n * K + k] << (8 * (k % 4));
+        }
+    }
+}
+static void free_bops(bops *o) {
+    free(o->bt); free(o->codes); free(o->codes_t); free(o->sc_compact); free(o->sc_unpacked); free(o->sc_swz);
+    free(o->x4);
+}
+static mxfp8_operand b_operand(const bops *o, float *B, int64_t N, int64_t K, mxfp8_format f, int kind) {
+    mxfp8_operand ob = {0};
+    int64_t sb[2] = {N, K}, G = mxfp8i_ceil_div(K, 32);
+    mxfp8_dtype cdt = mxfp8i_fmt_dtype(f);
+    switch (kind) {
+    case 0: ob.values = mxfp8_tensor_make(B, MXFP8_DTYPE_F32, 2, sb); break;
+    case 1: {
+        int64_t st[2] = {K, N};
+        ob.values = mxfp8_tensor_make(o->bt, MXFP8_DTYPE_F32, 2, st);
+        ob.values.shape[0] = N; ob.values.shape[1] = K; ob.values.strides[0] = 1; ob.values.strides[1] = N;
+        break;
+    }
+    case 2: {
+        int64_t ss[2] = {N, G};
+        ob.values = mxfp8_tensor_make(o->codes, cdt, 2, sb);
+        ob.scales = mxfp8_tensor_make(o->sc_compact, MXFP8_DTYPE_E8M0, 2, ss);
+        ob.scale_layout = MXFP8_SCALES_COMPACT;
+        break;
+    }
+    case 3: {
+        int64_t st[2] = {K, N}, ss[2] = {mxfp8i_ceil_div(G, 4) * 32, N};
+        ob.values = mxfp8_tensor_make(o->codes_t, MXFP8_DTYPE_U8, 2, st);
+        ob.values.shape[0] = N; ob.values.shape[1] = K; ob.values.strides[0] = 1; ob.values.strides[1] = N;
+        ob.scales = mxfp8_tensor_make(o->sc_unpacked, MXFP8_DTYPE_U8, 2, ss);
+        ob.scale_layout = MXFP8_SCALES_NKI_UNPACKED;
+        break;
+    }
+    default: {
+        int64_t sw[2] = {N, mxfp8i_ceil_div(K, 4)};
+        int64_t ss[1] = {mxfp8i_ceil_div(N, 128) * 128 * mxfp8i_ceil_div(G, 4) * 4};
+        ob.values = mxfp8_tensor_make(o->x4, MXFP8_DTYPE_U32, 2, sw);
+        ob.scales = mxfp8_tensor_make(o->sc_swz, MXFP8_DTYPE_U8, 1, ss);
+        ob.scale_layout = MXFP8_SCALES_SWIZZLE_128X4;
+        break;
+    }
+    }
+    return ob;
+}
+
 static void test_gemm_vs_naive(void) {
     int64_t shapes[][3] = {{1, 1, 1}, {9, 33, 65}, {33, 97, 40}, {64, 128, 64}, {130, 70, 300}};
+    const mxfp8i_ukernel *kernels[3] = {NULL, mxfp8i_f32_avx512_ukernel(), mxfp8i_ref_ukernel()};
     for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K);
@@ -121,48 +198,65 @@ static void test_gemm_vs_naive(void) {
         for (int64_t i = 0; i < N * K; i++) B[i] = nrand() * 0.01f;
         for (int f = 0; f < 2; f++) {
             naive(A, B, M, N, K, (mxfp8_format)f, MXFP8_SCALE_NKI, C0);
-            int64_t sa[2] = {M, K}, sb[2] = {N, K}, sc[2] = {M, N};
-            mxfp8_operand oa = {0}, ob = {0};
+            bops bo;
+            make_bops(B, N, K, (mxfp8_format)f, &bo);
+            int64_t sa[2] = {M, K}, sc[2] = {M, N};
+            mxfp8_operand oa = {0};
             oa.values = mxfp8_tensor_make(A, MXFP8_DTYPE_F32, 2, sa);
-            ob.values = mxfp8_tensor_make(B, MXFP8_DTYPE_F32, 2, sb);
-            for (int v = 0; v < 8; v++) {
-                mxfp8_matmul_config cfg;
-                mxfp8_matmul_config_init(&cfg);
-                cfg.float8_dtype = (mxfp8_format)f;
-                cfg.tile_loop_order = (mxfp8_loop_order)(v % 6);
-                cfg.block_loop_order = (mxfp8_loop_order)((v + 3) % 6);
-                cfg.spill_reload = v & 1;
-                cfg.lnc_2_shard_rhs = (v >> 1) & 1;
-                if (v >= 4) { cfg.tile_m = 8; cfg.tile_n = 32; cfg.tile_k = 1 + v * 7; cfg.tiles_in_block_m = 2; }
-                mxfp8_set_num_threads(1 + (v & 1));
-                mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
-                for (int64_t i = 0; i < M * N; i++) C[i] = NAN;
-                mxfp8_status st = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
-                if (st) { FAIL("mxfp8_gemm status %d: %s", st, mxfp8_last_error_message()); continue; }
-                for (int64_t i = 0; i < M * N; i++)
-                    if (!bits_eq(C[i], C0[i])) {
-                        FAIL("gemm %lldx%lldx%lld fmt %d variant %d: C[%lld] = %a, naive %a", (long long)M,
-                             (long long)N, (long long)K, f, v, (long long)i, C[i], C0[i]);
-                        break;
+            for (int kk = 0; kk < 3; kk++) {
+                if (kk > 0 && !kernels[kk]) continue;
+                for (int v = 0; v < 10; v++) {
+                    int bkind = v % 5;
+                    mxfp8_operand ob = b_operand(&bo, B, N, K, (mxfp8_format)f, bkind);
+                    mxfp8_matmul_config cfg;
+                    mxfp8_matmul_config_init(&cfg);
+                    cfg.float8_dtype = (mxfp8_format)f;
+                    cfg.tile_loop_order = (mxfp8_loop_order)(v % 6);
+                    cfg.block_loop_order = (mxfp8_loop_order)((v + 3) % 6);
+                    cfg.spill_reload = (v / 5) & 1;
+                    cfg.lnc_2_shard_rhs = (v >> 1) & 1;
+                    if (bkind == 4) cfg.K = K;
+                    if (v >= 5) { cfg.tile_m = 8; cfg.tile_n = 32; cfg.tile_k = 1 + v * 7; cfg.tiles_in_block_m = 2; }
+                    mxfp8_set_num_threads(1 + (v & 1));
+                    mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
+                    for (int64_t i = 0; i < M * N; i++) C[i] = NAN;
+                    if (kk) mxfp8i_force_ukernel(kernels[kk]);
+                    const char *kname = mxfp8i_select_ukernel()->name;
+                    mxfp8_status st = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
+                    if (st) {
+                        FAIL("mxfp8_gemm (%s, B kind %d) status %d: %s", kname, bkind, st, mxfp8_last_error_message());
+                        mxfp8i_force_ukernel(NULL);
+                        continue;
                     }
-                /* accumulate: C + sum, one rounding */
-                for (int64_t i = 0; i < M * N; i++) C[i] = (float)i;
-                st = mxfp8_gemm(&oa, &ob, &cfg, 1, &c);
-                for (int64_t i = 0; i < M * N && !st; i++)
-                    if (!bits_eq(C[i], (float)i + C0[i])) {
-                        FAIL("accumulate variant %d: C[%lld] = %a, want %a", v, (long long)i, C[i], (float)i + C0[i]);
-                        break;
-                    }
-                /* BF16 output: RNE of the FP32 sum */
-                mxfp8_tensor cb = mxfp8_tensor_make(Cb, MXFP8_DTYPE_BF16, 2, sc);
-                st = mxfp8_gemm(&oa, &ob, &cfg, 0, &cb);
-                for (int64_t i = 0; i < M * N && !st; i++)
-                    if (Cb[i] != mxfp8_fp32_to_bf16(C0[i])) {
-                        FAIL("bf16 output variant %d: C[%lld] = %04x, want %04x", v, (long long)i, Cb[i],
-                             mxfp8_fp32_to_bf16(C0[i]));
-                        break;
-                    }
+                    for (int64_t i = 0; i < M * N; i++)
+                        if (!bits_eq(C[i], C0[i])) {
+                            FAIL("gemm %lldx%lldx%lld fmt %d %s B kind %d variant %d: C[%lld] = %a, naive %a",
+                                 (long long)M, (long long)N, (long long)K, f, kname, bkind, v, (long long)i, C[i],
+                                 C0[i]);
+                            break;
+                        }
+                    /* accumulate: C + sum, one rounding */
+                    for (int64_t i = 0; i < M * N; i++) C[i] = (float)i;
+                    st = mxfp8_gemm(&oa, &ob, &cfg, 1, &c);
+                    for (int64_t i = 0; i < M * N && !st; i++)
+                        if (!bits_eq(C[i], (float)i + C0[i])) {
+                            FAIL("accumulate %s variant %d: C[%lld] = %a, want %a", kname, v, (long long)i, C[i],
+                                 (float)i + C0[i]);
+                            break;
+                        }
+                    /* BF16 output: RNE of the FP32 sum */
+                    mxfp8_tensor cb = mxfp8_tensor_make(Cb, MXFP8_DTYPE_BF16, 2, sc);
+                    st = mxfp8_gemm(&oa, &ob, &cfg, 0, &cb);
+                    for (int64_t i = 0; i < M * N && !st; i++)
+                        if (Cb[i] != mxfp8_fp32_to_bf16(C0[i])) {
+                            FAIL("bf16 output %s variant %d: C[%lld] = %04x, want %04x", kname, v, (long long)i, Cb[i],
+                                 mxfp8_fp32_to_bf16(C0[i]));
+                            break;
+                        }
+                    mxfp8i_force_ukernel(NULL);
+                }
             }
+            free_bops(&bo);
         }
         mxfp8_set_num_threads(0);
         free(A); free(B); free(C0); free(C); free(Cb);
