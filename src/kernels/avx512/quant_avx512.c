@@ -17,8 +17,9 @@
  *  - qdq values are the rounded |y| times 2^(s-127) (the multiply the reference dequantizer does); BF16 outputs are
  *    the high halves, which is exact because such values have <= 4 significant bits, unless a value lies below
  *    2^-126: then (like NaN groups in qdq) the block is redone element-wise with the reference arithmetic.
- * Rows: 16 groups per batch, their amax reduced together by a transposing shuffle tree. Cols: 32 columns per step,
- * the group's rows read twice (amax, then quantize; the second read hits L1). BF16 sources are processed in the
+ * Rows: 16 groups per batch, their amax reduced together by a transposing shuffle tree. Cols: per group, tiles of
+ * 512 columns swept row by row twice (amax into per-column accumulators; then quantize, from L1/L2 with per-column
+ * multipliers), so each pass is one sequential stream. BF16 sources are processed in the
  * in-lane "unpack order" so that conversion and packing are single instructions. wrapX rows: each (sub)tile is
  * gathered into group order in a small buffer, processed as 1x32, and scattered back.
  */
@@ -383,64 +384,119 @@ AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx c
     return inexact;
 }
 
-/* Cols: 32 columns per step; the group's rows are read twice (amax, then quantize; the second read hits L1). */
+/* Cols, second half of a 32-column chunk at c0 of group g: scales from the amax bits (alo, ahi), then quantize
+ * the group's rows (read again: they are in L1). */
+AI int64_t cols_chunk(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx, int64_t g, const int64_t *idx, int n,
+                      int64_t c0, int nc, __m512i alo, __m512i ahi) {
+    const int es = dt == MXFP8_DTYPE_F32 ? 4 : 2, os = out_size(ok);
+    const char *src = (const char *)p->src;
+    char *out = (char *)p->out;
+    const bool full = nc == 32;
+    const __mmask32 m = tail_mask(nc);
+    const __m512i rcm = set1(cx.rceil);
+    int64_t inexact = 0;
+    __m512i slo = scale_codes(alo, cx.d, rcm), shi = scale_codes(ahi, cx.d, rcm);
+    __m256i sbytes = pack_bytes(slo, shi, dt);
+    _Alignas(32) uint8_t s32[32];
+    _mm256_store_si256((__m256i *)s32, sbytes);
+    if (p->scales) {
+        if (full)
+            _mm256_storeu_si256((__m256i *)(p->scales + g * p->sc_gs + c0), sbytes);
+        else
+            _mm256_mask_storeu_epi8(p->scales + g * p->sc_gs + c0, m, sbytes);
+    }
+    __mmask32 nfm = _mm256_cmpeq_epi8_mask(sbytes, _mm256_set1_epi8(-1)) & m, sign;
+    __m512 ilo = inv_scale(slo), ihi = inv_scale(shi), vlo = scale_value(slo), vhi = scale_value(shi), lo, hi;
+    for (int i = 0; i < n; i++) {
+        const char *row = src + (idx[i] * p->src_ks + c0) * es;
+        char *o = out + (idx[i] * p->out_ks + c0) * os;
+        if (nfm && ok != OUT_CODES) {
+            inexact += ref_elems(row, dt, nc, s32, 1, fmt, ok, o);
+            continue;
+        }
+        load_abs32(row, dt, m, full, &lo, &hi, &sign);
+        if (nfm) { /* codes of a block with NaN groups: NaN codes there, sign kept */
+            __m512 al = scaled_abs(lo, ilo, fmt, cx.sat), ah = scaled_abs(hi, ihi, fmt, cx.sat);
+            __m256i c = pack_bytes(fp8_code(al, fmt), fp8_code(ah, fmt), dt);
+            c = _mm256_mask_mov_epi8(c, nfm, _mm256_set1_epi8((char)f_nan(fmt)));
+            c = _mm256_mask_mov_epi8(c, sign, _mm256_or_si256(c, _mm256_set1_epi8((char)0x80)));
+            if (full)
+                _mm256_storeu_si256((__m256i *)o, c);
+            else
+                _mm256_mask_storeu_epi8(o, m, c);
+            continue;
+        }
+        inexact += do_block(row, dt, fmt, ok, cx.sat, lo, hi, sign, ilo, ihi, vlo, vhi, m, full, nc, o, s32, 1);
+    }
+    return inexact;
+}
+
+/* Cols: for each group, column tiles of up to CT columns. Pass 1 sweeps each of the group's rows along the tile
+ * (one sequential stream) folding |x| bits into per-column accumulators; the scales, multipliers and scale values
+ * of the whole tile are then computed once; pass 2 sweeps the rows again (from L1/L2) and quantizes with the
+ * per-column multipliers. Blocks with NaN groups (rare) go through cols_chunk. */
+#define CT 512
 AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
     const int es = dt == MXFP8_DTYPE_F32 ? 4 : 2, os = out_size(ok);
-    const __m512i rcm = set1(cx.rceil);
     const int64_t C = p->lines, K = p->K, G = mxfp8i_ceil_div(K, 32);
+    const __m512i rcm = set1(cx.rceil);
     const char *src = (const char *)p->src;
     char *out = (char *)p->out;
     int64_t inexact = 0, idx[32];
+    _Alignas(64) __m512i acc[CT / 16];
+    _Alignas(64) __m512 inv[CT / 16], sv[CT / 16];
+    _Alignas(64) uint8_t s8[CT];
+    uint32_t nfmask[CT / 32];
+    __m512 lo, hi;
+    __mmask32 sign;
     for (int64_t g = 0; g < G; g++) {
         int n = mxfp8i_group_members(K, p->group, g, idx);
-        for (int64_t c0 = 0; c0 < C; c0 += 32) {
-            bool full = C - c0 >= 32;
-            int nc = full ? 32 : (int)(C - c0);
-            __mmask32 m = tail_mask(nc), sign;
-            __m512 lo, hi;
-            __m512i alo = _mm512_setzero_si512(), ahi = _mm512_setzero_si512();
+        for (int64_t c0 = 0; c0 < C; c0 += CT) {
+            const int W = C - c0 >= CT ? CT : (int)(C - c0), nch = (W + 31) / 32;
+            const int lastn = W - 32 * (nch - 1);
+            for (int v = 0; v < 2 * nch; v++) acc[v] = _mm512_setzero_si512();
             for (int i = 0; i < n; i++) {
-                load_abs32(src + (idx[i] * p->src_ks + c0) * es, dt, m, full, &lo, &hi, &sign);
-                alo = _mm512_max_epu32(alo, _mm512_castps_si512(lo));
-                ahi = _mm512_max_epu32(ahi, _mm512_castps_si512(hi));
+                const char *row = src + (idx[i] * p->src_ks + c0) * es;
+                for (int ch = 0; ch < nch; ch++) {
+                    int nc = ch == nch - 1 ? lastn : 32;
+                    load_abs32(row + 32 * ch * es, dt, tail_mask(nc), nc == 32, &lo, &hi, &sign);
+                    acc[2 * ch] = _mm512_max_epu32(acc[2 * ch], _mm512_castps_si512(lo));
+                    acc[2 * ch + 1] = _mm512_max_epu32(acc[2 * ch + 1], _mm512_castps_si512(hi));
+                }
             }
-            __m512i slo = scale_codes(alo, cx.d, rcm), shi = scale_codes(ahi, cx.d, rcm);
-            __m256i sbytes = pack_bytes(slo, shi, dt);
-            _Alignas(32) uint8_t s32[32];
-            _mm256_store_si256((__m256i *)s32, sbytes);
-            if (p->scales) {
-                if (full)
-                    _mm256_storeu_si256((__m256i *)(p->scales + g * p->sc_gs + c0), sbytes);
-                else
-                    _mm256_mask_storeu_epi8(p->scales + g * p->sc_gs + c0, m, sbytes);
+            uint32_t any_nf = 0;
+            for (int ch = 0; ch < nch; ch++) {
+                __m512i slo = scale_codes(acc[2 * ch], cx.d, rcm), shi = scale_codes(acc[2 * ch + 1], cx.d, rcm);
+                __m256i sb = pack_bytes(slo, shi, dt);
+                _mm256_store_si256((__m256i *)(s8 + 32 * ch), sb);
+                nfmask[ch] = _mm256_cmpeq_epi8_mask(sb, _mm256_set1_epi8(-1)) & tail_mask(ch == nch - 1 ? lastn : 32);
+                any_nf |= nfmask[ch];
+                inv[2 * ch] = inv_scale(slo), inv[2 * ch + 1] = inv_scale(shi);
+                sv[2 * ch] = scale_value(slo), sv[2 * ch + 1] = scale_value(shi);
             }
-            __mmask32 nfm = _mm256_cmpeq_epi8_mask(sbytes, _mm256_set1_epi8(-1)) & m;
-            __m512 ilo = inv_scale(slo), ihi = inv_scale(shi), vlo = scale_value(slo), vhi = scale_value(shi);
+            if (p->scales) memcpy(p->scales + g * p->sc_gs + c0, s8, (size_t)W);
             for (int i = 0; i < n; i++) {
                 const char *row = src + (idx[i] * p->src_ks + c0) * es;
                 char *o = out + (idx[i] * p->out_ks + c0) * os;
-                if (nfm && ok != OUT_CODES) {
-                    inexact += ref_elems(row, dt, nc, s32, 1, fmt, ok, o);
-                    continue;
+                for (int ch = 0; ch < nch; ch++) {
+                    int nc = ch == nch - 1 ? lastn : 32;
+                    if (any_nf && nfmask[ch]) continue; /* done below */
+                    load_abs32(row + 32 * ch * es, dt, tail_mask(nc), nc == 32, &lo, &hi, &sign);
+                    inexact += do_block(row + 32 * ch * es, dt, fmt, ok, cx.sat, lo, hi, sign, inv[2 * ch],
+                                        inv[2 * ch + 1], sv[2 * ch], sv[2 * ch + 1], tail_mask(nc), nc == 32, nc,
+                                        o + 32 * ch * os, s8 + 32 * ch, 1);
                 }
-                load_abs32(row, dt, m, full, &lo, &hi, &sign);
-                if (nfm) { /* codes of a block with NaN groups: NaN codes there, sign kept */
-                    __m512 al = scaled_abs(lo, ilo, fmt, cx.sat), ah = scaled_abs(hi, ihi, fmt, cx.sat);
-                    __m256i c = pack_bytes(fp8_code(al, fmt), fp8_code(ah, fmt), dt);
-                    c = _mm256_mask_mov_epi8(c, nfm, _mm256_set1_epi8((char)f_nan(fmt)));
-                    c = _mm256_mask_mov_epi8(c, sign, _mm256_or_si256(c, _mm256_set1_epi8((char)0x80)));
-                    if (full)
-                        _mm256_storeu_si256((__m256i *)o, c);
-                    else
-                        _mm256_mask_storeu_epi8(o, m, c);
-                    continue;
-                }
-                inexact += do_block(row, dt, fmt, ok, cx.sat, lo, hi, sign, ilo, ihi, vlo, vhi, m, full, nc, o, s32, 1);
             }
+            if (any_nf)
+                for (int ch = 0; ch < nch; ch++)
+                    if (nfmask[ch])
+                        inexact += cols_chunk(p, dt, fmt, ok, cx, g, idx, n, c0 + 32 * ch, ch == nch - 1 ? lastn : 32,
+                                              acc[2 * ch], acc[2 * ch + 1]);
         }
     }
     return inexact;
 }
+#undef CT
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Dequantize                                                                                                 */
@@ -555,7 +611,8 @@ static const q_cols_fn q_cols_tab[3][2][4] = {
     static int64_t dqcols_##FMT##_##OK(const mxfp8i_dqpanel *p) { return dq_cols(p, FMT, OK); }
 DQINST(0, 1)
 DQINST(0, 2)
-DQINST(0, 3) DQINST(1, 1) DQINST(1, 2) DQINST(1, 3) static const dq_row_fn dq_row_tab[2][4] = {
+DQINST(0, 3)
+DQINST(1, 1) DQINST(1, 2) DQINST(1, 3) static const dq_row_fn dq_row_tab[2][4] = {
     {NULL, dqrow_0_1, dqrow_0_2, dqrow_0_3}, {NULL, dqrow_1_1, dqrow_1_2, dqrow_1_3}};
 static const dq_cols_fn dq_cols_tab[2][4] = {{NULL, dqcols_0_1, dqcols_0_2, dqcols_0_3},
                                              {NULL, dqcols_1_1, dqcols_1_2, dqcols_1_3}};
