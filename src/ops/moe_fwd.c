@@ -98,45 +98,45 @@ mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_
     return mxfp8i_moe_check_outputs_alias(fn, in, 6, outs, on, NULL, NULL, 0);
 }
 
-/* Write the checkpoints of block n (positions [0, B)); values for positions < L come from the block buffers,
- * padding positions get 0. */
+/* Write the checkpoints of block n (positions [0, B)); values for real positions < L come from the block buffers
+ * (aq: the affinity of each position), padding positions get 0. Rows i split between threads. */
+static inline void st_ck(const mxfp8_tensor *t, int64_t off, float v) {
+    if (t->dtype == MXFP8_DTYPE_F64) ((double *)t->data)[off] = v;
+    else mxfp8i_store_f32(t->data, t->dtype, off, v);
+}
 static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const mxfp8_moe_fwd_outputs *o,
                               const float *g, const float *u, const float *act, const float *inter,
-                              const float *down) {
+                              const float *down, const float *aq) {
     const int64_t B = p->B, I = p->I, H = p->H;
     const int32_t *tok = p->tok + n * B;
     const mxfp8_tensor *ck = &o->gate_up_proj_act_checkpoint_T;
-    if (ck->data)
-        for (int64_t j = 0; j < 2; j++)
-            for (int64_t i = 0; i < I; i++)
-                for (int64_t q = 0; q < B; q++) {
-                    float v = (q < L && tok[q] >= 0) ? (j ? u : g)[q * I + i] : 0.0f;
-                    mxfp8i_moe_st(ck, n * ck->strides[0] + j * ck->strides[1] + i * ck->strides[2] +
-                                          q * ck->strides[3], v);
-                }
     const mxfp8_tensor *cks[3] = {&o->gate_act_checkpoint_T, &o->intermediate_checkpoint_T,
                                   &o->scaled_intermediate_checkpoint_T};
-    for (int c = 0; c < 3; c++) {
-        const mxfp8_tensor *t = cks[c];
-        if (!t->data) continue;
-        for (int64_t i = 0; i < I; i++)
-            for (int64_t q = 0; q < B; q++) {
-                float v = 0.0f;
-                if (q < L && tok[q] >= 0) {
-                    if (c == 0) v = act[q * I + i];
-                    else if (c == 1) v = inter[q * I + i];
-                    else v = mxfp8i_moe_aff(p, tok[q], p->expert[n]) * inter[q * I + i];
-                }
-                mxfp8i_moe_st(t, n * t->strides[0] + i * t->strides[1] + q * t->strides[2], v);
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)B * (double)I * 5.0))
+    for (int64_t i = 0; i < I; i++) {
+        for (int64_t q = 0; q < B; q++) {
+            const int real = q < L && tok[q] >= 0;
+            const float gv = real ? g[q * I + i] : 0.0f, uv = real ? u[q * I + i] : 0.0f;
+            const float av = real ? act[q * I + i] : 0.0f, iv = real ? inter[q * I + i] : 0.0f;
+            if (ck->data) {
+                const int64_t base = n * ck->strides[0] + i * ck->strides[2] + q * ck->strides[3];
+                st_ck(ck, base, gv);
+                st_ck(ck, base + ck->strides[1], uv);
             }
+            const float v3[3] = {av, iv, real ? aq[q] * iv : 0.0f};
+            for (int c = 0; c < 3; c++)
+                if (cks[c]->data)
+                    st_ck(cks[c], n * cks[c]->strides[0] + i * cks[c]->strides[1] + q * cks[c]->strides[2], v3[c]);
+        }
     }
     const mxfp8_tensor *d = &o->down_proj_output_checkpoint;
     if (d->data)
-        for (int64_t q = 0; q < B; q++)
-            for (int64_t h = 0; h < H; h++) {
-                float v = (q < L && tok[q] >= 0) ? down[q * H + h] : 0.0f;
-                mxfp8i_moe_st(d, n * d->strides[0] + q * d->strides[1] + h * d->strides[2], v);
-            }
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)B * (double)H))
+        for (int64_t q = 0; q < B; q++) {
+            const int real = q < L && tok[q] >= 0;
+            for (int64_t h = 0; h < H; h++)
+                st_ck(d, n * d->strides[0] + q * d->strides[1] + h * d->strides[2], real ? down[q * H + h] : 0.0f);
+        }
 }
 
 mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs) {
@@ -168,8 +168,9 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
     float *down = (float *)malloc((size_t)(Bw * H) * sizeof(float));
     float *b1 = (float *)malloc((size_t)I2 * sizeof(float));
     float *b2 = (float *)malloc((size_t)H * sizeof(float));
+    float *aq = (float *)malloc((size_t)Bw * sizeof(float));
     st = mxfp8i_moe_wq_alloc(&p, 1, 0, &wq);
-    if (st || !acc || !xb || !gu || !g || !u || !act || !inter || !down || !b1 || !b2) {
+    if (st || !acc || !xb || !gu || !g || !u || !act || !inter || !down || !b1 || !b2 || !aq) {
         if (!st) mxfp8i_moe_wq_free(&wq);
         st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
         goto done;
@@ -179,17 +180,19 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
         const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
         const int32_t *tok = p.tok + n * B;
         if (L == 0) {
-            write_checkpoints(&p, n, 0, outputs, g, u, act, inter, down);
+            write_checkpoints(&p, n, 0, outputs, g, u, act, inter, down, aq);
             continue;
         }
         const int nt = mxfp8i_moe_nt((double)L * (double)(H + I2)); /* elementwise work of this block */
         mxfp8i_moe_wq_prepare(&p, e, &wq);
         mxfp8i_moe_load_b1(&p, e, b1);
         mxfp8i_moe_load_b2(&p, e, b2);
-        /* gather X rows (padding rows zero) */
+        /* gather X rows (padding rows zero) and the affinities of the positions */
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t q = 0; q < L; q++)
+        for (int64_t q = 0; q < L; q++) {
+            aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(&p, tok[q], e) : 0.0f;
             for (int64_t h = 0; h < H; h++) xb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p.X, tok[q], h) : 0.0f;
+        }
         /* GEMM 1: GU = X_blk @ W1[e], contraction H */
         mxfp8i_moe_op A = {0};
         A.v = xb; A.rs = H; A.ks = 1;
@@ -223,16 +226,16 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
                     for (int64_t h = h0; h < h1; h++) dq[h] = 0.0f;
                     continue;
                 }
-                const float aq = mxfp8i_moe_aff(&p, tok[q], e);
+                const float a = aq[q];
                 float *dst = acc + tok[q] * H;
                 for (int64_t h = h0; h < h1; h++) {
                     float d = dq[h] + b2[h];
                     dq[h] = d;
-                    dst[h] += aq * d;
+                    dst[h] += a * d;
                 }
             }
         }
-        write_checkpoints(&p, n, L, outputs, g, u, act, inter, down);
+        write_checkpoints(&p, n, L, outputs, g, u, act, inter, down, aq);
     }
     {
         const mxfp8_tensor *o = &outputs->output;
@@ -249,7 +252,7 @@ oom:
     mxfp8i_moe_wq_free(&wq);
     st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM (outputs are incomplete)", fn);
 done:
-    free(acc); free(xb); free(gu); free(g); free(u); free(act); free(inter); free(down); free(b1); free(b2);
+    free(acc); free(xb); free(gu); free(g); free(u); free(act); free(inter); free(down); free(b1); free(b2); free(aq);
     mxfp8i_moe_free(&p);
     return st;
 }
