@@ -92,14 +92,34 @@ static void test_ukernels(void) {
     }
 }
 
+/* qdq of one row of K values with the reference group quantizer, 1x32 or wrapX groups (written from the header's
+ * definition: in the (sub)tile at k0 of size P, S = P/4, group j = {k0 + s*S + 8j + q}). */
+static void qdq_row(const float *x, int64_t K, mxfp8_format f, mxfp8_scale_rule r, mxfp8_group_scheme grp, float *out) {
+    if (grp == MXFP8_GROUP_1X32) {
+        for (int64_t g = 0; g < K; g += 32) mxfp8i_qdq_group_ref(x + g, (int)(K - g < 32 ? K - g : 32), f, r, out + g);
+        return;
+    }
+    int64_t k0 = 0;
+    while (k0 < K) {
+        int64_t P = K - k0 >= 512 ? 512 : K - k0 >= 256 ? 256 : 128, S = P / 4;
+        for (int64_t j = 0; j < P / 32; j++) {
+            float xg[32], yg[32];
+            for (int s = 0; s < 4; s++)
+                for (int q = 0; q < 8; q++) xg[s * 8 + q] = x[k0 + s * S + 8 * j + q];
+            mxfp8i_qdq_group_ref(xg, 32, f, r, yg);
+            for (int s = 0; s < 4; s++)
+                for (int q = 0; q < 8; q++) out[k0 + s * S + 8 * j + q] = yg[s * 8 + q];
+        }
+        k0 += P;
+    }
+}
+
 /* Naive: C[m][n] = sum over k ascending of fmaf(qA[m][k], qB[n][k]), from +0, the quantization by the reference. */
-static void naive(const float *A, const float *B, int64_t M, int64_t N, int64_t K, mxfp8_format f, mxfp8_scale_rule r,
-                  float *C) {
+static void naive_g(const float *A, const float *B, int64_t M, int64_t N, int64_t K, mxfp8_format f,
+                    mxfp8_scale_rule r, mxfp8_group_scheme grp, float *C) {
     float *qa = calloc((size_t)(M * K + 1), 4), *qb = calloc((size_t)(N * K + 1), 4);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t g = 0; g < K; g += 32) mxfp8i_qdq_group_ref(A + m * K + g, (int)(K - g < 32 ? K - g : 32), f, r, qa + m * K + g);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t g = 0; g < K; g += 32) mxfp8i_qdq_group_ref(B + n * K + g, (int)(K - g < 32 ? K - g : 32), f, r, qb + n * K + g);
+    for (int64_t m = 0; m < M; m++) qdq_row(A + m * K, K, f, r, grp, qa + m * K);
+    for (int64_t n = 0; n < N; n++) qdq_row(B + n * K, K, f, r, grp, qb + n * K);
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             float acc = 0.0f;
@@ -108,6 +128,58 @@ static void naive(const float *A, const float *B, int64_t M, int64_t N, int64_t 
         }
     free(qa);
     free(qb);
+}
+static void naive(const float *A, const float *B, int64_t M, int64_t N, int64_t K, mxfp8_format f, mxfp8_scale_rule r,
+                  float *C) {
+    naive_g(A, B, M, N, K, f, r, MXFP8_GROUP_1X32, C);
+}
+
+/* wrapX groups (K % 128 == 0) on every kernel, with B plain and transposed. */
+static void test_gemm_wrapx(void) {
+    int64_t shapes[][3] = {{20, 40, 384}, {9, 70, 640}, {33, 5, 128}};
+    const mxfp8i_ukernel *kernels[3] = {NULL, mxfp8i_f32_avx512_ukernel(), mxfp8i_ref_ukernel()};
+    for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K), *Bt = malloc(sizeof(float) * N * K);
+        float *C0 = malloc(sizeof(float) * M * N), *C = malloc(sizeof(float) * M * N);
+        for (int64_t i = 0; i < M * K; i++) A[i] = nrand() * (float)(1 + (i % 7) * (i % 7));
+        for (int64_t i = 0; i < N * K; i++) B[i] = nrand() * (float)(1 + (i % 5));
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) Bt[k * N + n] = B[n * K + k];
+        for (int f = 0; f < 2; f++) {
+            naive_g(A, B, M, N, K, (mxfp8_format)f, MXFP8_SCALE_RCEIL, MXFP8_GROUP_WRAPX, C0);
+            for (int kk = 0; kk < 3; kk++)
+                for (int bt = 0; bt < 2; bt++) {
+                    if (kk > 0 && !kernels[kk]) continue;
+                    int64_t sa[2] = {M, K}, sb[2] = {N, K}, sbt[2] = {K, N}, sc[2] = {M, N};
+                    mxfp8_operand oa = {0}, ob = {0};
+                    oa.values = mxfp8_tensor_make(A, MXFP8_DTYPE_F32, 2, sa);
+                    if (bt) {
+                        ob.values = mxfp8_tensor_make(Bt, MXFP8_DTYPE_F32, 2, sbt);
+                        ob.values.shape[0] = N; ob.values.shape[1] = K; ob.values.strides[0] = 1; ob.values.strides[1] = N;
+                    } else ob.values = mxfp8_tensor_make(B, MXFP8_DTYPE_F32, 2, sb);
+                    mxfp8_matmul_config cfg;
+                    mxfp8_matmul_config_init(&cfg);
+                    cfg.float8_dtype = (mxfp8_format)f;
+                    cfg.scale_rule = MXFP8_SCALE_RCEIL;
+                    cfg.quant_scheme = MXFP8_GROUP_WRAPX;
+                    cfg.spill_reload = bt;
+                    mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
+                    if (kk) mxfp8i_force_ukernel(kernels[kk]);
+                    const char *kname = mxfp8i_select_ukernel()->name;
+                    mxfp8_status st = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
+                    mxfp8i_force_ukernel(NULL);
+                    if (st) { FAIL("wrapX gemm (%s): status %d %s", kname, st, mxfp8_last_error_message()); continue; }
+                    for (int64_t i = 0; i < M * N; i++)
+                        if (!bits_eq(C[i], C0[i])) {
+                            FAIL("wrapX gemm %lldx%lldx%lld fmt %d %s B transposed %d: C[%lld] = %a, naive %a",
+                                 (long long)M, (long long)N, (long long)K, f, kname, bt, (long long)i, C[i], C0[i]);
+                            break;
+                        }
+                }
+        }
+        free(A); free(B); free(Bt); free(C0); free(C);
+    }
 }
 
 /* B operand arrangements: 0 plain F32, 1 transposed view of a [K, N] buffer, 2 U8 codes + compact scales,
@@ -464,6 +536,7 @@ static void test_backward(void) {
 int main(void) {
     test_ukernels();
     test_gemm_vs_naive();
+    test_gemm_wrapx();
     test_generic_slot();
     test_errors();
     test_backward();
