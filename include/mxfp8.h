@@ -534,7 +534,7 @@ typedef enum mxfp8_affinity_option {
 
 /** Number of blocks N = ceil((T*K - (E-1)) / B) + E - 1 (the upstream convention: enough for any routing of T
  *  tokens to K distinct experts each, one partial block per expert; ceil of a negative value rounds toward zero)
- *  for T tokens, top-K, E experts and block size B. T = 0 gives E - 1 padding-only blocks.
+ *  for T tokens, top-K, E experts and block size B (e.g. T = 0 with B >= E gives E - 1 padding-only blocks).
  *  Errors: NULL_POINTER (num_blocks), INVALID_ARGUMENT (T < 0, K < 1, K > E, E < 1, B < 1), SIZE_OVERFLOW. */
 MXFP8_API mxfp8_status mxfp8_moe_num_blocks(int64_t T, int64_t top_k, int64_t num_experts, int64_t block_size,
                                             int64_t *num_blocks);
@@ -683,6 +683,34 @@ MXFP8_API mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, 
                                                 int quantized);
 MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads,
                                                  int quantized);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Workspace and memory                                                                                           */
+/* ------------------------------------------------------------------------------------------------------------ */
+/*
+ * Every entry point allocates its workspace on the heap (malloc / aligned_alloc) after validation and before the
+ * first store, frees all of it before returning (on success and on error), and returns MXFP8_ERR_OUT_OF_MEMORY,
+ * with no output written, when an allocation fails. Nothing is cached between calls. Upper bounds in bytes, with
+ * P = threads the call uses (mxfp8_set_num_threads) and OMP = 4096 + 1024 P for the OpenMP runtime's bookkeeping;
+ * tests/c/test_workspace.c measures the peak heap use of each call and checks it against these formulas:
+ *   mxfp8_quantize, mxfp8_dequantize, layouts, x4 packing, swizzle, compare: OMP (no workspace of their own).
+ *   mxfp8_gemm / mxfp8_matmul, C[M, N] with contraction K: the dequantized B operand in FP32 panels, 4 K (N + 32);
+ *     with spill_reload also A's, 4 K (M + 32); per thread a block's A panels, packing scratch and FP32
+ *     accumulators, 4 K (bm + 80) + 4 bm (bn + 16) with bm = min(M, MCb) rounded up to 32, bn = min(N, NCb), MCb =
+ *     tile_m * tiles_in_block_m and NCb = tile_n * tiles_in_block_n (512 each by default); + 64 KiB + OMP.
+ *     Independent of the data type of C.
+ *   mxfp8_matmul_backward: the larger of the two GEMMs (dX: [M, K] contracting N; dW: [N, K] contracting M), plus
+ *     4 M N when dY is pre-quantized or swizzled (its FP32 values for the dW phase).
+ *   mxfp8_moe_route: 24 E + OMP (per-expert counters).
+ *   mxfp8_moe_forward / mxfp8_moe_backward, with B' = min(B, T): FP32 accumulators of the full-size outputs
+ *     (backward: 4 (T H + 3 E H I) for dX, dW1, dW2; forward: 4 T H), FP64 sums 8 (T E + 2 E I + E H), one expert's
+ *     weights in FP32 and quantized (<= 16 H I), per-block buffers 4 B' (8 H + 12 I), the routing table
+ *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP.
+ *     So the workspace stays below the bytes of the inputs and outputs themselves when those are F32 (and below
+ *     twice them for BF16 gradients), independent of N beyond the routing table.
+ *   Golden references (mxfp8_gemm_golden_*, mxfp8_moe_*_golden): FP32/FP64 copies of every operand (slow paths for
+ *     tests; no bound promised beyond O(inputs + outputs)).
+ */
 
 #ifdef __cplusplus
 }
