@@ -1,0 +1,324 @@
+/*
+ * test_workspace.c -- the heap workspace of each entry point stays within the bound documented in include/mxfp8.h,
+ * section "Workspace and memory" (issue 6, item 5).
+ *
+ * This executable defines malloc/calloc/realloc/free/aligned_alloc/posix_memalign/memalign itself (they take
+ * precedence over libc's for the whole process, the statically linked library included) and forwards them to
+ * glibc's __libc_* functions, keeping the live and peak byte counts. Each entry point is called once to warm up
+ * (OpenMP creates its thread pool on first use), then measured: peak live bytes during the call minus the live
+ * bytes before it, and the live bytes after it must equal those before (no leak). Skipped (77) in sanitizer builds,
+ * whose allocators cannot be replaced this way.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define WS_SKIP 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define WS_SKIP 1
+#endif
+#endif
+
+#ifndef WS_SKIP
+#include <stdatomic.h>
+/* ---- a counting allocator over glibc's ---- */
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void __libc_free(void *);
+extern void *__libc_memalign(size_t, size_t);
+
+#define WS_SLOTS (1 << 16) /* open addressing table: pointer -> size */
+static void *ws_ptr[WS_SLOTS];
+static size_t ws_size[WS_SLOTS];
+static atomic_flag ws_lock = ATOMIC_FLAG_INIT;
+static int64_t ws_live, ws_peak;
+static int ws_overflow;
+
+static void lock(void) {
+    while (atomic_flag_test_and_set_explicit(&ws_lock, memory_order_acquire)) {
+    }
+}
+static void unlock(void) { atomic_flag_clear_explicit(&ws_lock, memory_order_release); }
+static size_t slot_of(void *p) { return (size_t)(((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull >> 48) & (WS_SLOTS - 1); }
+
+static void track(void *p, size_t n) {
+    if (!p) return;
+    lock();
+    size_t s = slot_of(p);
+    for (size_t k = 0; k < WS_SLOTS; k++, s = (s + 1) & (WS_SLOTS - 1))
+        if (!ws_ptr[s] || ws_ptr[s] == (void *)1) {
+            ws_ptr[s] = p;
+            ws_size[s] = n;
+            ws_live += (int64_t)n;
+            if (ws_live > ws_peak) ws_peak = ws_live;
+            unlock();
+            return;
+        }
+    ws_overflow = 1;
+    unlock();
+}
+static void untrack(void *p) {
+    if (!p) return;
+    lock();
+    size_t s = slot_of(p);
+    for (size_t k = 0; k < WS_SLOTS && ws_ptr[s]; k++, s = (s + 1) & (WS_SLOTS - 1))
+        if (ws_ptr[s] == p) {
+            ws_ptr[s] = (void *)1; /* tombstone */
+            ws_live -= (int64_t)ws_size[s];
+            break;
+        }
+    unlock();
+}
+
+void *malloc(size_t n) {
+    void *p = __libc_malloc(n);
+    track(p, n);
+    return p;
+}
+void *calloc(size_t a, size_t b) {
+    void *p = __libc_calloc(a, b);
+    track(p, a * b);
+    return p;
+}
+void *realloc(void *q, size_t n) {
+    untrack(q);
+    void *p = __libc_realloc(q, n);
+    if (p) track(p, n);
+    else if (q && n) track(q, 0); /* failed: q is still allocated (size lost; never happens in these tests) */
+    return p;
+}
+void free(void *p) {
+    untrack(p);
+    __libc_free(p);
+}
+void *memalign(size_t a, size_t n) {
+    void *p = __libc_memalign(a, n);
+    track(p, n);
+    return p;
+}
+void *aligned_alloc(size_t a, size_t n) { return memalign(a, n); }
+int posix_memalign(void **out, size_t a, size_t n) {
+    void *p = memalign(a, n);
+    if (!p) return 12; /* ENOMEM */
+    *out = p;
+    return 0;
+}
+
+typedef struct ws_mark {
+    int64_t before;
+} ws_mark;
+static ws_mark ws_begin(void) {
+    lock();
+    ws_mark m = {ws_live};
+    ws_peak = ws_live;
+    unlock();
+    return m;
+}
+/* peak workspace of the call; checks that nothing stayed allocated */
+static int64_t ws_end(ws_mark m, const char *what) {
+    lock();
+    int64_t peak = ws_peak - m.before, after = ws_live;
+    unlock();
+    TU_CHECK(after == m.before, "%s: %lld bytes still allocated after the call", what, (long long)(after - m.before));
+    return peak;
+}
+
+/* ---- the documented bounds (include/mxfp8.h, "Workspace and memory") ---- */
+static int64_t omp_overhead(int nt) { return 4096 + 1024 * (int64_t)nt; }
+static int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+/* auto config: blocks of MCb = NCb = 512 */
+static int64_t bound_gemm(int64_t M, int64_t N, int64_t K, int spill, int nt) {
+    int64_t bm = rup(M < 512 ? M : 512, 32), bn = N < 512 ? N : 512;
+    return 4 * K * (N + 32) + (spill ? 4 * K * (M + 32) : 0) + (int64_t)nt * (4 * K * (bm + 80) + 4 * bm * (bn + 16)) +
+           65536 + omp_overhead(nt);
+}
+static int64_t bound_moe(int64_t T, int64_t H, int64_t I, int64_t E, int64_t B, int64_t N, int nt, int64_t ws_gemm) {
+    int64_t Bw = B < T ? B : T;
+    if (Bw < 1) Bw = 1;
+    return 4 * (T * H + 3 * E * H * I) + 8 * (T * E + 2 * E * I + E * H) + 4 * Bw * (8 * H + 12 * I) + 16 * H * I +
+           4 * (N * B + N) + ws_gemm + omp_overhead(nt);
+}
+
+static float *frand(int64_t n, uint64_t seed) {
+    tu_rng r = {seed};
+    float *p = tu_alloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = (float)(tu_uniform(&r) * 2 - 1);
+    return p;
+}
+
+static void report(const char *what, int64_t used, int64_t bound) {
+    printf("  %-44s workspace %10lld bytes, bound %10lld\n", what, (long long)used, (long long)bound);
+    TU_CHECK(used <= bound, "%s: workspace %lld bytes exceeds the documented bound %lld", what, (long long)used,
+             (long long)bound);
+}
+
+static void test_quantize(void) {
+    const int64_t R = 96, K = 160;
+    float *x = frand(R * K, 1);
+    uint8_t *codes = tu_alloc((size_t)(R * K)), *sc = tu_alloc((size_t)(R * K));
+    int64_t s2[2] = {R, K}, g2[2] = {R, (K + 31) / 32}, gc[2] = {(R + 31) / 32, K};
+    mxfp8_tensor xt = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, s2), ct = mxfp8_tensor_make(codes, MXFP8_DTYPE_E4M3, 2, s2);
+    mxfp8_tensor st = mxfp8_tensor_make(sc, MXFP8_DTYPE_E8M0, 2, g2), st0 = mxfp8_tensor_make(sc, MXFP8_DTYPE_E8M0, 2, gc);
+    float *out = tu_alloc((size_t)(R * K) * sizeof(float));
+    mxfp8_tensor ot = mxfp8_tensor_make(out, MXFP8_DTYPE_F32, 2, s2);
+    for (int axis = 0; axis < 2; axis++) {
+        mxfp8_tensor *s = axis ? &st : &st0;
+        TU_CHECK(mxfp8_quantize(&xt, axis, NULL, &ct, s) == MXFP8_OK, "quantize: %s", mxfp8_last_error_message());
+        ws_mark m = ws_begin();
+        mxfp8_quantize(&xt, axis, NULL, &ct, s);
+        mxfp8_info info;
+        mxfp8_get_info(&info);
+        report(axis ? "mxfp8_quantize [96, 160] axis 1" : "mxfp8_quantize [96, 160] axis 0", ws_end(m, "quantize"),
+               omp_overhead(info.num_threads));
+        m = ws_begin();
+        TU_CHECK(mxfp8_dequantize(&ct, s, axis, MXFP8_GROUP_1X32, &ot) == MXFP8_OK, "dequantize: %s",
+                 mxfp8_last_error_message());
+        report("mxfp8_dequantize", ws_end(m, "dequantize"), omp_overhead(info.num_threads));
+    }
+    free(x), free(codes), free(sc), free(out);
+}
+
+static void test_gemm(void) {
+    static const int64_t shapes[][3] = {{64, 96, 128}, {200, 40, 300}, {8, 700, 64}};
+    mxfp8_info info;
+    mxfp8_get_info(&info);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int spill = 0; spill < 2; spill++) {
+            int64_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+            float *a = frand(M * K, 2), *b = frand(N * K, 3), *c = tu_alloc((size_t)(M * N) * sizeof(float));
+            mxfp8_operand A, B;
+            memset(&A, 0, sizeof A);
+            memset(&B, 0, sizeof B);
+            A.values = mxfp8_tensor_make(a, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, K});
+            B.values = mxfp8_tensor_make(b, MXFP8_DTYPE_F32, 2, (const int64_t[]){N, K});
+            mxfp8_tensor C = mxfp8_tensor_make(c, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, N});
+            mxfp8_matmul_config cfg;
+            mxfp8_matmul_config_init(&cfg);
+            cfg.spill_reload = spill;
+            TU_CHECK(mxfp8_gemm(&A, &B, &cfg, 0, &C) == MXFP8_OK, "gemm: %s", mxfp8_last_error_message());
+            ws_mark m = ws_begin();
+            mxfp8_gemm(&A, &B, &cfg, 0, &C);
+            char what[96];
+            snprintf(what, sizeof what, "mxfp8_gemm M %lld N %lld K %lld spill %d", (long long)M, (long long)N,
+                     (long long)K, spill);
+            report(what, ws_end(m, what), bound_gemm(M, N, K, spill, info.num_threads));
+            free(a), free(b), free(c);
+        }
+}
+
+static void test_matmul_backward(void) {
+    const int64_t M = 96, N = 160, K = 64;
+    mxfp8_info info;
+    mxfp8_get_info(&info);
+    float *dy = frand(M * N, 4), *w = frand(N * K, 5), *x = frand(M * K, 6);
+    uint16_t *dx = tu_alloc((size_t)(M * K) * 2), *dw = tu_alloc((size_t)(N * K) * 2);
+    mxfp8_matmul_bwd_args args;
+    mxfp8_matmul_bwd_args_init(&args);
+    args.output_grad = mxfp8_tensor_make(dy, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, N});
+    args.weights = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, (const int64_t[]){N, K});
+    args.input_activation = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, K});
+    mxfp8_tensor DX = mxfp8_tensor_make(dx, MXFP8_DTYPE_BF16, 2, (const int64_t[]){M, K});
+    mxfp8_tensor DW = mxfp8_tensor_make(dw, MXFP8_DTYPE_BF16, 2, (const int64_t[]){N, K});
+    TU_CHECK(mxfp8_matmul_backward(&args, &DX, &DW) == MXFP8_OK, "matmul_backward: %s", mxfp8_last_error_message());
+    ws_mark m = ws_begin();
+    mxfp8_matmul_backward(&args, &DX, &DW);
+    /* dX = dY @ W: GEMM [M, K] contracting N; dW = dY^T @ X: GEMM [N, K] contracting M; + dY [M, N] FP32 */
+    int64_t b1 = bound_gemm(M, K, N, 0, info.num_threads), b2 = bound_gemm(N, K, M, 0, info.num_threads);
+    report("mxfp8_matmul_backward M 96 N 160 K 64", ws_end(m, "matmul_backward"), (b1 > b2 ? b1 : b2) + 4 * M * N);
+    /* pre-quantized dY: its FP32 values go to a [M, N] workspace for the dW phase */
+    free(dy), free(w), free(x), free(dx), free(dw);
+}
+
+static void test_moe_backward(void) {
+    /* T 40, H 64, I 32, E 3, B 8: expert e gets tokens t with t % 3 == e (one per block row), N = ceil(.)... */
+    enum { T = 40, H = 64, I = 32, E = 3, B = 8 };
+    mxfp8_info info;
+    mxfp8_get_info(&info);
+    int32_t ids[T * 2];
+    float wts[T * 2];
+    for (int t = 0; t < T; t++) ids[2 * t] = t % E, ids[2 * t + 1] = (t + 1) % E, wts[2 * t] = 0.6f, wts[2 * t + 1] = 0.4f;
+    int64_t N = 0;
+    TU_CHECK(mxfp8_moe_num_blocks(T, 2, E, B, &N) == MXFP8_OK, "num_blocks");
+    int32_t *tok = tu_alloc((size_t)(N * B) * 4), *b2e = tu_alloc((size_t)N * 4);
+    float *a = tu_alloc(T * E * sizeof(float));
+    mxfp8_tensor ti = mxfp8_tensor_make(ids, MXFP8_DTYPE_I32, 2, (const int64_t[]){T, 2});
+    mxfp8_tensor tw = mxfp8_tensor_make(wts, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, 2});
+    mxfp8_tensor tp = mxfp8_tensor_make(tok, MXFP8_DTYPE_I32, 1, (const int64_t[]){N * B});
+    mxfp8_tensor be = mxfp8_tensor_make(b2e, MXFP8_DTYPE_I32, 1, (const int64_t[]){N});
+    mxfp8_tensor af = mxfp8_tensor_make(a, MXFP8_DTYPE_F32, 2, (const int64_t[]){T * E, 1});
+    TU_CHECK(mxfp8_moe_route(&ti, &tw, E, B, -1, &tp, &be, &af) == MXFP8_OK, "route: %s", mxfp8_last_error_message());
+    ws_mark m0 = ws_begin();
+    mxfp8_moe_route(&ti, &tw, E, B, -1, &tp, &be, &af);
+    report("mxfp8_moe_route T 40 K 2 E 3 B 8", ws_end(m0, "route"), 3 * 8 * E + omp_overhead(info.num_threads));
+
+    float *x = frand(T * H, 7), *w1 = frand(E * H * 2 * I, 8), *w2 = frand(E * I * H, 9), *dy = frand(T * H, 10);
+    float *dx = tu_alloc(T * H * 4), *da = tu_alloc(T * E * 4), *dw1 = tu_alloc(E * H * 2 * I * 4),
+          *dw2 = tu_alloc(E * I * H * 4);
+    mxfp8_moe_bwd_args args;
+    mxfp8_moe_bwd_args_init(&args);
+    args.hidden_states = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    args.expert_affinities_masked = af;
+    args.gate_up_proj_weight = mxfp8_tensor_make(w1, MXFP8_DTYPE_F32, 4, (const int64_t[]){E, H, 2, I});
+    args.down_proj_weight = mxfp8_tensor_make(w2, MXFP8_DTYPE_F32, 3, (const int64_t[]){E, I, H});
+    args.token_position_to_id = tp;
+    args.block_to_expert = be;
+    args.output_hidden_states_grad = mxfp8_tensor_make(dy, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    args.block_size = B;
+    mxfp8_moe_bwd_grads g;
+    memset(&g, 0, sizeof g);
+    g.hidden_states_grad = mxfp8_tensor_make(dx, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    g.expert_affinities_masked_grad = mxfp8_tensor_make(da, MXFP8_DTYPE_F32, 2, (const int64_t[]){T * E, 1});
+    g.gate_up_proj_weight_grad = mxfp8_tensor_make(dw1, MXFP8_DTYPE_F32, 4, (const int64_t[]){E, H, 2, I});
+    g.down_proj_weight_grad = mxfp8_tensor_make(dw2, MXFP8_DTYPE_F32, 3, (const int64_t[]){E, I, H});
+    int64_t KM = H > 2 * I ? H : 2 * I, gb = bound_gemm(B, KM, KM, 0, info.num_threads);
+
+    /* forward: FP32 output accumulator, no FP64 sums, no gradient accumulators */
+    float *y = tu_alloc(T * H * 4);
+    mxfp8_moe_fwd_args fa;
+    mxfp8_moe_fwd_args_init(&fa);
+    fa.hidden_states = args.hidden_states;
+    fa.expert_affinities_masked = af;
+    fa.gate_up_proj_weight = args.gate_up_proj_weight;
+    fa.down_proj_weight = args.down_proj_weight;
+    fa.token_position_to_id = tp;
+    fa.block_to_expert = be;
+    fa.block_size = B;
+    mxfp8_moe_fwd_outputs fo;
+    memset(&fo, 0, sizeof fo);
+    fo.output = mxfp8_tensor_make(y, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    TU_CHECK(mxfp8_moe_forward(&fa, &fo) == MXFP8_OK, "moe_forward: %s", mxfp8_last_error_message());
+    ws_mark mf = ws_begin();
+    mxfp8_moe_forward(&fa, &fo);
+    int64_t bfwd = bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * E * H * I - 8 * (T * E + 2 * E * I + E * H);
+    report("mxfp8_moe_forward T 40 H 64 I 32 E 3 B 8", ws_end(mf, "moe_forward"), bfwd);
+    free(y);
+
+    TU_CHECK(mxfp8_moe_backward(&args, &g) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
+    ws_mark m = ws_begin();
+    mxfp8_moe_backward(&args, &g);
+    report("mxfp8_moe_backward T 40 H 64 I 32 E 3 B 8", ws_end(m, "moe_backward"),
+           bound_moe(T, H, I, E, B, N, info.num_threads, gb));
+    free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(dx), free(da), free(dw1), free(dw2);
+}
+
+int main(void) {
+    printf("test_workspace: peak heap workspace of each entry point vs the documented bound\n");
+    test_quantize();
+    test_gemm();
+    test_matmul_backward();
+    test_moe_backward();
+    TU_CHECK(!ws_overflow, "the allocation table overflowed");
+    return tu_finish("test_workspace");
+}
+#else
+int main(void) {
+    printf("test_workspace: skipped in sanitizer builds (their allocators cannot be replaced)\n");
+    return TU_SKIP;
+}
+#endif
