@@ -560,6 +560,35 @@ static void test_errors(void) {
         grads_free(&k);
     }
     CHECK(mxfp8_moe_backward(NULL, NULL) == MXFP8_ERR_NULL_POINTER, "NULL args");
+    /* the forward validates the same way and leaves output and checkpoints untouched */
+    {
+        float *out = xc(4 * P.T * P.H), *gu = xc(4 * P.N * 2 * P.I * P.B);
+        memset(out, 0xA5, 4 * P.T * P.H);
+        memset(gu, 0xA5, 4 * P.N * 2 * P.I * P.B);
+        mxfp8_moe_fwd_args F;
+        fwd_args(&P, &cfg, &F);
+        mxfp8_moe_fwd_outputs O = {0};
+        O.output = v2(out, MXFP8_DTYPE_F32, P.T, P.H);
+        O.gate_up_proj_act_checkpoint_T = v4(gu, MXFP8_DTYPE_F32, P.N, 2, P.I, P.B);
+        P.tok[5] = (int32_t)P.T + 3;
+        CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_ERR_INDEX_OUT_OF_RANGE, "forward bad token: %s",
+              mxfp8_last_error_message());
+        P.tok[5] = -1;
+        O.gate_up_proj_act_checkpoint_T = v4(gu, MXFP8_DTYPE_F32, P.N, 2, P.I, P.B + 1);
+        CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_ERR_SHAPE_MISMATCH, "forward checkpoint shape");
+        O.gate_up_proj_act_checkpoint_T = v4(P.X, MXFP8_DTYPE_F32, 1, 2, 1, 1);
+        CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_ERR_SHAPE_MISMATCH || mxfp8_moe_forward(&F, &O) == MXFP8_ERR_ALIASING,
+              "forward checkpoint on an input");
+        O.gate_up_proj_act_checkpoint_T = v4(gu, MXFP8_DTYPE_F32, P.N, 2, P.I, P.B);
+        O.output = v2(P.X, MXFP8_DTYPE_F32, P.T, P.H);
+        CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_ERR_ALIASING, "forward output aliases hidden_states");
+        int bad = 0;
+        for (size_t i = 0; i < (size_t)(4 * P.T * P.H); i++) bad |= ((uint8_t *)out)[i] != 0xA5;
+        for (size_t i = 0; i < (size_t)(4 * P.N * 2 * P.I * P.B); i++) bad |= ((uint8_t *)gu)[i] != 0xA5;
+        CHECK(!bad, "forward wrote an output on error");
+        free(out);
+        free(gu);
+    }
     prob_free(&P);
     /* dense + num_valid_tokens with a scaled-intermediate checkpoint or bias: unsupported */
     prob_make(&P, 32, 32, 16, 1, 1, 16, 1, NULL);
