@@ -132,6 +132,7 @@ mxfp8_status mxfp8_scales_to_layout(const mxfp8_tensor *compact, int64_t K, mxfp
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
     int64_t F = compact->shape[0], G = compact->shape[1], sh[2];
     if ((st = check_layout_view(fn, "out", out, layout, F, K, sh))) return st;
+    if ((st = mxfp8i_check_distinct(fn, "out", out))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "out", out, "compact", compact))) return st;
     uint8_t *o = (uint8_t *)out->data;
     const uint8_t *c = (const uint8_t *)compact->data;
@@ -157,6 +158,7 @@ mxfp8_status mxfp8_scales_from_layout(const mxfp8_tensor *in, int64_t K, mxfp8_s
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
     int64_t F = compact->shape[0], G = compact->shape[1], sh[2];
     if ((st = check_layout_view(fn, "in", in, layout, F, K, sh))) return st;
+    if ((st = mxfp8i_check_distinct(fn, "compact", compact))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "compact", compact, "in", in))) return st;
     uint8_t *c = (uint8_t *)compact->data;
     const uint8_t *i8 = (const uint8_t *)in->data;
@@ -197,6 +199,8 @@ static mxfp8_status check_x4(const char *fn, const char *nb, const mxfp8_tensor 
     if (!ok)
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must have %s's shape with shape[%d] = ceil(%lld/4)", fn,
                             nw, nb, *ax, (long long)bytes->shape[*ax]);
+    /* the output ("out") must address distinct elements */
+    if ((st = mxfp8i_check_distinct(fn, "out", strcmp(nw, "out") == 0 ? words : bytes))) return st;
     return mxfp8i_check_no_alias(fn, nw, words, nb, bytes);
 }
 
@@ -268,14 +272,19 @@ static mxfp8_status check_swizzle(const char *fn, const mxfp8_tensor *plain, con
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: in has %lld columns, not a multiple of 4", fn,
                             (long long)swz->shape[1]);
     if (K % 128 != 0)
-        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED, "%s: the NKI swizzle needs K %% 128 == 0; K = %lld", fn,
+        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED, "%s: in: the NKI swizzle needs K %% 128 == 0; K = %lld", fn,
                             (long long)K);
     int64_t F = plain_is_input ? plain->shape[1] : swz->shape[1] / 4;
     if (plain->shape[0] != K || plain->shape[1] != F || swz->shape[0] != K / 4 || swz->shape[1] != 4 * F)
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                            "%s: shapes must be [K, F] = [%lld, %lld] and [K/4, 4F] = "
-                            "[%lld, %lld]",
-                            fn, (long long)K, (long long)F, (long long)(K / 4), (long long)(4 * F));
+                            "%s: out has shape [%lld, %lld] for in [%lld, %lld]; shapes must be [K, F] = [%lld, %lld] "
+                            "and [K/4, 4F] = [%lld, %lld]",
+                            fn, (long long)(plain_is_input ? swz : plain)->shape[0],
+                            (long long)(plain_is_input ? swz : plain)->shape[1],
+                            (long long)(plain_is_input ? plain : swz)->shape[0],
+                            (long long)(plain_is_input ? plain : swz)->shape[1], (long long)K, (long long)F,
+                            (long long)(K / 4), (long long)(4 * F));
+    if ((st = mxfp8i_check_distinct(fn, "out", plain_is_input ? swz : plain))) return st;
     return mxfp8i_check_no_alias(fn, "out", plain_is_input ? swz : plain, "in", plain_is_input ? plain : swz);
 }
 
