@@ -10,8 +10,8 @@
  *  3. Negative control: the emulation WITHOUT the exact-path routing differs on the tiny-product cases (so the
  *     routing is what keeps the results exact, and this test can fail).
  *  4. The AVX512-BF16 (VDPBF16PS) kernel on the same panels and cases, in both pair orders: the order its self-test
- *     picks must reproduce the reference, and the trap cases must tell the two orders apart -- skipped without
- *     AVX512-BF16.
+ *     picks must reproduce the reference, and the trap cases must tell the two orders apart; without the routing the
+ *     real unit's DAZ/FTZ must show (negative control on hardware) -- skipped without AVX512-BF16.
  *  5. The real AMX kernel on the same cases, and the one-time self-test -- skipped (with a line saying so) when the
  *     CPU lacks AMX-BF16 or the OS refuses XTILEDATA.
  * Sections 1-3 need AVX-512F/BW (the folder is compiled for it); without it the whole test is skipped.
@@ -152,6 +152,13 @@ int main(void) {
         TU_CHECK(order != -1 || (f3 > 0 && f4 > 0), "self-test rejected both orders but one passes");
         /* the two orders cannot both reproduce the reference: the pair-order trap separates them */
         TU_CHECK(f3 > 0 || f4 > 0, "both pair orders pass: the trap cases do not discriminate");
+        if (order == 1) { /* negative control on the real unit: its DAZ/FTZ shows without the routing */
+            int n5 = 0, f5 = mxfp8i_amx_check_kernel(5, 0, &n5);
+            printf("test_amx_kernel: AVX512-BF16 without routing: %d of %d cases differ (expected > 0: DAZ/FTZ)\n", f5,
+                   n5);
+            TU_CHECK(f5 > 0, "AVX512-BF16 without routing matches the reference everywhere: the subnormal and "
+                             "tiny-product cases do not reach DAZ/FTZ");
+        }
         int q3 = mxfp8i_amx_check_kernel(3, 1, NULL), q4 = mxfp8i_amx_check_kernel(4, 1, NULL);
         TU_CHECK((q3 == 0) == (f3 == 0) && (q4 == 0) == (f4 == 0),
                  "the quick self-test subset disagrees with the full set (swapped %d/%d, plain %d/%d failures)", q3, f3,

@@ -123,6 +123,10 @@ void mxfp8i_amx_store_acc(const float *cb, float *c, int64_t ldc, int mr, int nr
  * tile: 8 rows x 32 columns (16 zmm). */
 void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                         int mr, int nr, int load_c);
+/** The same without the DAZ/FTZ routing (only FP32 slots and the K tail take the exact path): a negative control on
+ *  real hardware for the tests. */
+void mxfp8i_bf16_gemm_32x32__avx512bf16_noroute(int64_t k0, int64_t kc, const void *a, const void *b, float *c,
+                                                int64_t ldc, int mr, int nr, int load_c);
 
 /** One-time self-test of the real AMX kernel against the reference F32 microkernel on small deterministic problems
  *  (random MX-like groups, a group with BF16-subnormal dequantized values, tiny-product groups, near-overflow groups,
@@ -131,10 +135,11 @@ void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a, c
  *  has AMX-TILE + AMX-BF16 and arch_prctl granted XTILEDATA. */
 const char *mxfp8i_amx_self_test(void);
 
-/** The self-test's problem generator and checker, run against any kernel with the contract above (tests use it with
- *  the emulation; quick = 1 is the subset the run-time self-tests use, 41 cases instead of 201). kind: 0 = real AMX, 1 = emulation, 2 = emulation without routing, 3 = AVX512-BF16 on swapped
- *  panels, 4 = AVX512-BF16 on plain panels. Returns the number of cases that differ from the reference (0 = all bitwise
- *  equal; -1 = no memory); *ncases gets the number of cases run. */
+/** The self-test's problem generator and checker, run against any kernel with the contract above; quick = 1 is the
+ *  subset the run-time self-tests use (41 cases instead of 201). kind: 0 = real AMX, 1 = emulation, 2 = emulation
+ *  without routing, 3 = AVX512-BF16 on swapped panels, 4 = AVX512-BF16 on plain panels, 5 = AVX512-BF16 on swapped
+ *  panels without routing (2 and 5 are negative controls). Returns the number of cases that differ from the reference
+ *  (0 = all bitwise equal; -1 = no memory); *ncases gets the number of cases run. */
 int mxfp8i_amx_check_kernel(int kind, int quick, int *ncases);
 
 /** The AVX512-BF16 kernel's one-time self-test: returns the packing that reproduces the reference (1 = swapped

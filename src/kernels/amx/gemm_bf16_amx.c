@@ -451,11 +451,12 @@ static int run_case(check_ws *w, int kind, uint64_t seed, int64_t K, int mr, int
             mxfp8i_f32_gemm_8x32__ref(K, w->ap, w->bp, w->c_ref + m0 * 32 + n0, 32, mrr, nrr, load_c);
         }
     void (*pack)(int, const float *, int64_t, int, int64_t, void *) =
-        kind == 3 ? mxfp8i_amx_pack_swapped : mxfp8i_amx_pack;
+        (kind == 3 || kind == 5) ? mxfp8i_amx_pack_swapped : mxfp8i_amx_pack;
     pack(0, A, K, mr, K, w->pa);
     pack(1, B, K, nr, K, w->pb);
     memcpy(w->c_k, w->c_init, sizeof w->c_k);
     if (kind == 0) mxfp8i_bf16_gemm_32x32__amx(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c);
+    else if (kind == 5) mxfp8i_bf16_gemm_32x32__avx512bf16_noroute(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c);
     else if (kind >= 3) mxfp8i_bf16_gemm_32x32__avx512bf16(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c);
     else mxfp8i_bf16_gemm_32x32__amxemu(0, K, w->pa, w->pb, w->c_k, 32, mr, nr, load_c, kind == 1);
     for (int i = 0; i < 32; i++)

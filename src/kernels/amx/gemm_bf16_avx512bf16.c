@@ -20,8 +20,10 @@
 #include "../../gemm/ukernel.h"
 #include "amx.h"
 
-static inline int chunk_ok(const uint8_t *ca, const uint8_t *cb) {
+/* route = 0 (tests only): every chunk whose slots are BF16 goes to the unit, whatever DAZ/FTZ may do to it. */
+static inline int chunk_ok(const uint8_t *ca, const uint8_t *cb, int route) {
     const mxfp8i_amx_meta *ma = mxfp8i_amx_chunk_meta(ca), *mb = mxfp8i_amx_chunk_meta(cb);
+    if (!route) return !ma[0].f32 && !ma[1].f32 && !mb[0].f32 && !mb[1].f32;
     return mxfp8i_amx_pair_ok(ma, mb) && mxfp8i_amx_pair_ok(ma, mb + 1) && mxfp8i_amx_pair_ok(ma + 1, mb) &&
            mxfp8i_amx_pair_ok(ma + 1, mb + 1);
 }
@@ -56,8 +58,9 @@ static void dp_run(float *cb, const uint8_t *a, const uint8_t *b, int64_t nch, i
     }
 }
 
-void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a_panel, const void *b_panel, float *c,
-                                        int64_t ldc, int mr, int nr, int load_c) {
+static inline __attribute__((always_inline)) void kernel(int route, int64_t k0, int64_t kc, const void *a_panel,
+                                                         const void *b_panel, float *c, int64_t ldc, int mr, int nr,
+                                                         int load_c) {
     float cb[32 * 32] __attribute__((aligned(64)));
     mxfp8i_amx_load_acc(cb, c, ldc, mr, nr, load_c);
     int c_ok = load_c ? mxfp8i_amx_acc_ok(cb) : 1;
@@ -68,20 +71,30 @@ void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a_pa
     int64_t ch = 0;
     while (ch < nfull) {
         const uint8_t *ca = a + ch * MXFP8I_AMX_CHUNK_BYTES, *cbp = b + ch * MXFP8I_AMX_CHUNK_BYTES;
-        if (!c_ok || !chunk_ok(ca, cbp)) {
+        if ((route && !c_ok) || !chunk_ok(ca, cbp, route)) {
             mxfp8i_amx_exact_chunk(cb, ca, cbp, MXFP8I_AMX_KCHUNK);
             c_ok = mxfp8i_amx_acc_ok(cb);
             ch++;
             continue;
         }
         int64_t end = ch + 1;
-        while (end < nfull && chunk_ok(a + end * MXFP8I_AMX_CHUNK_BYTES, b + end * MXFP8I_AMX_CHUNK_BYTES)) end++;
+        while (end < nfull && chunk_ok(a + end * MXFP8I_AMX_CHUNK_BYTES, b + end * MXFP8I_AMX_CHUNK_BYTES, route))
+            end++;
         dp_run(cb, ca, cbp, end - ch, mr); /* accumulators stay multiples of 2^-126: c_ok holds */
         ch = end;
     }
     if (tail)
         mxfp8i_amx_exact_chunk(cb, a + nfull * MXFP8I_AMX_CHUNK_BYTES, b + nfull * MXFP8I_AMX_CHUNK_BYTES, tail);
     mxfp8i_amx_store_acc(cb, c, ldc, mr, nr);
+}
+
+void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                        int mr, int nr, int load_c) {
+    kernel(1, k0, kc, a, b, c, ldc, mr, nr, load_c);
+}
+void mxfp8i_bf16_gemm_32x32__avx512bf16_noroute(int64_t k0, int64_t kc, const void *a, const void *b, float *c,
+                                                int64_t ldc, int mr, int nr, int load_c) {
+    kernel(0, k0, kc, a, b, c, ldc, mr, nr, load_c);
 }
 
 static once_flag g_once = ONCE_FLAG_INIT;
