@@ -218,6 +218,22 @@ static mxfp8_status check_dims(const char *fn, const char *name, const mxfp8_ten
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Setup                                                                                                      */
 /* ---------------------------------------------------------------------------------------------------------- */
+/* Rows of the per-block workspaces: the longest prefix of a block that ends with a real position (at least 1),
+ * so a block size far above the token count costs nothing. */
+static mxfp8_status set_workspace_rows(mxfp8i_moe *p) {
+    int64_t rows = 1, w;
+    for (int64_t n = 0; n < p->N; n++) {
+        int64_t L = mxfp8i_moe_block_len(p, n);
+        if (L > rows) rows = L;
+    }
+    p->Bw = rows;
+    if (!mxfp8i_mul_size(rows, p->H + 2 * p->I, &w) || w > INT64_MAX / 64) {
+        mxfp8i_moe_free(p);
+        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: block workspace L*(H + 2I) overflows", p->fn);
+    }
+    return MXFP8_OK;
+}
+
 mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p) {
     mxfp8_status st;
     memset(p, 0, sizeof *p);
@@ -334,12 +350,7 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: N*B overflows", fn);
 
     p->T = T; p->H = H; p->I = I; p->E = E; p->N = N; p->B = B; p->V = V;
-    p->Bw = N > 0 ? B : 1;
-    {
-        int64_t w;
-        if (!mxfp8i_mul_size(p->Bw, H + 2 * I, &w) || w > INT64_MAX / 64)
-            return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: block workspace B*(H + 2I) overflows", fn);
-    }
+    p->Bw = 1; /* set from the routing below: the longest block prefix that holds a real position */
     p->X = *in->X;
     p->a = *in->a;
     p->W1 = *in->W1;
@@ -361,7 +372,7 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     if (c->single_expert_dense) {
         for (int64_t i = 0; i < NB; i++) p->tok[i] = i < V ? (int32_t)i : -1;
         for (int64_t n = 0; n < N; n++) p->expert[n] = 0;
-        return MXFP8_OK;
+        return set_workspace_rows(p);
     }
     const int32_t pad = c->skip_token ? -1 : (int32_t)(T > INT32_MAX ? INT32_MAX : T);
     if (T > INT32_MAX - 1) {
@@ -394,7 +405,7 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         }
         p->expert[n] = e;
     }
-    return MXFP8_OK;
+    return set_workspace_rows(p);
 }
 
 void mxfp8i_moe_free(mxfp8i_moe *p) {

@@ -30,7 +30,8 @@ typedef struct mxfp8i_moe {
     const char *fn;
     int bwd;                          /**< 1: pre-quantized weights use the backward's axes */
     int64_t T, H, I, E, N, B, V;      /**< V: tokens [0, V) are real (num_valid_tokens, else T) */
-    int64_t Bw;                       /**< rows of per-block workspaces: B, or 1 when there is no block */
+    int64_t Bw;                       /**< rows of per-block workspaces: max over blocks of (last real position
+                                           + 1), at least 1 (<= B) */
     mxfp8_moe_config cfg;
     mxfp8_tensor X, a, W1, W2, b1, b2, W1s, W2s, dY;
     int w1_prequant, w2_prequant;
