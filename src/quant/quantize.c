@@ -81,22 +81,44 @@ int64_t mxfp8i_dequantize_panel__ref(const mxfp8i_dqpanel *p) {
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Dispatch and the wrappers of src/internal.h                                                                */
 /* ---------------------------------------------------------------------------------------------------------- */
+/* The arithmetic above and in the SIMD kernels assumes IEEE defaults: round to nearest-even, subnormals neither
+ * flushed (FTZ) nor read as zero (DAZ). A caller may have changed MXCSR (fast-math start-up code, a framework's
+ * "flush denormals" switch); each panel runs under the defaults and restores the caller's state. MXCSR is per
+ * thread, so this is done per panel, on whichever thread runs it. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define MXCSR_NONDEFAULT 0xE040u /* FTZ (bit 15), rounding control (bits 13-14), DAZ (bit 6) */
+static inline unsigned ieee_begin(void) {
+    unsigned old = _mm_getcsr();
+    if (old & MXCSR_NONDEFAULT) _mm_setcsr(old & ~MXCSR_NONDEFAULT);
+    return old;
+}
+static inline void ieee_end(unsigned old) {
+    if (old & MXCSR_NONDEFAULT) _mm_setcsr(old);
+}
+#else
+static inline unsigned ieee_begin(void) { return 0; }
+static inline void ieee_end(unsigned old) { (void)old; }
+#endif
+
 int64_t mxfp8i_quantize_panel(const mxfp8i_qpanel *p) {
     if (p->lines <= 0 || p->K <= 0) return 0;
-    if (mxfp8i_use_avx512()) {
-        int64_t r = mxfp8i_quantize_panel__avx512(p);
-        if (r >= 0) return r;
-    }
-    return mxfp8i_quantize_panel__ref(p);
+    unsigned csr = ieee_begin();
+    int64_t r = -1;
+    if (mxfp8i_use_avx512()) r = mxfp8i_quantize_panel__avx512(p);
+    if (r < 0) r = mxfp8i_quantize_panel__ref(p);
+    ieee_end(csr);
+    return r;
 }
 
 int64_t mxfp8i_dequantize_panel(const mxfp8i_dqpanel *p) {
     if (p->lines <= 0 || p->K <= 0) return 0;
-    if (mxfp8i_use_avx512()) {
-        int64_t r = mxfp8i_dequantize_panel__avx512(p);
-        if (r >= 0) return r;
-    }
-    return mxfp8i_dequantize_panel__ref(p);
+    unsigned csr = ieee_begin();
+    int64_t r = -1;
+    if (mxfp8i_use_avx512()) r = mxfp8i_dequantize_panel__avx512(p);
+    if (r < 0) r = mxfp8i_dequantize_panel__ref(p);
+    ieee_end(csr);
+    return r;
 }
 
 static int64_t qrows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,

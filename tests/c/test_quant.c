@@ -625,8 +625,54 @@ static void test_errors(void) {
     }
 }
 
+/* A caller's MXCSR (flush-to-zero, denormals-are-zero, round toward zero) must not change any result. */
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+static void test_mxcsr_independence(void) {
+    tu_rng rng = {555};
+    int64_t R = 40, K = 160, n = R * K;
+    float *x = tu_alloc((size_t)n * 4);
+    fill_random_f32(x, n, &rng);
+    for (int64_t i = 0; i < n; i += 7) x[i] = ldexpf((float)(i % 5) + 1.0f, -140 - (int)(i % 9)); /* subnormals */
+    uint8_t *c1 = tu_alloc((size_t)n), *c2 = tu_alloc((size_t)n), *s1 = tu_alloc((size_t)n), *s2 = tu_alloc((size_t)n);
+    float *q1 = tu_alloc((size_t)n * 4), *q2 = tu_alloc((size_t)n * 4);
+    static const unsigned modes[] = {0x8040u, 0x6000u, 0x2000u | 0x8040u, 0x4000u};
+    for (int axis = 0; axis < 2; axis++)
+        for (int rule = 0; rule < 3; rule++) {
+            mxfp8_quant_params p = {MXFP8_FMT_E4M3, (mxfp8_scale_rule)rule, MXFP8_GROUP_1X32};
+            int64_t sh[2] = {R, K}, gs[2] = {R, K};
+            gs[axis] = (sh[axis] + 31) / 32;
+            mxfp8_tensor X = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, sh),
+                         S1 = mxfp8_tensor_make(s1, MXFP8_DTYPE_U8, 2, gs),
+                         S2 = mxfp8_tensor_make(s2, MXFP8_DTYPE_U8, 2, gs),
+                         D1 = mxfp8_tensor_make(c1, MXFP8_DTYPE_E4M3, 2, sh),
+                         D2 = mxfp8_tensor_make(c2, MXFP8_DTYPE_E4M3, 2, sh),
+                         Q1 = mxfp8_tensor_make(q1, MXFP8_DTYPE_F32, 2, sh),
+                         Q2 = mxfp8_tensor_make(q2, MXFP8_DTYPE_F32, 2, sh);
+            mxfp8_quantize(&X, axis, &p, &D1, &S1);
+            mxfp8_dequantize(&D1, &S1, axis, MXFP8_GROUP_1X32, &Q1);
+            for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+                unsigned old = _mm_getcsr();
+                _mm_setcsr(old | modes[m]);
+                mxfp8_quantize(&X, axis, &p, &D2, &S2);
+                mxfp8_dequantize(&D2, &S2, axis, MXFP8_GROUP_1X32, &Q2);
+                unsigned after = _mm_getcsr();
+                _mm_setcsr(old);
+                TU_CHECK((after & 0xE040u) == modes[m], "MXCSR mode 0x%x was not restored (0x%x)", modes[m], after);
+                TU_CHECK(!memcmp(c1, c2, (size_t)n) && !memcmp(s1, s2, (size_t)(gs[0] * gs[1])) &&
+                             !memcmp(q1, q2, (size_t)n * 4),
+                         "axis %d rule %s: results change under MXCSR mode 0x%x", axis, RULE_NAME[rule], modes[m]);
+            }
+        }
+    free(x), free(c1), free(c2), free(s1), free(s2), free(q1), free(q2);
+}
+#else
+static void test_mxcsr_independence(void) {}
+#endif
+
 int main(void) {
     test_special_groups();
+    test_mxcsr_independence();
     test_nd();
     test_threads_and_transpose();
     test_layouts();
