@@ -216,7 +216,8 @@ MXFP8_API mxfp8_quant_params mxfp8_quant_params_default(void);
  *  Errors: NULL_POINTER, INVALID_ARGUMENT (axis, enum values), DTYPE, SHAPE_MISMATCH, SIZE_OVERFLOW, ALIASING,
  *  UNSUPPORTED (wrapX with shape[axis] % 128 != 0), BAD_STRIDES. Uses AVX-512 when available (bit-identical to the
  *  reference) where the axis, or another dimension, has unit stride in every tensor; any other strides take the
- *  scalar reference. Threads: lines are split between threads; results do not depend on the thread count. */
+ *  scalar reference. Threads: lines are split between threads; results do not depend on the thread count, nor on
+ *  the caller's floating-point environment (FTZ/DAZ/rounding mode: IEEE defaults are used inside). */
 MXFP8_API mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params,
                                       mxfp8_tensor *data, mxfp8_tensor *scales);
 

@@ -127,7 +127,8 @@ uint8_t mxfp8i_qdq_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scal
  * src/quant/quantize.c (dispatch + reference panels), src/kernels/avx512/quant_avx512.c (AVX-512 panels).
  * Unchecked internal entries for callers that validated their arguments (mxfp8_quantize, the GEMM packing).
  * All are single-threaded and re-entrant; sizes may be 0; bit-identical to mxfp8i_quantize_group_ref whatever path
- * runs (AVX-512 when mxfp8i_use_avx512(), else the reference).
+ * runs (AVX-512 when mxfp8i_use_avx512(), else the reference). They run under IEEE MXCSR defaults (no FTZ/DAZ,
+ * round to nearest) whatever the calling thread has set, and restore its MXCSR on return.
  *
  * Geometry. A "rows" panel: element (r, k) at src[r*ld_src + k], R rows of K contiguous values, quantized along the
  * row. A "cols" panel: element (k, c) at src[k*ld_src + c], src [K, C] row-major, quantized along K (down each
