@@ -447,13 +447,15 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
  * position p of block n holds token t = token_position_to_id[n*B + p], or padding. Padding positions are zero rows:
  * they are never read from the inputs and contribute nothing.
  *   forward, per (block, position) with token t, expert e:
- *     g = clamp(X[t] @ W1[e][:, 0, :] + b1[e, 0], gate limits); u = clamp(X[t] @ W1[e][:, 1, :] + b1[e, 1], up limits)
+ *     g = clamp(X[t] @ W1[e][:, 0, :] + b1[e, 0], gate limits)
+ *     u = clamp(X[t] @ W1[e][:, 1, :] + b1[e, 1], up limits)
  *     inter = act(g) * u;  down = inter @ W2[e] + b2[e];  output[t] += a[t*E+e] * down
  *   backward (the exact derivative, with MXFP8 GEMMs), per block (dY_blk = gathered dY rows, zero for padding):
  *     Phase 1  dI_raw = dY_blk @ W2[e]^T            (both operands quantized along H)
  *              AFFINITY_ON_I: da = sum_i dI_raw*inter + sum_h dY*b2;  dI = a * dI_raw
  *              AFFINITY_ON_H: D = a*dY_blk (down_proj_act_checkpoint), dI = D @ W2[e]^T;  da = sum_h dY * down
- *              d_gate = dI * u * act'(g) * [lo_g < g < hi_g];  d_up = dI * act(g) * [lo_u < u < hi_u];  dGU = [d_gate | d_up]
+ *              d_gate = dI * u * act'(g) * [lo_g < g < hi_g];  d_up = dI * act(g) * [lo_u < u < hi_u]
+ *              dGU = [d_gate | d_up]
  *     Phase 2  dX_blk = dGU @ W1[e]^T  (W1[e] viewed [H, 2I]; quantized along 2I); hidden_states_grad[t] += dX_blk[p]
  *     Phase 3  dW1[e] += X_blk^T @ dGU              (quantized along the block's B positions)
  *     Phase 4  dW2[e] += (a*inter)^T @ dY_blk       (ON_I; ON_H: inter^T @ D; quantized along B)
@@ -520,7 +522,7 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
  * (enum values, block_size < 1, H or I < 1, clamp limit NaN or lower > upper, num_valid_tokens misuse, bias tensors
  * given with config->bias = 0), INDEX_OUT_OF_RANGE (token or expert ids), UNSUPPORTED (see above), ALIASING (an
  * output overlaps an input or another output), SIZE_OVERFLOW, BAD_STRIDES, OUT_OF_MEMORY (workspaces are allocated
- * before the first store).
+ * before the first store; only an allocation failing inside a forward GEMM can leave earlier checkpoints written).
  */
 typedef enum mxfp8_activation {
     MXFP8_ACT_SILU = 0,         /**< act(x) = x * sigmoid(x) (default; the only one of the NKI MXFP8 kernel) */

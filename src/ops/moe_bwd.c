@@ -15,7 +15,8 @@
  *   bias grads          db1[e] += sum_p dGU ; db2[e] += sum_p a*dY   (FP64 sums)
  * Accumulators: hidden_states_grad and weight grads in FP32 workspaces (rounded once at the end), affinity and bias
  * grads in FP64 (rounded to FP32, then to the output dtype). accumulate_hidden_states_grad / skip_grad_initialization
- * add the given value once at the end: out = given + grad (one FP32 addition, then rounded to the dtype). Weights are quantized once per expert (mxfp8i_moe_wq). Blocks run in order; threads split GEMM
+ * add the given value once at the end: out = given + grad (one FP32 addition, then rounded to the dtype).
+ * Weights are quantized once per expert (mxfp8i_moe_wq). Blocks run in order; threads split GEMM
  * output tiles, rows of elementwise work and columns of reductions/scatters: bitwise identical for any thread count.
  */
 #include <stdlib.h>

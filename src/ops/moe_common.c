@@ -251,16 +251,21 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: hidden_states has dtype %s (expected f32, bf16 or f16)", fn,
                             mxfp8_dtype_name(in->X->dtype));
     const int64_t T = in->X->shape[0], H = in->X->shape[1];
-    if (H < 1) return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: hidden size H = %lld must be >= 1", fn, (long long)H);
+    if (H < 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: hidden size H = %lld must be >= 1", fn, (long long)H);
 
     /* W1 [E, H, 2, I], W2 [E, I, H] */
-    if (!in->W1 || !in->W1->data) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: gate_up_proj_weight is required", fn);
+    if (!in->W1 || !in->W1->data)
+        return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: gate_up_proj_weight is required", fn);
     if (!in->W2 || !in->W2->data) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: down_proj_weight is required", fn);
     if ((st = mxfp8i_check_rank(fn, "gate_up_proj_weight", in->W1, 4))) return st;
     const int64_t E = in->W1->shape[0], I = in->W1->shape[3];
-    if (E < 1) return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: number of experts E = %lld must be >= 1", fn, (long long)E);
+    if (E < 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: number of experts E = %lld must be >= 1", fn,
+                            (long long)E);
     if (I < 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: intermediate size I = %lld must be >= 1", fn, (long long)I);
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: intermediate size I = %lld must be >= 1", fn,
+                            (long long)I);
     {
         const int64_t s1[4] = {E, H, 2, I}, s2[3] = {E, I, H};
         if ((st = check_dims(fn, "gate_up_proj_weight", in->W1, 4, s1))) return st;
@@ -311,7 +316,8 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     /* biases */
     if (!c->bias) {
         if (present(in->b1))
-            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: gate_and_up_proj_bias is given but config.bias is 0", fn);
+            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: gate_and_up_proj_bias is given but config.bias is 0",
+                                fn);
         if (present(in->b2))
             return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: down_proj_bias is given but config.bias is 0", fn);
     } else {

@@ -59,7 +59,8 @@ static bool gold_alloc(gold *G, const mxfp8i_moe *p, int quantized) {
     G->D = malloc(B * H * sizeof(double));
     G->qa = malloc(big * sizeof(double));
     G->qb = malloc(big * sizeof(double));
-    bool ok = G->w1f && G->w2f && G->bf && G->w1_h && G->w1_2i && G->w2_i && G->w2_h && G->b1 && G->b2 && G->xb && G->dyb &&
+    bool ok = G->w1f && G->w2f && G->bf && G->w1_h && G->w1_2i && G->w2_i && G->w2_h && G->b1 && G->b2 && G->xb &&
+              G->dyb &&
               G->g && G->u && G->act && G->inter && G->down && G->dI && G->dgu && G->dxb && G->S && G->D && G->qa &&
               G->qb;
     if (!ok) gold_free(G);
@@ -211,7 +212,8 @@ mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_
             const mxfp8_tensor *t = &o->gate_up_proj_act_checkpoint_T;
             for (int64_t i = 0; i < I; i++) {
                 if (t->data) {
-                    mxfp8i_moe_st(t, n * t->strides[0] + i * t->strides[2] + q * t->strides[3], real ? G.g[q * I + i] : 0);
+                    mxfp8i_moe_st(t, n * t->strides[0] + i * t->strides[2] + q * t->strides[3],
+                                  real ? G.g[q * I + i] : 0);
                     mxfp8i_moe_st(t, n * t->strides[0] + t->strides[1] + i * t->strides[2] + q * t->strides[3],
                                   real ? G.u[q * I + i] : 0);
                 }

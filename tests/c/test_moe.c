@@ -405,7 +405,8 @@ static void test_prequantized(void) {
         uint8_t *d1 = xc(E * H * 2 * I), *t1 = xc(E * H * ((2 * I + 31) / 32)), *d2 = xc(E * I * H),
                 *t2 = xc(E * I * ((H + 31) / 32));
         mxfp8_tensor w1f = v3(P.W1, MXFP8_DTYPE_F32, E, H, 2 * I);
-        mxfp8_tensor d1v = v3(d1, MXFP8_DTYPE_E4M3, E, H, 2 * I), t1v = v3(t1, MXFP8_DTYPE_E8M0, E, H, (2 * I + 31) / 32);
+        mxfp8_tensor d1v = v3(d1, MXFP8_DTYPE_E4M3, E, H, 2 * I);
+        mxfp8_tensor t1v = v3(t1, MXFP8_DTYPE_E8M0, E, H, (2 * I + 31) / 32);
         mxfp8_tensor d2v = v3(d2, MXFP8_DTYPE_E4M3, E, I, H), t2v = v3(t2, MXFP8_DTYPE_E8M0, E, I, (H + 31) / 32);
         CHECK(mxfp8_quantize(&w1f, 2, &qp, &d1v, &t1v) == MXFP8_OK, "quantize W1 bwd: %s", mxfp8_last_error_message());
         CHECK(mxfp8_quantize(&w2, 2, &qp, &d2v, &t2v) == MXFP8_OK, "quantize W2 bwd: %s", mxfp8_last_error_message());
@@ -422,7 +423,8 @@ static void test_prequantized(void) {
         A.down_proj_weight = d2v;
         A.down_weight_scales = t2v;
         CHECK(mxfp8_moe_backward(&A, &k2.g) == MXFP8_OK, "backward prequant: %s", mxfp8_last_error_message());
-        grads_bitwise(&k1, &k2, 0, aff ? "backward ON_H: pre-quantized vs on-the-fly" : "backward ON_I: pre-quantized vs on-the-fly");
+        grads_bitwise(&k1, &k2, 0,
+                      aff ? "backward ON_H: pre-quantized vs on-the-fly" : "backward ON_I: pre-quantized vs on-the-fly");
         /* the golden agrees too (pre-quantized path of the golden) */
         grads gq;
         grads_make(&gq, &P, MXFP8_DTYPE_F64, 0);
@@ -708,7 +710,8 @@ static void test_edges(void) {
         for (int64_t t = V; t < P.T; t++) {
             CHECK(((float *)k1.p[1])[t] == 0.0f, "dense: da[%lld] past the count not zero", (long long)t);
             for (int64_t h = 0; h < P.H; h++)
-                CHECK(((float *)k1.p[0])[t * P.H + h] == 0.0f, "dense: dX row %lld past the count not zero", (long long)t);
+                CHECK(((float *)k1.p[0])[t * P.H + h] == 0.0f, "dense: dX row %lld past the count not zero",
+                      (long long)t);
         }
         int64_t N = (P.T + P.B - 1) / P.B;
         int32_t *tok = xc(4 * N * P.B), *be = xc(4 * N);
