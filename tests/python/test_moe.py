@@ -490,3 +490,35 @@ def test_strided_views_and_dtypes(rng):
     k = ours(bf, cfgi)  # without checkpoints only the BF16 rounding of the gradients remains
     for g in GRADS:
         assert relerr(k[g], o[g]) <= 4e-3, g
+
+
+def test_config_fields(rng):
+    """Seed field names and value forms; bad values raise ValueError naming the field; hardware knobs are inert."""
+    import enum
+
+    class ActFnType(enum.Enum):  # the NKI enum's shape (member names)
+        SiLU = 0
+        GELU = 1
+        Swish = 3
+    p = make(rng, 20, 32, 16, 2, 1, 8)
+    ref = ours(p, config("swish"))
+    k = ours(p, mxfp8.MXFP8MOEBwdConfig(activation_type=ActFnType.Swish, fp8_x4_dtype="float8_e4m3fn_x4",
+                                         compute_dtype=ml_dtypes.bfloat16, shard_option="shard_on_block",
+                                         fast_dma_transpose=True, pe_transpose_only=True, phase3_transpose_mode="dma",
+                                         output_grad_swizzle_mode="dgt",
+                                         phase1_config=mxfp8.MatmulMxfp8KernelConfig(tile_m=64, tile_n=64)))
+    for g in GRADS[:4]:
+        assert np.array_equal(k[g], ref[g]), g
+    for bad, field in ((dict(activation_type=ActFnType.GELU), "activation_type"),
+                       (dict(affinity_option="on_x"), "affinity_option"),
+                       (dict(compute_dtype="float16"), "compute_dtype"),
+                       (dict(clamp_limits=mxfp8.ClampLimits(linear_clamp_upper_limit=float("nan"))), "clamp_limits")):
+        with pytest.raises(ValueError, match=field):
+            ours(p, mxfp8.MXFP8MOEBwdConfig(**bad))
+    with pytest.raises(mxfp8.MXFP8Error) as ei:  # lower > upper is the library's check
+        ours(p, mxfp8.MXFP8MOEBwdConfig(clamp_limits=mxfp8.ClampLimits(linear_clamp_lower_limit=1.0,
+                                                                       linear_clamp_upper_limit=0.0)))
+    assert ei.value.status == 2
+    with pytest.raises(mxfp8.MXFP8Error) as ei:
+        ours(p, mxfp8.MXFP8MOEBwdConfig(phase3_config=mxfp8.MatmulMxfp8KernelConfig(quant_scheme="wrapx")))
+    assert ei.value.status == 9  # UNSUPPORTED
