@@ -68,6 +68,33 @@ int64_t mxfp8i_amx_panel_bytes(int64_t K, int w) {
     return mxfp8i_amx_chunks(K) * MXFP8I_AMX_CHUNK_BYTES;
 }
 
+/* In-place transpose of a 16x16 matrix of dwords held as 16 rows. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* u[4i + c]: column c of each 128-bit lane, rows 4i .. 4i+3 */
+        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int c = 0; c < 4; c++) { /* t[c]: lanes 0, 2 of rows 0-7; t[4 + c]: lanes 1, 3; t[8 + ...]: rows 8-15 */
+        t[c] = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
+        t[4 + c] = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+        t[8 + c] = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);           /* column c */
+        r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);  /* column 4 + c */
+        r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xDD);       /* column 8 + c */
+        r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xDD); /* column 12 + c */
+    }
+}
+
 static void amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel_v, int swap) {
     uint8_t *panel = panel_v;
     const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
@@ -107,7 +134,7 @@ static void amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K
                 /* Pair dwords of each row: bf16(kk = 2p) | bf16(kk = 2p + 1) << 16 (the high halves of the
                  * BF16-exact FP32 values), rotated by 16 bits when swap. A: row r's 16 dwords at byte r*64 (the
                  * [r][kk] bf16 layout); B (VNNI): dword (p, j) at byte p*64 + j*4, a 16x16 transpose. */
-                uint32_t w[16 * 16] __attribute__((aligned(64)));
+                __m512i w[16];
                 for (int j = 0; j < 16; j++) {
                     __m512i v0 = _mm512_load_si512((const void *)(t + j * 32));
                     __m512i v1 = _mm512_load_si512((const void *)(t + j * 32 + 16));
@@ -115,12 +142,12 @@ static void amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K
                     __m512i d = _mm512_or_si512(_mm512_srli_epi32(e, 16),
                                                 _mm512_and_si512(o, _mm512_set1_epi32((int)0xFFFF0000u)));
                     if (swap) d = _mm512_rol_epi32(d, 16);
-                    _mm512_store_si512((void *)(is_b ? (void *)(w + j * 16) : (void *)(slot + j * 64)), d);
+                    if (is_b) w[j] = d;
+                    else _mm512_store_si512((void *)(slot + j * 64), d);
                 }
                 if (is_b) {
-                    uint32_t *s = (uint32_t *)slot;
-                    for (int p = 0; p < 16; p++)
-                        for (int j = 0; j < 16; j++) s[p * 16 + j] = w[j * 16 + p];
+                    transpose16(w);
+                    for (int p = 0; p < 16; p++) _mm512_store_si512((void *)(slot + p * 64), w[p]);
                 }
             }
         }
