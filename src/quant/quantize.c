@@ -188,6 +188,8 @@ typedef struct nd_plan {
     int64_t st[3][MXFP8_MAX_DIMS];
     int64_t outer;        /* product of the other dimensions */
     int64_t lines, chunk; /* lines per panel; lines per work item */
+    int64_t K, kchunk;    /* axis length; axis indices per work item (whole groups / wrapX tiles) */
+    bool cols;            /* the line dimension has unit stride in all three tensors (and the axis does not) */
 } nd_plan;
 
 /* Choose the line dimension: for rows (the axis has unit stride in src and out), the largest other dimension; for
@@ -214,6 +216,8 @@ static void plan_make(nd_plan *pl, const mxfp8_tensor *t0, const mxfp8_tensor *t
     }
     pl->line_dim = best;
     pl->lines = best >= 0 ? t0->shape[best] : 1;
+    pl->K = t0->shape[axis];
+    pl->cols = !rows && best >= 0 && t0->strides[best] == 1 && t1->strides[best] == 1 && t2->strides[best] == 1;
     pl->outer = 1;
     for (int i = 0; i < t0->ndim; i++)
         if (i != axis && i != best) pl->outer *= t0->shape[i];
@@ -230,8 +234,22 @@ static void plan_offsets(const nd_plan *pl, int64_t o, int64_t off[3]) {
     }
 }
 
-static void plan_split(nd_plan *pl, int64_t K, int nt) {
+/* Work items: for the cols geometry (wide enough), ranges of the axis (whole groups; whole 512-tiles for wrapX, so
+ * each range tiles exactly as the full axis does) over full-width lines, which keeps every row a long sequential
+ * stream; otherwise ranges of lines. */
+static void plan_split(nd_plan *pl, int64_t K, int nt, mxfp8_group_scheme group) {
     int64_t items_wanted = (int64_t)nt * 4;
+    pl->kchunk = K;
+    if (pl->cols && pl->lines >= 64 && K > 0) {
+        int64_t granule = group == MXFP8_GROUP_WRAPX ? 512 : 32;
+        int64_t per_outer = pl->outer >= items_wanted ? 1 : mxfp8i_ceil_div(items_wanted, pl->outer);
+        int64_t kc = mxfp8i_ceil_div(K, per_outer), min_k = mxfp8i_ceil_div(16384, pl->lines);
+        if (kc < min_k) kc = min_k;
+        kc = mxfp8i_ceil_div(kc, granule) * granule;
+        pl->kchunk = kc < K ? kc : K;
+        pl->chunk = pl->lines;
+        return;
+    }
     int64_t per = pl->lines;
     if (pl->outer < items_wanted) per = mxfp8i_ceil_div(pl->lines, mxfp8i_ceil_div(items_wanted, pl->outer));
     /* Keep chunks of whole SIMD widths for the cols geometry and at least ~16 KiB of work each. */
@@ -319,20 +337,22 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     plan_make(&pl, src, data, scales, ax);
     int64_t K = src->shape[ax];
     int nt = threads_for(numel);
-    plan_split(&pl, K, nt);
-    int64_t per_panel = mxfp8i_ceil_div(pl.lines, pl.chunk), items = pl.outer * per_panel;
+    plan_split(&pl, K, nt, qp.group);
+    int64_t nk = mxfp8i_ceil_div(K, pl.kchunk), per_panel = mxfp8i_ceil_div(pl.lines, pl.chunk) * nk;
+    int64_t items = pl.outer * per_panel;
     int64_t es_src = (int64_t)mxfp8_dtype_size(src->dtype);
     int ld = pl.line_dim;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && items > 1)
     for (int64_t it = 0; it < items; it++) {
-        int64_t o = it / per_panel, l0 = (it % per_panel) * pl.chunk, off[3];
+        int64_t o = it / per_panel, l0 = (it % per_panel) / nk * pl.chunk, k0 = (it % nk) * pl.kchunk, off[3];
         plan_offsets(&pl, o, off);
-        int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk;
+        off[0] += k0 * pl.st[0][ax], off[1] += k0 * pl.st[1][ax], off[2] += k0 / 32 * pl.st[2][ax];
+        int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk, kn = K - k0 < pl.kchunk ? K - k0 : pl.kchunk;
         int64_t ls0 = ld >= 0 ? pl.st[0][ld] : 0, ls1 = ld >= 0 ? pl.st[1][ld] : 0, ls2 = ld >= 0 ? pl.st[2][ld] : 0;
         mxfp8i_qpanel p = {(const char *)src->data + (off[0] + l0 * ls0) * es_src,
                            src->dtype,
                            n,
-                           K,
+                           kn,
                            ls0,
                            pl.st[0][ax],
                            qp.fmt,
@@ -380,20 +400,22 @@ mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scal
     plan_make(&pl, data, out, scales, ax);
     int64_t K = data->shape[ax];
     int nt = threads_for(numel);
-    plan_split(&pl, K, nt);
-    int64_t per_panel = mxfp8i_ceil_div(pl.lines, pl.chunk), items = pl.outer * per_panel;
+    plan_split(&pl, K, nt, group);
+    int64_t nk = mxfp8i_ceil_div(K, pl.kchunk), per_panel = mxfp8i_ceil_div(pl.lines, pl.chunk) * nk;
+    int64_t items = pl.outer * per_panel;
     int64_t es_out = (int64_t)mxfp8_dtype_size(out->dtype);
     int ld = pl.line_dim;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && items > 1)
     for (int64_t it = 0; it < items; it++) {
-        int64_t o = it / per_panel, l0 = (it % per_panel) * pl.chunk, off[3];
+        int64_t o = it / per_panel, l0 = (it % per_panel) / nk * pl.chunk, k0 = (it % nk) * pl.kchunk, off[3];
         plan_offsets(&pl, o, off);
-        int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk;
+        off[0] += k0 * pl.st[0][ax], off[1] += k0 * pl.st[1][ax], off[2] += k0 / 32 * pl.st[2][ax];
+        int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk, kn = K - k0 < pl.kchunk ? K - k0 : pl.kchunk;
         int64_t ls0 = ld >= 0 ? pl.st[0][ld] : 0, ls1 = ld >= 0 ? pl.st[1][ld] : 0, ls2 = ld >= 0 ? pl.st[2][ld] : 0;
         mxfp8i_dqpanel p = {(const uint8_t *)data->data + off[0] + l0 * ls0,
                             fmt,
                             n,
-                            K,
+                            kn,
                             ls0,
                             pl.st[0][ax],
                             (const uint8_t *)scales->data + off[2] + l0 * ls2,

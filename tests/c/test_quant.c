@@ -288,6 +288,27 @@ static void test_threads_and_transpose(void) {
         size_t ns = axis ? (size_t)(R * 76) : (size_t)(10 * C);
         TU_CHECK(!memcmp(c1, c2, (size_t)n) && !memcmp(s1, s2, ns), "axis %d: results depend on the thread count",
                  axis);
+        /* dequantize (split between threads along the axis or the lines) against the one-element oracle */
+        int64_t sh[2] = {R, C}, ssh[2] = {R, C};
+        ssh[axis] = (sh[axis] + 31) / 32;
+        float *deq = tu_alloc((size_t)n * 4);
+        mxfp8_tensor D = mxfp8_tensor_make(c1, MXFP8_DTYPE_E4M3, 2, sh), S = mxfp8_tensor_make(s1, MXFP8_DTYPE_E8M0, 2, ssh),
+                     O = mxfp8_tensor_make(deq, MXFP8_DTYPE_F32, 2, sh);
+        for (int nt = 1; nt <= 3; nt += 2) {
+            mxfp8_set_num_threads(nt);
+            TU_CHECK(mxfp8_dequantize(&D, &S, axis, MXFP8_GROUP_1X32, &O) == MXFP8_OK, "dequantize: %s",
+                     mxfp8_last_error_message());
+            int64_t bad = 0;
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < C; c++) {
+                    float want;
+                    uint8_t sc = axis ? s1[r * ssh[1] + c / 32] : s1[(r / 32) * C + c];
+                    mxfp8i_dequantize_group_ref(&c1[r * C + c], 1, sc, MXFP8_FMT_E4M3, &want);
+                    bad += tu_f32_bits(want) != tu_f32_bits(deq[r * C + c]);
+                }
+            TU_CHECK(bad == 0, "dequantize axis %d, %d threads: %lld elements differ", axis, nt, (long long)bad);
+        }
+        free(deq);
     }
     mxfp8_set_num_threads(0);
     free(c1), free(c2), free(s1), free(s2), free(x);
