@@ -239,7 +239,8 @@ MXFP8_API mxfp8_status mxfp8_scale_layout_shape(mxfp8_scale_layout layout, int64
 
 /** Convert compact scales [F, G] (dtype E8M0 or U8) into `layout`; `out` must have the shape given by
  *  mxfp8_scale_layout_shape(layout, F, K) with G = ceil(K/32) and dtype E8M0 or U8. Unused positions get 0.
- *  Errors: NULL_POINTER, INVALID_ARGUMENT, DTYPE, SHAPE_MISMATCH, ALIASING. [NKI-Q], cuBLAS docs. */
+ *  Errors: NULL_POINTER, INVALID_ARGUMENT, DTYPE, SHAPE_MISMATCH, SIZE_OVERFLOW (K < 0), ALIASING. [NKI-Q], cuBLAS
+ *  docs. */
 MXFP8_API mxfp8_status mxfp8_scales_to_layout(const mxfp8_tensor *compact, int64_t K, mxfp8_scale_layout layout,
                                               mxfp8_tensor *out);
 /** Inverse of mxfp8_scales_to_layout: read scales in `layout` for an operand of F = compact->shape[0] rows and K
