@@ -77,17 +77,4 @@ void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rul
  *  pre-quantized operand. out[0..K). */
 void mxfp8i_gop_load_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_group_scheme group, float *out);
 
-/** The wrapX (sub)tile containing index k of an axis of length K (K % 128 == 0): start *k0 and size *P. */
-static inline void mxfp8i_wrapx_tile(int64_t k, int64_t K, int64_t *k0, int64_t *P) {
-    int64_t full = (K / 512) * 512;
-    if (k < full) { *k0 = (k / 512) * 512; *P = 512; return; }
-    int64_t rem = K - full, s = full;
-    if (rem >= 256) {
-        if (k < s + 256) { *k0 = s; *P = 256; return; }
-        s += 256;
-    }
-    *k0 = s;
-    *P = 128;
-}
-
 #endif /* MXFP8_GEMM_GEMM_H */

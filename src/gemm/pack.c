@@ -164,7 +164,7 @@ static inline int64_t elem_off(const mxfp8i_gop *op, int64_t r, int64_t k, int *
         return r * op->s0 + k * op->s1;
     }
     int64_t k0, P;
-    mxfp8i_wrapx_tile(k, op->K, &k0, &P);
+    mxfp8i_wrapx_tile_of(op->K, k, &k0, &P);
     int64_t S = P / 4, s = (k - k0) / S, p = (k - k0) % S, row = k0 / 4 + p;
     if (op->x4) { *byte = (int)s; return row * op->s0 + r * op->s1; }
     *byte = 0;
@@ -207,20 +207,6 @@ static void load_row_hp(const mxfp8i_gop *op, int64_t r, float *x) {
 }
 
 /* Member list of compact group g: idx[0..n). Members are given in ascending k. */
-static inline int group_members(int64_t K, mxfp8_group_scheme group, int64_t g, int64_t *idx) {
-    if (group == MXFP8_GROUP_1X32) {
-        int64_t k0 = g * 32;
-        int n = (int)(K - k0 < 32 ? K - k0 : 32);
-        for (int q = 0; q < n; q++) idx[q] = k0 + q;
-        return n;
-    }
-    int64_t k0, P;
-    mxfp8i_wrapx_tile(g * 32, K, &k0, &P);
-    int64_t S = P / 4, j = g - k0 / 32;
-    for (int s = 0; s < 4; s++)
-        for (int q = 0; q < 8; q++) idx[s * 8 + q] = k0 + s * S + 8 * j + q;
-    return 32;
-}
 
 void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_scale_rule rule,
                         mxfp8_group_scheme group, float *out, float *tmp) {
@@ -237,7 +223,7 @@ void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8
         int64_t idx[32];
         float xg[32], yg[32];
         for (int64_t g = 0; g < G; g++) {
-            int n = group_members(K, group, g, idx);
+            int n = mxfp8i_group_members(K, group, g, idx);
             for (int q = 0; q < n; q++) xg[q] = tmp[idx[q]];
             mxfp8i_qdq_group_ref(xg, n, fmt, rule, yg);
             for (int q = 0; q < n; q++) out[idx[q]] = yg[q];
@@ -248,7 +234,7 @@ void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8
     uint8_t cg[32];
     float yg[32];
     for (int64_t g = 0; g < G; g++) {
-        int n = group_members(K, group, g, idx);
+        int n = mxfp8i_group_members(K, group, g, idx);
         for (int q = 0; q < n; q++) cg[q] = code_at(op, r, idx[q]);
         mxfp8i_dequantize_group_ref(cg, n, scale_at(op, r, g), fmt, yg);
         for (int q = 0; q < n; q++) out[idx[q]] = yg[q];
