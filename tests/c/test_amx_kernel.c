@@ -12,7 +12,9 @@
  *  4. The AVX512-BF16 (VDPBF16PS) kernel on the same panels and cases, in both pair orders: the order its self-test
  *     picks must reproduce the reference, and the trap cases must tell the two orders apart; without the routing the
  *     real unit's DAZ/FTZ must show (negative control on hardware) -- skipped without AVX512-BF16.
- *  5. The real AMX kernel on the same cases, and the one-time self-test -- skipped (with a line saying so) when the
+ *  5. Under a caller's FTZ/DAZ/round-toward-zero MXCSR the kernels still equal the (IEEE) reference, and the caller's
+ *     MXCSR is restored.
+ *  6. The real AMX kernel on the same cases, and the one-time self-test -- skipped (with a line saying so) when the
  *     CPU lacks AMX-BF16 or the OS refuses XTILEDATA.
  * Sections 1-3 need AVX-512F/BW (the folder is compiled for it); without it the whole test is skipped.
  */
@@ -165,6 +167,21 @@ int main(void) {
                  q4, f4);
     } else {
         printf("test_amx_kernel: AVX512-BF16 kernel not run: CPU lacks AVX512-BF16\n");
+    }
+    /* The caller's MXCSR (flush-to-zero, denormals-are-zero, round toward zero) must not change a bit: the kernels
+     * run their exact path under IEEE defaults. The reference inside the checker is computed under IEEE too. */
+    {
+        unsigned saved, ftz = 0x1F80u | 0x8000u | 0x0040u | 0x6000u; /* FTZ | DAZ | RC = toward zero */
+        __asm__ volatile("stmxcsr %0" : "=m"(saved));
+        __asm__ volatile("ldmxcsr %0" ::"m"(ftz));
+        int nf = 0, ff = mxfp8i_amx_check_kernel(1, 0, &nf);
+        int fd = info.has_avx512_bf16 && mxfp8i_avx512bf16_self_test(NULL) == 1 ? mxfp8i_amx_check_kernel(3, 0, NULL) : 0;
+        unsigned after;
+        __asm__ volatile("stmxcsr %0" : "=m"(after));
+        __asm__ volatile("ldmxcsr %0" ::"m"(saved));
+        TU_CHECK(ff == 0, "under FTZ/DAZ/round-toward-zero the emulated kernel differs in %d of %d cases", ff, nf);
+        TU_CHECK(fd == 0, "under FTZ/DAZ/round-toward-zero the AVX512-BF16 kernel differs in %d cases", fd);
+        TU_CHECK((after & 0xFFC0u) == (ftz & 0xFFC0u), "the kernels did not restore the caller's MXCSR: 0x%x", after);
     }
     if (info.has_amx_tile && info.has_amx_bf16 && info.amx_permitted) {
         int nr = 0, fr = mxfp8i_amx_check_kernel(0, 0, &nr);

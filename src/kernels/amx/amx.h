@@ -96,6 +96,21 @@ void mxfp8i_bf16_gemm_32x32__amxemu(int64_t k0, int64_t kc, const void *a, const
                                     int mr, int nr, int load_c, int route);
 
 /* ---- helpers shared by the kernels on these panels ---- */
+/** The exact path's FMAs must be IEEE (round to nearest, no FTZ/DAZ) whatever the caller set in MXCSR (a fast-math
+ *  program, a Python extension): each kernel entry runs under the default control bits and restores the caller's.
+ *  The tile and VDPBF16PS instructions ignore MXCSR. */
+static inline unsigned mxfp8i_amx_mxcsr_enter(void) {
+    unsigned csr;
+    __asm__ volatile("stmxcsr %0" : "=m"(csr));
+    if ((csr & 0xFFC0u) != 0x1F80u) {
+        unsigned ieee = 0x1F80u | (csr & 0x3Fu); /* keep the sticky exception flags */
+        __asm__ volatile("ldmxcsr %0" ::"m"(ieee));
+    }
+    return csr;
+}
+static inline void mxfp8i_amx_mxcsr_leave(unsigned csr) {
+    if ((csr & 0xFFC0u) != 0x1F80u) __asm__ volatile("ldmxcsr %0" ::"m"(csr));
+}
 /** The facts of a chunk (its 64-byte header: tile 0, tile 1). */
 static inline const mxfp8i_amx_meta *mxfp8i_amx_chunk_meta(const void *chunk) {
     return (const mxfp8i_amx_meta *)chunk;

@@ -399,13 +399,17 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
 
 void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr,
                                  int nr, int load_c) {
+    unsigned csr = mxfp8i_amx_mxcsr_enter();
     kernel_body(0, 1, k0, kc, a, b, c, ldc, mr, nr, load_c);
+    mxfp8i_amx_mxcsr_leave(csr);
 }
 
 void mxfp8i_bf16_gemm_32x32__amxemu(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                     int mr, int nr, int load_c, int route) {
+    unsigned csr = mxfp8i_amx_mxcsr_enter();
     if (route) kernel_body(1, 1, k0, kc, a, b, c, ldc, mr, nr, load_c);
     else kernel_body(1, 0, k0, kc, a, b, c, ldc, mr, nr, load_c);
+    mxfp8i_amx_mxcsr_leave(csr);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -475,7 +479,9 @@ static int run_case(check_ws *w, int kind, uint64_t seed, int64_t K, int mr, int
                 for (int i = 0; i < MXFP8I_MR; i++) w->ap[k * MXFP8I_MR + i] = m0 + i < 32 ? A[(m0 + i) * K + k] : 0.0f;
                 for (int j = 0; j < MXFP8I_NR; j++) w->bp[k * MXFP8I_NR + j] = n0 + j < 32 ? B[(n0 + j) * K + k] : 0.0f;
             }
+            unsigned csr = mxfp8i_amx_mxcsr_enter(); /* the reference is IEEE fmaf, whatever the caller set */
             mxfp8i_f32_gemm_8x32__ref(K, w->ap, w->bp, w->c_ref + m0 * 32 + n0, 32, mrr, nrr, load_c);
+            mxfp8i_amx_mxcsr_leave(csr);
         }
     void (*pack)(int, const float *, int64_t, int, int64_t, void *) =
         (kind == 3 || kind == 5) ? mxfp8i_amx_pack_swapped : mxfp8i_amx_pack;

@@ -90,11 +90,15 @@ static inline __attribute__((always_inline)) void kernel(int route, int64_t k0, 
 
 void mxfp8i_bf16_gemm_32x32__avx512bf16(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                         int mr, int nr, int load_c) {
+    unsigned csr = mxfp8i_amx_mxcsr_enter();
     kernel(1, k0, kc, a, b, c, ldc, mr, nr, load_c);
+    mxfp8i_amx_mxcsr_leave(csr);
 }
 void mxfp8i_bf16_gemm_32x32__avx512bf16_noroute(int64_t k0, int64_t kc, const void *a, const void *b, float *c,
                                                 int64_t ldc, int mr, int nr, int load_c) {
+    unsigned csr = mxfp8i_amx_mxcsr_enter();
     kernel(0, k0, kc, a, b, c, ldc, mr, nr, load_c);
+    mxfp8i_amx_mxcsr_leave(csr);
 }
 
 static once_flag g_once = ONCE_FLAG_INIT;
