@@ -6,8 +6,9 @@
 #            mxfp8_dequantize vs the reference group quantizer). Default: all four.
 #   Seeds:   tests/fuzz/corpus/<target>/ (committed; regenerate with tests/fuzz/make_corpus.py). Inputs the run finds
 #            go to $FUZZ_BUILD/corpus/<target>/ (not committed), crashes to $FUZZ_BUILD/artifacts/.
-#   Limits:  -malloc_limit_mb (default 64): the readers must never allocate more than the file holds, and inputs are
-#            at most -max_len bytes, so a larger single allocation is a bug and fails the run.
+#   Limits:  inputs are at most -max_len (8 KiB; quantize 4 KiB) bytes, and -malloc_limit_mb fails the run on any
+#            single allocation above 1 MiB for the readers (which must never allocate more than the file holds) and
+#            above FUZZ_MALLOC_MB (64) for the others.
 # Any crash, sanitizer report, leak, or failed assertion fails the script and prints the reproducer's path; add it
 # to tests/fuzz/corpus/<target>/ once fixed. Reproduce with: $FUZZ_BUILD/tests/fuzz/fuzz_<target> <file>.
 # Environment: FUZZ_SECONDS (60), FUZZ_TARGETS, FUZZ_BUILD (build-fuzz), JOBS (2), FUZZ_MALLOC_MB (64).
@@ -41,10 +42,14 @@ for t in $TARGETS; do
   work=$FB/corpus/$t
   mkdir -p "$work"
   log=$FB/fuzz_$t.log
-  case $t in quantize) maxlen=4096 ;; *) maxlen=8192 ;; esac
+  case $t in
+    quantize) maxlen=4096 mlimit=$MALLOC_MB ;;
+    npy | safetensors) maxlen=8192 mlimit=1 ;;
+    *) maxlen=8192 mlimit=$MALLOC_MB ;;
+  esac
   echo "fuzz: $t for ${SECONDS_EACH} s (seeds: $(ls "$seeds" | wc -l) files in $seeds)"
   if "$FB/tests/fuzz/fuzz_$t" -max_total_time="$SECONDS_EACH" -timeout=10 -max_len=$maxlen \
-      -malloc_limit_mb="$MALLOC_MB" -rss_limit_mb=2048 -print_final_stats=1 \
+      -malloc_limit_mb="$mlimit" -rss_limit_mb=2048 -print_final_stats=1 \
       -artifact_prefix="$FB/artifacts/$t-" "$work" "$seeds" >"$log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo '?')
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
