@@ -91,6 +91,11 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     int64_t hint = config->K > 0 ? config->K : -1;
     mxfp8i_gop ga, gb;
     int a_x4 = a->values.dtype == MXFP8_DTYPE_U32 && !a->swizzled;
+    /* issue 6: a config.K that disagrees with a plain operand's K is the config's error, not the operand's */
+    if (hint > 0 && !a_x4 && !a->swizzled && a->values.ndim == 2 && a->values.shape[1] >= 0 &&
+        a->values.shape[1] != hint)
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: config.K = %lld disagrees with %s's K = %lld", fn,
+                            (long long)hint, na, (long long)a->values.shape[1]);
     if (hint < 0 && a_x4) {
         if ((st = mxfp8i_gop_from_operand(fn, nb, b, -1, config->float8_dtype, config->quant_scheme, &gb)))
             return st;

@@ -471,7 +471,7 @@ static const special sp_gemm[] = {
     {"config lnc_2_shard_rhs 2", g_shard, MXFP8_ERR_INVALID_ARGUMENT, "lnc_2_shard_rhs", "2"},
     {"config output_dtype 99", g_outdt, MXFP8_ERR_INVALID_ARGUMENT, "output_dtype", "99"},
     {"config M disagrees", g_M, MXFP8_ERR_SHAPE_MISMATCH, "M", "9"},
-    {"config K disagrees", g_K, MXFP8_ERR_SHAPE_MISMATCH, NULL, "65"}, /* reported as "a has K 64, expected 65" */
+    {"config K disagrees", g_K, MXFP8_ERR_SHAPE_MISMATCH, "K", "65"},
     {"config N disagrees", g_N, MXFP8_ERR_SHAPE_MISMATCH, "N", "3"},
     {"accumulate into bf16", g_acc_bf16, MXFP8_ERR_DTYPE, "c", NULL},
     {"wrapX with K = 64", g_wrapx, MXFP8_ERR_UNSUPPORTED, NULL, "64"},
