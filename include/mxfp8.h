@@ -17,7 +17,11 @@
  *    and the bad value (thread-local: each thread sees its own last error).
  *  - The library never aborts, never prints, and keeps no pointer to caller memory after a call returns.
  *  - Tensors are plain, non-owning views (mxfp8_tensor): data pointer, dtype, ndim, shape, strides in ELEMENTS
- *    (not bytes). Row-major contiguous views are made with mxfp8_tensor_make().
+ *    (not bytes). Row-major contiguous views are made with mxfp8_tensor_make(). Every view is checked: extents >= 0
+ *    (else SIZE_OVERFLOW, as for an overflowing element count), the byte span its strides address must fit in
+ *    int64 (else BAD_STRIDES); an OUTPUT view must also address distinct elements (no zero stride over an extent
+ *    > 1, no interleaved dimensions: sorted by |stride|, each stride exceeds the span of the smaller ones), else
+ *    BAD_STRIDES. Inputs may repeat elements (e.g. zero strides for broadcasting).
  *  - An optional tensor argument is "absent" when its data pointer is NULL (use MXFP8_TENSOR_NONE).
  *  - All functions are thread-safe: any number of threads may call the library at once on separate buffers.
  *  - Results never depend on the thread count, the ISA path chosen for quantization, or any speed-only knob
