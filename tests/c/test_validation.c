@@ -205,11 +205,12 @@ static void restore(fx *f, const saved *s) {
 /* ---- generic mutations -------------------------------------------------------------------------------- */
 typedef enum {
     GEN_NULLPTR, GEN_DATA_NULL, GEN_NEG_SHAPE, GEN_OVERFLOW, GEN_STRIDE_MAX, GEN_STRIDE_SPAN, GEN_DTYPE_BAD,
-    GEN_DTYPE_UNKNOWN, GEN_NDIM_BIG, GEN_RANK, GEN_EXTENT, GEN_ALIAS, GEN_ZERO_STRIDE, GEN_COUNT
+    GEN_DTYPE_UNKNOWN, GEN_NDIM_BIG, GEN_RANK, GEN_EXTENT, GEN_ALIAS, GEN_ZERO_STRIDE, GEN_OVERLAP, GEN_COUNT
 } gen_kind;
 static const char *gen_name[] = {"NULL pointer", "NULL data", "negative extent", "shape product overflows",
                                  "stride INT64_MAX", "stride span overflows", "unaccepted dtype", "unknown dtype",
-                                 "ndim > MAX_DIMS", "rank + 1", "extent + 1", "alias", "zero stride"};
+                                 "ndim > MAX_DIMS", "rank + 1", "extent + 1", "alias", "zero stride",
+                                 "overlapping dimensions"};
 
 static int big_dim(const mxfp8_tensor *t) {
     int d = -1;
@@ -308,6 +309,16 @@ static void run_generic(fx *f, const saved *s) {
                 if (!(f->flags[i] & F_OUT) || d < 0) break;
                 t->strides[d] = 0;
                 expect(f, what, MXFP8_ERR_BAD_STRIDES, f->name[i], NULL);
+                break;
+            case GEN_OVERLAP: /* two dimensions of extent > 1 with stride 1: elements repeat */
+                if (!(f->flags[i] & F_OUT) || d < 0) break;
+                for (int k = 0; k < t->ndim; k++)
+                    if (k != d && t->shape[k] >= 2) {
+                        t->strides[k] = 1;
+                        t->strides[d] = 1;
+                        expect(f, what, MXFP8_ERR_BAD_STRIDES, f->name[i], NULL);
+                        break;
+                    }
                 break;
             case GEN_COUNT: break;
             }
