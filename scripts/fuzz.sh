@@ -3,7 +3,8 @@
 # `make fuzz` (FUZZ_SECONDS default 60) and `make test` call it.
 #
 #   targets: npy, safetensors (tools/io readers), cli (tools/cli.c argument parser), quantize (mxfp8_quantize /
-#            mxfp8_dequantize vs the reference group quantizer). Default: all four.
+#            mxfp8_dequantize vs the reference group quantizer), moe (mxfp8_moe_route and mxfp8_moe_backward on
+#            arbitrary token / expert ids: accepted exactly when valid). Default: all five.
 #   Seeds:   tests/fuzz/corpus/<target>/ (committed; regenerate with tests/fuzz/make_corpus.py). Inputs the run finds
 #            go to $FUZZ_BUILD/corpus/<target>/ (not committed), crashes to $FUZZ_BUILD/artifacts/.
 #   Limits:  inputs are at most -max_len (8 KiB; quantize 4 KiB) bytes, and -malloc_limit_mb fails the run on any
@@ -16,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_EACH=${FUZZ_SECONDS:-60}
-TARGETS=${FUZZ_TARGETS:-npy safetensors cli quantize}
+TARGETS=${FUZZ_TARGETS:-npy safetensors cli quantize moe}
 FB=${FUZZ_BUILD:-build-fuzz}
 JOBS=${JOBS:-2}
 MALLOC_MB=${FUZZ_MALLOC_MB:-64}
@@ -43,7 +44,7 @@ for t in $TARGETS; do
   mkdir -p "$work"
   log=$FB/fuzz_$t.log
   case $t in
-    quantize) maxlen=4096 mlimit=$MALLOC_MB ;;
+    quantize | moe) maxlen=4096 mlimit=$MALLOC_MB ;;
     npy | safetensors) maxlen=8192 mlimit=1 ;;
     *) maxlen=8192 mlimit=$MALLOC_MB ;;
   esac

@@ -111,4 +111,16 @@ q("nan_inf", [0, 31, 0, 0, 0, 0x01, 0], f32([float("nan"), float("inf"), -1.0, 2
 q("bad_axis", [1, 4, 4, 0, 0x85, 0x00, 0], f32([1]))
 q("bad_enums", [1, 4, 4, 0, 1, 0x2E, 0], f32([1]))
 q("bad_shapes", [1, 4, 40, 0, 1, 0x00, 0x7C], f32([1]))
+# ---- moe: T-1, E-1, B-1, selector (odd: route with top-k 1 + (sel >> 1) % E; even: backward), then ids ----
+out("moe", "route_t5_e3_k2", bytes([4, 2, 3, 3, 0, 1, 2, 0, 1, 2, 0, 2, 1, 0, 0]))
+out("moe", "route_dup", bytes([3, 2, 1, 3, 1, 1, 0, 2, 2, 0, 0]))
+out("moe", "route_bad_id", bytes([2, 1, 1, 1, 0, 2, 1]))
+# backward: flags (bit0 skip_token, bit1 single_expert_dense, bit2 num_valid_tokens), N-1, nvt, N*B token ids, N ids
+out("moe", "bwd_valid", bytes([4, 1, 3, 0, 1, 1, 0, 0, 2, 4, 0xFF, 0xFF, 1, 3, 0xFF, 0xFF, 0, 1]))
+out("moe", "bwd_skip0_pad_T", bytes([3, 1, 1, 0, 0, 1, 0, 0, 0xFE, 1, 2, 0xFE, 1, 0]))
+out("moe", "bwd_bad_token", bytes([3, 1, 1, 0, 1, 0, 0, 5, 0, 0]))
+out("moe", "bwd_bad_expert", bytes([3, 1, 1, 0, 1, 0, 0, 1, 2, 2]))
+out("moe", "bwd_dense_nvt", bytes([7, 0, 3, 0, 6, 0, 3]))
+out("moe", "bwd_dense_nvt_neg", bytes([7, 0, 3, 0, 6, 0, 0xF0]))
+out("moe", "bwd_huge_ids", bytes([2, 1, 0, 0, 1, 0, 0, 0xFF, 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0x80, 0, 0, 0, 0]))
 print("corpus written to", os.path.join(HERE, "corpus"))
