@@ -139,8 +139,9 @@ void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, int64_t M, int64_t N, in
     out->tile_m = round_up(in->tile_m > 0 ? in->tile_m : 128, uk->mr);
     out->tile_n = round_up(in->tile_n > 0 ? in->tile_n : 256, uk->nr);
     /* [perf hook] the BF16 chunk-panel kernels reload and check their 32x32 accumulators per call: a deeper k tile
-     * (512) measured ~16% faster than 128 at 1024x2048x1024 on this AMD Zen 4 (speed only). */
-    out->tile_k = round_up(in->tile_k > 0 ? in->tile_k : (uk->kalign > 1 ? 512 : 128), uk->kalign);
+     * (512) measured ~16% faster than 128 at 1024x2048x1024 on this AMD Zen 4, and 2048 another 3-6% over 512 on
+     * the kernel alone (4 x 8 panels, K = 2048: 220 -> 227 GFLOP/s; K = 4096: 206 -> 214) (speed only). */
+    out->tile_k = round_up(in->tile_k > 0 ? in->tile_k : (uk->kalign > 1 ? 2048 : 128), uk->kalign);
     out->tiles_in_block_m = in->tiles_in_block_m > 0 ? in->tiles_in_block_m : 4;
     out->tiles_in_block_n = in->tiles_in_block_n > 0 ? in->tiles_in_block_n : 2;
     out->tiles_in_block_k = in->tiles_in_block_k > 0 ? in->tiles_in_block_k : 1;
@@ -166,6 +167,61 @@ static void *alloc_bytes(int64_t n) {
     return aligned_alloc(64, (size_t)n);
 }
 
+/* Workspace reuse (gemm.h, mxfp8i_gemm_ws_begin): slot s of the calling thread's cache keeps its buffer (grow-only)
+ * between GEMMs while a scope is open. Slots: 0 = B panels, 1 = A panels (spill_reload), 2, 3 = the shared A block
+ * rows, 4 + 4 t + j = thread t's accumulators, scratch, tmp, A block row. */
+typedef struct ws_cache {
+    int depth;
+    int cap;
+    void **p;
+    int64_t *n;
+} ws_cache;
+static _Thread_local ws_cache g_wsc;
+
+void mxfp8i_gemm_ws_begin(void) { g_wsc.depth++; }
+void mxfp8i_gemm_ws_end(void) {
+    if (g_wsc.depth <= 0 || --g_wsc.depth > 0) return;
+    for (int i = 0; i < g_wsc.cap; i++) free(g_wsc.p[i]);
+    free(g_wsc.p);
+    free(g_wsc.n);
+    memset(&g_wsc, 0, sizeof g_wsc);
+}
+/* A buffer of n bytes for slot s: from the cache inside a scope, else freshly allocated (release with ws_put). */
+static void *ws_get(int s, int64_t n) {
+    ws_cache *w = &g_wsc;
+    if (w->depth <= 0) return alloc_bytes(n);
+    if (s >= w->cap) {
+        int cap = s + 16;
+        void **p = realloc(w->p, (size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        w->p = p;
+        int64_t *nn = realloc(w->n, (size_t)cap * sizeof *nn);
+        if (!nn) return NULL;
+        w->n = nn;
+        for (int i = w->cap; i < cap; i++) w->p[i] = NULL, w->n[i] = 0;
+        w->cap = cap;
+    }
+    if (w->p[s] && w->n[s] >= n) return w->p[s];
+    free(w->p[s]);
+    w->p[s] = alloc_bytes(n);
+    w->n[s] = w->p[s] ? n : 0;
+    return w->p[s];
+}
+static void ws_put(void *p) {
+    if (g_wsc.depth <= 0) free(p);
+}
+
+/* Every GEMM runs under IEEE MXCSR defaults (round to nearest, no FTZ/DAZ) on each of its threads and restores the
+ * caller's: the FP32 kernels' FMAs, the epilogue's additions and conversions would otherwise follow a fast-math or
+ * flush-denormals caller (the quantizers and the BF16 chunk kernels guard themselves likewise). */
+#if defined(__x86_64__)
+static inline unsigned csr_enter(void) { return mxfp8i_amx_mxcsr_enter(); }
+static inline void csr_leave(unsigned c) { mxfp8i_amx_mxcsr_leave(c); }
+#else
+static inline unsigned csr_enter(void) { return 0; }
+static inline void csr_leave(unsigned c) { (void)c; }
+#endif
+
 /* ---------------------------------------------------------------------------------------------------------- */
 /* the driver                                                                                                  */
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -179,6 +235,8 @@ typedef struct gemm_ctx {
     int64_t pa_stride, pb_stride; /* bytes between consecutive A / B panels */
     char *Bp, *Ap;
     char **abuf;                  /* per thread: A panels of one block row (spill_reload = 0) */
+    char *ash[2];                 /* coop: the A panels of block rows mb (ash[mb & 1]), packed by all threads */
+    int coop;                     /* threads share the packing of each block row's A panels (shard along N) */
     float **cblk;                 /* per thread: FP32 accumulators of one block [MCb, ldcb] */
     float **scratch, **tmp;       /* per thread: packing scratch (max(mr, nr) * K floats), K floats + scale bytes */
     int nt;
@@ -243,14 +301,16 @@ static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1,
 }
 
 /* One output block (mb, nb): all its tiles in tile_loop_order, then the epilogue. */
-static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_t *packed_mb) {
+static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_t *packed_mb, const char *Acoop) {
     const mxfp8_matmul_config *cfg = x->cfg;
     const mxfp8i_ukernel *uk = x->uk;
     int64_t m0 = mb * x->MCb, m1 = m0 + x->MCb < x->M ? m0 + x->MCb : x->M;
     int64_t n0 = nb * x->NCb, n1 = n0 + x->NCb < x->N ? n0 + x->NCb : x->N;
     int64_t K = x->K;
     const char *Ablk;
-    if (x->Ap) {
+    if (Acoop) {
+        Ablk = Acoop;
+    } else if (x->Ap) {
         Ablk = x->Ap + (m0 / uk->mr) * x->pa_stride;
     } else {
         if (*packed_mb != mb) {
@@ -313,12 +373,29 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
     int64_t packed_mb = -1;
     int64_t mlo = shard_n ? 0 : s0, mhi = shard_n ? nother : s1;
     int64_t nlo = shard_n ? s0 : 0, nhi = shard_n ? s1 : nother;
-    if (m_first) {
+    if (x->coop) {
+        /* Every thread needs every block row of A (its share is a range of block columns): the threads pack each
+         * block row's panels together, once, into one of two shared buffers. One barrier per block row: a thread
+         * packs row mb + 2 into the buffer of row mb only after every thread has packed row mb + 1, i.e. after
+         * every thread has finished its blocks of row mb. */
+        for (int64_t mb = 0; mb < x->MB; mb++) {
+            int64_t m0 = mb * x->MCb, m1 = m0 + x->MCb < x->M ? m0 + x->MCb : x->M;
+            int64_t np = mxfp8i_ceil_div(m1 - m0, uk->mr);
+            char *buf = x->ash[mb & 1];
+            for (int64_t p = tid; p < np; p += nt) pack_panel(x, tid, x->a, 0, m0 + p * uk->mr, buf + p * x->pa_stride);
+#ifdef _OPENMP
+            if (nt > 1) {
+#pragma omp barrier
+            }
+#endif
+            for (int64_t nb = nlo; nb < nhi; nb++) run_block(x, tid, mb, nb, &packed_mb, buf);
+        }
+    } else if (m_first) {
         for (int64_t mb = mlo; mb < mhi; mb++)
-            for (int64_t nb = nlo; nb < nhi; nb++) run_block(x, tid, mb, nb, &packed_mb);
+            for (int64_t nb = nlo; nb < nhi; nb++) run_block(x, tid, mb, nb, &packed_mb, NULL);
     } else {
         for (int64_t nb = nlo; nb < nhi; nb++)
-            for (int64_t mb = mlo; mb < mhi; mb++) run_block(x, tid, mb, nb, &packed_mb);
+            for (int64_t mb = mlo; mb < mhi; mb++) run_block(x, tid, mb, nb, &packed_mb, NULL);
     }
 }
 
@@ -336,7 +413,9 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     int64_t M = a->R, N = b->R, K = a->K;
     if (M == 0 || N == 0) return MXFP8_OK;
     if (K == 0) {
+        unsigned csr = csr_enter();
         write_zero_sum(c, M, N, accumulate);
+        csr_leave(csr);
         return MXFP8_OK;
     }
     mxfp8_matmul_config defaults, cfg;
@@ -379,21 +458,39 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
         !mxfp8i_mul_size(bm, x.ldcb * 4, &nC) || !mxfp8i_mul_size(wmax * 8, K, &nS) ||
         !mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &nT))
         return st;
-    x.Bp = alloc_bytes(nbB);
-    if (cfg.spill_reload) x.Ap = alloc_bytes(nbA);
+    /* Shared A block rows: threads split along N walk the block rows in the same order (block_loop_order with m
+     * before n) and need all of them; packing each once instead of once per thread (spill_reload = 0 only). */
+    {
+        int d[3], m_first = 1;
+        loop_dims(cfg.block_loop_order, d);
+        for (int q = 0; q < 3; q++) {
+            if (d[q] == 0) { m_first = 1; break; }
+            if (d[q] == 1) { m_first = 0; break; }
+        }
+        x.coop = nt > 1 && !cfg.spill_reload && cfg.lnc_2_shard_rhs && m_first;
+    }
+    x.Bp = ws_get(0, nbB);
+    if (cfg.spill_reload) x.Ap = ws_get(1, nbA);
+    if (x.coop) {
+        x.ash[0] = ws_get(2, nbAblk);
+        x.ash[1] = ws_get(3, nbAblk);
+    }
     x.abuf = calloc((size_t)nt, sizeof(char *));
     x.cblk = calloc((size_t)nt, sizeof(float *));
     x.scratch = calloc((size_t)nt, sizeof(float *));
     x.tmp = calloc((size_t)nt, sizeof(float *));
-    int ok = x.Bp && (!cfg.spill_reload || x.Ap) && x.abuf && x.cblk && x.scratch && x.tmp;
+    int need_abuf = !cfg.spill_reload && !x.coop;
+    int ok = x.Bp && (!cfg.spill_reload || x.Ap) && (!x.coop || (x.ash[0] && x.ash[1])) && x.abuf && x.cblk &&
+             x.scratch && x.tmp;
     for (int t = 0; ok && t < nt; t++) {
-        x.cblk[t] = alloc_bytes(nC);
-        x.scratch[t] = alloc_bytes(nS);
-        x.tmp[t] = alloc_bytes(nT);
-        if (!cfg.spill_reload) x.abuf[t] = alloc_bytes(nbAblk);
-        ok = x.cblk[t] && x.scratch[t] && x.tmp[t] && (cfg.spill_reload || x.abuf[t]);
+        x.cblk[t] = ws_get(4 + 4 * t, nC);
+        x.scratch[t] = ws_get(5 + 4 * t, nS);
+        x.tmp[t] = ws_get(6 + 4 * t, nT);
+        if (need_abuf) x.abuf[t] = ws_get(7 + 4 * t, nbAblk);
+        ok = x.cblk[t] && x.scratch[t] && x.tmp[t] && (!need_abuf || x.abuf[t]);
     }
     if (ok) {
+        unsigned csr = csr_enter();
         if (nt == 1) {
             thread_body(&x, 0, 1);
         } else {
@@ -401,26 +498,31 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
 #pragma omp parallel num_threads(nt)
             {
                 /* If the runtime gives fewer threads, the shares follow the real count (buffers exist for nt). */
+                unsigned wcsr = csr_enter();
                 thread_body(&x, omp_get_thread_num(), omp_get_num_threads());
+                csr_leave(wcsr);
             }
 #else
             thread_body(&x, 0, 1);
 #endif
         }
+        csr_leave(csr);
         st = MXFP8_OK;
     }
     for (int t = 0; t < nt; t++) {
-        if (x.cblk) free(x.cblk[t]);
-        if (x.scratch) free(x.scratch[t]);
-        if (x.tmp) free(x.tmp[t]);
-        if (x.abuf) free(x.abuf[t]);
+        if (x.cblk) ws_put(x.cblk[t]);
+        if (x.scratch) ws_put(x.scratch[t]);
+        if (x.tmp) ws_put(x.tmp[t]);
+        if (x.abuf) ws_put(x.abuf[t]);
     }
     free(x.cblk);
     free(x.scratch);
     free(x.tmp);
     free(x.abuf);
-    free(x.Bp);
-    free(x.Ap);
+    ws_put(x.Bp);
+    ws_put(x.Ap);
+    ws_put(x.ash[0]);
+    ws_put(x.ash[1]);
     return st;
 }
 

@@ -48,6 +48,14 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads);
 
+/** Workspace reuse across the GEMMs of one public call (speed only). Between mxfp8i_gemm_ws_begin() and
+ *  mxfp8i_gemm_ws_end() on one thread, the GEMMs started from that thread keep their buffers (packed panels,
+ *  accumulators, scratch; grow-only) for the next GEMM instead of freeing them, so repeated GEMMs take no page faults
+ *  of fresh memory; end frees everything (nested scopes are counted, the outermost end frees). The peak is the sum
+ *  over buffers of the largest size any GEMM in the scope asked for: no more than one GEMM at the largest M, N, K. */
+void mxfp8i_gemm_ws_begin(void);
+void mxfp8i_gemm_ws_end(void);
+
 /** mxfp8_gemm without the validation and with an explicit thread count (for src/ops/moe.c and friends): same
  *  arguments and semantics as mxfp8_gemm (config may be NULL = defaults). The caller guarantees what mxfp8_gemm
  *  would check (views valid, shapes agree, no aliasing, dtypes accepted). Returns MXFP8_OK or OUT_OF_MEMORY (or the

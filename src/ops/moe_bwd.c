@@ -21,6 +21,7 @@
  */
 #include <stdlib.h>
 
+#include "../gemm/gemm.h" /* mxfp8i_gemm_ws_begin/end */
 #include "moe_internal.h"
 
 void mxfp8i_moe_in_bwd(const mxfp8_moe_bwd_args *a, mxfp8i_moe_in *in) {
@@ -231,6 +232,8 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     }
 
+    /* The block GEMMs reuse one set of GEMM buffers (no fresh pages per GEMM); freed at `done`. */
+    mxfp8i_gemm_ws_begin();
     /* Accumulators start at zero; given values are added once at the end (accumulate / skip_grad_init). */
     memset(w.dx, 0, sizeof(float) * (size_t)(T * H));
     memset(w.dw1, 0, sizeof(float) * (size_t)(E * H * I2));
@@ -405,6 +408,7 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
 oom:
     st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM workspace (outputs untouched)", fn);
 done:
+    mxfp8i_gemm_ws_end();
     mxfp8i_moe_wq_free(&wq);
     ws_free(&w);
     mxfp8i_moe_free(&p);
