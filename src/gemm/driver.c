@@ -282,7 +282,10 @@ static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1,
         const float *src = cb + (m - m0) * x->ldcb;
         if (x->accumulate) {
             float *dst = (float *)c->data + m * cs0 + n0 * cs1;
-            for (int64_t n = 0; n < nn; n++) dst[n * cs1] = dst[n * cs1] + src[n];
+            if (cs1 == 1) /* unit stride: the compiler vectorizes it (the same one FP32 addition per element) */
+                for (int64_t n = 0; n < nn; n++) dst[n] = dst[n] + src[n];
+            else
+                for (int64_t n = 0; n < nn; n++) dst[n * cs1] = dst[n * cs1] + src[n];
         } else if (c->dtype == MXFP8_DTYPE_F32) {
             float *dst = (float *)c->data + m * cs0 + n0 * cs1;
             if (cs1 == 1) memcpy(dst, src, (size_t)nn * sizeof(float));

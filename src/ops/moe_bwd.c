@@ -8,7 +8,7 @@
  *   Phase 1             dI_raw = dY_blk @ W2[e]^T (ON_I)  or  dI = D @ W2[e]^T, D = a*dY_blk (ON_H); along H
  *   affinity grad       ON_I: sum_i dI_raw*inter + sum_h dY*b2 ; ON_H: sum_h dY*down (down: checkpoint or the
  *                       forward's GEMM 2 recomputed) ; sums in FP64
- *   activation bwd      dGU = [dI*u*act'(g)*[lo<g<hi] | dI*act(g)*[lo<u<hi]]  (FP32)
+ *   activation bwd      dGU = [dI*u*act'(g)*pass(g) | dI*act(g)*pass(u)]  (FP32; pass = mxfp8i_moe_clamp_pass)
  *   Phase 2             dX_blk = dGU @ W1[e]^T (W1[e] as [H, 2I]); along 2I; scatter-added in block order
  *   Phase 3             dW1[e] += X_blk^T @ dGU; along the block's positions
  *   Phase 4             dW2[e] += S^T @ dY_blk (S = a*inter, ON_I) or inter^T @ D (ON_H); along the positions
@@ -102,13 +102,34 @@ mxfp8_status mxfp8i_moe_check_bwd_grads(const mxfp8i_moe *p, const mxfp8i_moe_in
     return mxfp8i_moe_check_outputs_alias(fn, in, 6, outs, on, ex, en, 6);
 }
 
+/* mxfp8i_load_f32 / mxfp8i_store_f32 with the BF16 conversions inline (exactly mxfp8_bf16_to_fp32 and
+ * mxfp8_fp32_to_bf16: a shift; RNE with NaN quieted, sign kept): the per-element library calls were ~6% of the
+ * backward's CPU time (checkpoint and gather loads, the final rounding of dX, dW1, dW2). */
+static inline float ldf(const void *data, mxfp8_dtype dt, int64_t off) {
+    if (dt == MXFP8_DTYPE_BF16) {
+        uint32_t u = (uint32_t)((const uint16_t *)data)[off] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    return mxfp8i_load_f32(data, dt, off);
+}
+static inline uint16_t bf16_rne(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float ld2(const mxfp8_tensor *t, int64_t r, int64_t c) {
+    return ldf(t->data, t->dtype, r * t->strides[0] + c * t->strides[1]);
+}
+
 /* Element (n, i, q) of an [N, I, B] checkpoint / (n, j, i, q) of [N, 2, I, B] / (n, q, h) of [N, B, H]. */
 static inline float ck3(const mxfp8_tensor *t, int64_t n, int64_t x, int64_t y) {
-    return mxfp8i_load_f32(t->data, t->dtype, n * t->strides[0] + x * t->strides[1] + y * t->strides[2]);
+    return ldf(t->data, t->dtype, n * t->strides[0] + x * t->strides[1] + y * t->strides[2]);
 }
 static inline float ck4(const mxfp8_tensor *t, int64_t n, int64_t j, int64_t i, int64_t q) {
-    return mxfp8i_load_f32(t->data, t->dtype,
-                           n * t->strides[0] + j * t->strides[1] + i * t->strides[2] + q * t->strides[3]);
+    return ldf(t->data, t->dtype, n * t->strides[0] + j * t->strides[1] + i * t->strides[2] + q * t->strides[3]);
 }
 
 /* Store a row-major flat FP32 / FP64 buffer into a view; add != 0: the view's value + src (one FP32 addition). */
@@ -125,11 +146,18 @@ static void store_flat_f(const mxfp8_tensor *t, const float *src, int add) {
     if (contiguous(t) && t->dtype != MXFP8_DTYPE_F64) { /* fast path: one pass, threads split the range */
         const int nt = mxfp8i_moe_nt((double)n);
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int c = 0; c < nt; c++)
+        for (int c = 0; c < nt; c++) {
+            if (t->dtype == MXFP8_DTYPE_BF16) {
+                uint16_t *d = (uint16_t *)t->data;
+                for (int64_t k = n * c / nt; k < n * (c + 1) / nt; k++)
+                    d[k] = bf16_rne(add ? ldf(d, MXFP8_DTYPE_BF16, k) + src[k] : src[k]);
+                continue;
+            }
             for (int64_t k = n * c / nt; k < n * (c + 1) / nt; k++) {
                 float v = add ? mxfp8i_load_f32(t->data, t->dtype, k) + src[k] : src[k];
                 mxfp8i_store_f32(t->data, t->dtype, k, v);
             }
+        }
         return;
     }
     for (int64_t k = 0; k < n; k++) {
@@ -258,8 +286,8 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t q = 0; q < L; q++)
             for (int64_t h = 0; h < H; h++) {
-                xb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p.X, tok[q], h) : 0.0f;
-                dyb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p.dY, tok[q], h) : 0.0f;
+                xb[q * H + h] = tok[q] >= 0 ? ld2(&p.X, tok[q], h) : 0.0f;
+                dyb[q * H + h] = tok[q] >= 0 ? ld2(&p.dY, tok[q], h) : 0.0f;
             }
 
         /* g, u: checkpoint or the forward's GEMM 1 */
@@ -332,9 +360,9 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
                 float gv = g[q * I + i], uv = u[q * I + i];
                 float dg = 0.0f, du = 0.0f;
                 if (real) {
-                    if (c->gate_clamp_lower < gv && gv < c->gate_clamp_upper)
+                    if (mxfp8i_moe_clamp_pass(gv, c->gate_clamp_lower, c->gate_clamp_upper))
                         dg = dIv * uv * mxfp8i_moe_dact(c->activation, gv);
-                    if (c->up_clamp_lower < uv && uv < c->up_clamp_upper) du = dIv * act[q * I + i];
+                    if (mxfp8i_moe_clamp_pass(uv, c->up_clamp_lower, c->up_clamp_upper)) du = dIv * act[q * I + i];
                 }
                 dgu[q * I2 + i] = dg;
                 dgu[q * I2 + I + i] = du;
