@@ -459,7 +459,8 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
  *     Phase 1  dI_raw = dY_blk @ W2[e]^T            (both operands quantized along H)
  *              AFFINITY_ON_I: da = sum_i dI_raw*inter + sum_h dY*b2;  dI = a * dI_raw
  *              AFFINITY_ON_H: D = a*dY_blk (down_proj_act_checkpoint), dI = D @ W2[e]^T;  da = sum_h dY * down
- *              d_gate = dI * u * act'(g) * [lo_g < g < hi_g];  d_up = dI * act(g) * [lo_u < u < hi_u]
+ *              d_gate = pass_g(g) ? dI * u * act'(g) : 0;  d_up = pass_u(u) ? dI * act(g) : 0
+ *              pass(x) = [lo absent or !(x <= lo)] and [hi absent or !(x >= hi)]  (see mxfp8_moe_config)
  *              dGU = [d_gate | d_up]
  *     Phase 2  dX_blk = dGU @ W1[e]^T  (W1[e] viewed [H, 2I]; quantized along 2I); hidden_states_grad[t] += dX_blk[p]
  *     Phase 3  dW1[e] += X_blk^T @ dGU              (quantized along the block's B positions)
@@ -564,8 +565,11 @@ MXFP8_API mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8
                                        mxfp8_tensor *expert_affinities_masked);
 
 /** MXFP8MOEBwdConfig [NKI-E] (also used by the forward and the golden references). Clamp limits: -INFINITY /
- *  +INFINITY mean "None"; a clamp clips g (u) to [lower, upper] in the forward and the backward's masks are strict
- *  (lower < g < upper), so a value exactly at a limit gets zero gradient. */
+ *  +INFINITY mean "None" (issue 4: an absent limit is unbounded); a clamp clips g (u) to [lower, upper] in the
+ *  forward and the backward's masks are strict (lower < g < upper), so a value exactly at a limit gets zero gradient.
+ *  Non-finite values propagate, never hidden (issue 2): clamp(NaN) = NaN; an absent limit applies no mask at all
+ *  (+-Inf and NaN pass); a present limit masks g <= lower / g >= upper and NaN counts as inside (its gradient is
+ *  NaN); act(NaN) = act'(NaN) = NaN for SiLU, Swish and SquaredReLU (whose max(g, 0) keeps NaN). */
 typedef struct mxfp8_moe_config {
     mxfp8_dtype compute_dtype;           /**< BF16 (default) or F32; intermediates are FP32 regardless (see above) */
     mxfp8_format quant_dtype;            /**< E4M3 (default) or E5M2: element format of every GEMM operand */

@@ -112,35 +112,41 @@ mxfp8i_moe_op mxfp8i_moe_op_w2_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w);  
 /** Clamp keeping NaN (absent limits are +-INFINITY). */
 static inline float mxfp8i_moe_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 static inline double mxfp8i_moe_clamp_d(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
+/** Gradient mask of a clamp (1 = the clamp passed the value through). An absent limit (-INFINITY lower,
+ *  +INFINITY upper) masks nothing, so +-Inf and NaN pass; a present limit masks with strict comparisons where NaN
+ *  counts as inside (non-finite values propagate, never hidden: issues 2 and 4). */
+static inline int mxfp8i_moe_clamp_pass(double x, double lo, double hi) {
+    return (lo == -INFINITY || !(x <= lo)) && (hi == INFINITY || !(x >= hi));
+}
 
 /** act(g) in FP32; the same expression everywhere (forward, checkpoints, recompute) so results are bitwise equal. */
 static inline float mxfp8i_moe_act(mxfp8_activation act, float g) {
     switch (act) {
     case MXFP8_ACT_SWISH: return g * (1.0f / (1.0f + expf(-1.702f * g)));
-    case MXFP8_ACT_SQUARED_RELU: { float r = g > 0.0f ? g : 0.0f; return r * r; }
+    case MXFP8_ACT_SQUARED_RELU: { float r = !(g <= 0.0f) ? g : 0.0f; return r * r; } /* NaN stays NaN */
     default: return g * (1.0f / (1.0f + expf(-g)));
     }
 }
 /** act'(g) in FP32. SiLU: s(1 + g(1 - s)); Swish: s(1 + 1.702 g (1 - s)) with s = sigmoid(1.702 g);
- *  SquaredReLU: 2 max(g, 0). */
+ *  SquaredReLU: 2 max(g, 0). act(NaN) = act'(NaN) = NaN for all three. */
 static inline float mxfp8i_moe_dact(mxfp8_activation act, float g) {
     switch (act) {
     case MXFP8_ACT_SWISH: { float s = 1.0f / (1.0f + expf(-1.702f * g)); return s * (1.0f + 1.702f * g * (1.0f - s)); }
-    case MXFP8_ACT_SQUARED_RELU: return g > 0.0f ? 2.0f * g : 0.0f;
+    case MXFP8_ACT_SQUARED_RELU: return !(g <= 0.0f) ? 2.0f * g : 0.0f;
     default: { float s = 1.0f / (1.0f + expf(-g)); return s * (1.0f + g * (1.0f - s)); }
     }
 }
 static inline double mxfp8i_moe_act_d(mxfp8_activation act, double g) {
     switch (act) {
     case MXFP8_ACT_SWISH: return g / (1.0 + exp(-1.702 * g));
-    case MXFP8_ACT_SQUARED_RELU: { double r = g > 0.0 ? g : 0.0; return r * r; }
+    case MXFP8_ACT_SQUARED_RELU: { double r = !(g <= 0.0) ? g : 0.0; return r * r; }
     default: return g / (1.0 + exp(-g));
     }
 }
 static inline double mxfp8i_moe_dact_d(mxfp8_activation act, double g) {
     switch (act) {
     case MXFP8_ACT_SWISH: { double s = 1.0 / (1.0 + exp(-1.702 * g)); return s * (1.0 + 1.702 * g * (1.0 - s)); }
-    case MXFP8_ACT_SQUARED_RELU: return g > 0.0 ? 2.0 * g : 0.0;
+    case MXFP8_ACT_SQUARED_RELU: return !(g <= 0.0) ? 2.0 * g : 0.0;
     default: { double s = 1.0 / (1.0 + exp(-g)); return s * (1.0 + g * (1.0 - s)); }
     }
 }

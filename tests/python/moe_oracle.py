@@ -30,7 +30,7 @@ def act(name, g):
     if name == "swish":
         return g / (1.0 + np.exp(-K_SWISH * g))
     if name == "squared_relu":
-        return np.maximum(g, 0.0) ** 2
+        return np.where(g > 0.0, g, np.where(np.isnan(g), g, 0.0)) ** 2  # NaN stays NaN
     raise ValueError(name)
 
 
@@ -42,8 +42,21 @@ def dact(name, g):
         s = 1.0 / (1.0 + np.exp(-K_SWISH * g))
         return s + K_SWISH * g * s * (1.0 - s)
     if name == "squared_relu":
-        return 2.0 * np.maximum(g, 0.0)
+        return 2.0 * np.where(g > 0.0, g, np.where(np.isnan(g), g, 0.0))
     raise ValueError(name)
+
+
+def clamp_pass(x, lo, hi):
+    """Gradient mask of a clamp (issue 4: an absent limit is unbounded; issue 2: non-finite values propagate): an
+    absent limit (None = -inf / +inf) masks nothing; a present one masks x <= lo / x >= hi; NaN is never masked."""
+    x = np.asarray(x)
+    m = np.ones(x.shape, bool)
+    with np.errstate(invalid="ignore"):
+        if lo != -np.inf:
+            m &= ~(x <= lo)
+        if hi != np.inf:
+            m &= ~(x >= hi)
+    return m
 
 
 def num_blocks(T, K, E, B):
@@ -176,8 +189,8 @@ def backward(X, a, W1, W2, tok, be, dY, B, *, b1=None, b2=None, activation="silu
             dI = mm(D, W2[e].T, 1, 0, quant)
             dab = (dyb * blk["down"]).sum(1)
             dW2[e] += mm(inter.T, D, 1, 0, quant)
-        dg = dI * u * dact(activation, g) * ((glo < g) & (g < ghi))
-        du = dI * ac * ((ulo < u) & (u < uhi))
+        dg = np.where(clamp_pass(g, glo, ghi), dI * u * dact(activation, g), 0.0)
+        du = np.where(clamp_pass(u, ulo, uhi), dI * ac, 0.0)
         dgu = np.concatenate([dg, du], axis=1)
         dgu[~real] = 0.0
         np.add.at(dX, t[real], mm(dgu, W1[e].reshape(H, 2 * I).T, 1, 0, quant)[real])
