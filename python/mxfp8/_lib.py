@@ -36,7 +36,10 @@ Tensor views
 
 Enumerations (string -> C value; ``parse(table, value, param)`` raises ValueError naming ``param``; matching is
 case-insensitive and also accepts the C integer value or, for formats, an ml_dtypes float8 dtype):
-    FORMATS      {"e4m3": 0, "e5m2": 1}  (also "float8_e4m3fn", "float8_e4m3", "float8_e5m2")
+    FORMATS      {"e4m3": 0, "e5m2": 1}: ``fmt`` of quantize (issue 2's names), exact spelling
+    FLOAT8_DTYPES {"float8_e4m3fn": 0, "float8_e5m2": 1}: ``float8_dtype`` / MoE ``fp8_x4_dtype`` (the seed pages'
+                 strings, exact spelling; "float8_e4m3" is ml_dtypes' IEEE-like e4m3 -- a different format -- and
+                 is rejected like any other string)
     SCALE_RULES  {"nki": 0, "ocp": 1, "rceil": 2}
     GROUPS       {"1x32": 0, "wrapx": 1}
     LAYOUTS      {"compact": 0, "nki_unpacked": 1, "nki_packed": 2, "swizzle_128x4": 3}
@@ -130,7 +133,8 @@ def np_dtype(code):
 
 
 # ---- enumerations ----
-FORMATS = {"e4m3": 0, "e5m2": 1, "float8_e4m3fn": 0, "float8_e4m3": 0, "e4m3fn": 0, "float8_e5m2": 1}
+FORMATS = {"e4m3": 0, "e5m2": 1}
+FLOAT8_DTYPES = {"float8_e4m3fn": 0, "float8_e5m2": 1}
 FORMAT_NAMES = {0: "e4m3", 1: "e5m2"}
 FORMAT_DTYPE = {0: E4M3, 1: E5M2}  # format -> dtype code of its element codes
 SCALE_RULES = {"nki": 0, "ocp": 1, "rceil": 2}
@@ -153,8 +157,10 @@ def parse(table, value, param):
     raise ValueError(f"{param}: unknown value {value!r} (expected one of {', '.join(names)})")
 
 
-def parse_format(value, param="fmt"):
-    """An element format from a name ("e4m3", "e5m2", ...), an int, or an ml_dtypes float8 dtype."""
+def parse_format(value, param="fmt", names=None):
+    """An element format from a name of `names` (default FORMATS: "e4m3", "e5m2"; FLOAT8_DTYPES for float8_dtype),
+    spelled exactly, an int, or the ml_dtypes dtype float8_e4m3fn / float8_e5m2. Anything else: ValueError."""
+    names = FORMATS if names is None else names
     if not isinstance(value, (str, int, np.integer)):
         try:
             dt = np.dtype(value)
@@ -164,7 +170,11 @@ def parse_format(value, param="fmt"):
             return 0
         if dt == np.dtype(ml_dtypes.float8_e5m2):
             return 1
-    return parse(FORMATS, value, param)
+    if isinstance(value, str):
+        if value in names:
+            return names[value]
+        raise ValueError(f"{param}: unknown value {value!r} (expected one of {', '.join(sorted(names))})")
+    return parse(names, value, param)
 
 
 def parse_out_dtype(value, param="out_dtype"):

@@ -78,7 +78,7 @@ def _loop_order(value, param):
 
 
 def _float8(value, param="float8_dtype"):
-    return _lib.parse_format(value, param)
+    return _lib.parse_format(value, param, _lib.FLOAT8_DTYPES)
 
 
 @dataclass

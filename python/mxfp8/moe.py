@@ -193,9 +193,9 @@ class MXFP8MOEBwdConfig:
 
     def _fmt(self):
         v = self.fp8_x4_dtype
-        if isinstance(v, str) and v.strip().lower().endswith("_x4"):
-            v = v.strip().lower()[:-3]
-        return _lib.parse_format(v, "config.fp8_x4_dtype")
+        if isinstance(v, str) and v.endswith("_x4"):
+            v = v[:-3]
+        return _lib.parse_format(v, "config.fp8_x4_dtype", _lib.FLOAT8_DTYPES)
 
     def _to_c(self):
         _declare()

@@ -234,19 +234,19 @@ def test_forward_prequantized_bitwise(rng):
     M, K, N = 40, 100, 70
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = rng.standard_normal((N, K)).astype(np.float32)
-    ref = mxfp8.matmul_mxfp8(x, w, float8_dtype="e4m3", output_dtype="float32")
+    ref = mxfp8.matmul_mxfp8(x, w, float8_dtype="float8_e4m3fn", output_dtype="float32")
     cx, sx = O.quantize(x, "e4m3")
     cw, sw = O.quantize(w, "e4m3")
     for lay in ("compact", "nki_unpacked", "nki_packed", "swizzle_128x4"):
-        y = mxfp8.matmul_mxfp8(cx, O.pack_x4(cw), float8_dtype="e4m3", output_dtype="float32",
+        y = mxfp8.matmul_mxfp8(cx, O.pack_x4(cw), float8_dtype="float8_e4m3fn", output_dtype="float32",
                                input_scales=O.to_layout(sx, K, lay), weight_scales=O.to_layout(sw, K, lay),
                                scale_layout=lay, K=K)
         assert np.array_equal(_bits(y), _bits(ref)), lay
-    y = mxfp8.matmul_mxfp8(cx, cw, float8_dtype="e4m3", output_dtype="float32", use_scale_packing=True,
+    y = mxfp8.matmul_mxfp8(cx, cw, float8_dtype="float8_e4m3fn", output_dtype="float32", use_scale_packing=True,
                            input_scales=O.to_layout(sx, K, "nki_packed"), weight_scales=O.to_layout(sw, K, "nki_packed"))
     assert np.array_equal(_bits(y), _bits(ref))
     with pytest.raises(mxfp8.MXFP8Error) as e:  # enable_scale_packing asserts the packed layout
-        mxfp8.matmul_mxfp8(cx, cw, float8_dtype="e4m3", config=mm.MatmulMxfp8KernelConfig(enable_scale_packing=True),
+        mxfp8.matmul_mxfp8(cx, cw, float8_dtype="float8_e4m3fn", config=mm.MatmulMxfp8KernelConfig(enable_scale_packing=True),
                            input_scales=sx, weight_scales=sw)
     assert e.value.status == 2
 
@@ -298,11 +298,25 @@ def test_option_errors():
     dy = np.ones((4, 5), BF16)
     w = np.ones((5, 6), BF16)
     x = np.ones((4, 6), BF16)
-    for bad in ("float8_e4m3", "fp8", "float8_e3m4", "bfloat16", ""):
-        if bad == "float8_e4m3":
-            continue  # an accepted alias of float8_e4m3fn
+    # issue 3: "float8_e4m3fn" or "float8_e5m2"; any other string is an error ("float8_e4m3" is ml_dtypes' IEEE-like
+    # e4m3 with max 240, a different format; no case or short aliases)
+    for bad in ("float8_e4m3", "e4m3", "e4m3fn", "E4M3", "e5m2", "FLOAT8_E5M2", "Float8_e4m3fn", " float8_e5m2",
+                "fp8", "float8_e3m4", "bfloat16", "", ml_dtypes.float8_e4m3, ml_dtypes.float8_e4m3b11fnuz):
         with pytest.raises(ValueError):
             mxfp8.matmul_mxfp8_backward(dy, w, x, float8_dtype=bad)
+        with pytest.raises(ValueError):
+            mxfp8.matmul_mxfp8(x, w, float8_dtype=bad)
+        with pytest.raises(ValueError):
+            mxfp8.blockwise_mm_bwd_mxfp8(np.ones((2, 32), np.float32), np.ones((2, 1), np.float32),
+                                         np.ones((1, 32, 2, 32), np.float32), np.ones((1, 32, 32), np.float32),
+                                         np.array([0, 1], np.int32), np.array([[0]], np.int32),
+                                         np.ones((2, 32), np.float32), 2, config=mxfp8.MXFP8MOEBwdConfig(
+                                             fp8_x4_dtype=bad))
+    for ok in ("float8_e4m3fn", "float8_e5m2", ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        mxfp8.matmul_mxfp8_backward(dy, w, x, float8_dtype=ok)
+    for bad in ("float8_e4m3", "float8_e4m3fn", "E4M3", "e4m3fn", ml_dtypes.float8_e4m3):  # quantize: issue 2's names
+        with pytest.raises(ValueError):
+            mxfp8.quantize(np.ones(32, np.float32), fmt=bad)
     with pytest.raises(ValueError):
         mxfp8.matmul_mxfp8_backward(dy, w, x, tile_loop_order="xyz")
     with pytest.raises(ValueError):
