@@ -682,3 +682,40 @@ def test_matmul_bwd_generated_problem_matches_python(tmp_path):
     dx, dw = mxfp8.matmul_mxfp8_backward(p["output_grad"], p["weights"], p["input_activation"])
     np.testing.assert_array_equal(g["input_grad"].view(np.uint16), np.asarray(dx).view(np.uint16))
     np.testing.assert_array_equal(g["weight_grad"].view(np.uint16), np.asarray(dw).view(np.uint16))
+
+
+def test_float8_dtype_exact_names():
+    """Issue 3: --float8-dtype is "float8_e4m3fn" or "float8_e5m2"; any other string is an error ("float8_e4m3" is
+    ml_dtypes' IEEE-like e4m3, a different format). quantize's --fmt takes issue 2's e4m3 | e5m2 only."""
+    for cmd in ("matmul-bwd", "moe-bwd"):
+        if not _have(cmd):
+            continue
+        for bad in ("float8_e4m3", "e4m3", "e4m3fn", "E4M3", "FLOAT8_E5M2", "e5m2"):
+            r = run(cmd, "--float8-dtype", bad, check_rc=2)
+            assert "float8_e4m3fn or float8_e5m2" in r.stderr, r.stderr
+    if _have("quantize"):
+        for bad in ("float8_e4m3", "float8_e4m3fn", "e4m3fn"):
+            r = run("quantize", "x.npy", "-o", "y.safetensors", "--fmt", bad, check_rc=2)
+            assert "--fmt" in r.stderr
+
+
+def test_printed_bf16_rounding_bound():
+    """The default runs print the error BF16 rounding alone can give in their metric max|k - ref| / max|ref|:
+    2^-8 (half an ulp of an element near max|ref|, which may lie just above a power of two), not 2^-9 (the bound
+    relative to each element's own value). The numbers: 1 + 2^-8 rounds (ties to even) to 1, an error of
+    2^-8 / (1 + 2^-8) = 3.9e-3 > 2^-9 in this metric; random data never exceeds 2^-8."""
+    import ml_dtypes
+    ref = np.array([1.0 + 2.0 ** -8])
+    k = ref.astype(ml_dtypes.bfloat16).astype(np.float64)
+    assert np.abs(k - ref).max() / np.abs(ref).max() > 2.0 ** -9
+    r = np.random.default_rng(5).standard_normal(100000) * 2.0 ** np.random.default_rng(6).integers(-20, 20, 100000)
+    kr = r.astype(ml_dtypes.bfloat16).astype(np.float64)
+    assert np.abs(kr - r).max() / np.abs(r).max() <= 2.0 ** -8
+    runs = []
+    if _have("matmul-bwd"):
+        runs.append(run("matmul-bwd", "--M", "64", "--N", "96", "--K", "128", "--repeat", "1", check_rc=0))
+    if _have("moe-bwd"):
+        runs.append(run("moe-bwd", "--H", "64", "--T", "48", "--E", "3", "--B", "16", "--topk", "2", "--I", "32",
+                        check_rc=0))
+    for rr in runs:
+        assert "2^-8 = 3.91e-03" in rr.stdout and "2^-9" not in rr.stdout, rr.stdout
