@@ -717,7 +717,9 @@ MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args,
  *   mxfp8_moe_forward / mxfp8_moe_backward, with B' = min(B, T): FP32 accumulators of the full-size outputs
  *     (backward: 4 (T H + 3 E H I) for dX, dW1, dW2; forward: 4 T H), FP64 sums 8 (T E + 2 E I + E H), one expert's
  *     weights in FP32 and quantized (<= 16 H I), per-block buffers 4 B' (8 H + 12 I), the routing table
- *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP.
+ *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP;
+ *     the backward also keeps the current expert's packed weights for Phases 1 and 2 (the B operands above:
+ *     4 H (I + 32) + 8 I (H + 32)), reused by all of the expert's blocks.
  *     So the workspace stays below the bytes of the inputs and outputs themselves when those are F32 (and below
  *     twice them for BF16 gradients), independent of N beyond the routing table.
  *   Golden references (mxfp8_gemm_golden_*, mxfp8_moe_*_golden): FP32/FP64 copies of every operand (slow paths for

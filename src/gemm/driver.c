@@ -121,6 +121,12 @@ mxfp8_status mxfp8i_check_config(const char *fn, const char *name, const mxfp8_m
     if (c->lnc_2_shard_rhs < -1 || c->lnc_2_shard_rhs > 1)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.lnc_2_shard_rhs %d is not -1, 0 or 1", fn, name,
                             c->lnc_2_shard_rhs);
+    const int flag[3] = {c->enable_scale_packing, c->run_with_lnc2, c->spill_reload};
+    static const char *flag_nm[3] = {"enable_scale_packing", "run_with_lnc2", "spill_reload"};
+    for (int i = 0; i < 3; i++) /* issue 6: booleans are 0 or 1, not "any nonzero" */
+        if (flag[i] != 0 && flag[i] != 1)
+            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s %d is not 0 or 1", fn, name, flag_nm[i],
+                                flag[i]);
     if (!mxfp8i_is_float_dtype(c->output_dtype))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.output_dtype %d (%s) is not f32, bf16 or f16", fn,
                             name, (int)c->output_dtype, mxfp8_dtype_name(c->output_dtype));
@@ -170,11 +176,21 @@ static void *alloc_bytes(int64_t n) {
 /* Workspace reuse (gemm.h, mxfp8i_gemm_ws_begin): slot s of the calling thread's cache keeps its buffer (grow-only)
  * between GEMMs while a scope is open. Slots: 0 = B panels, 1 = A panels (spill_reload), 2, 3 = the shared A block
  * rows, 4 + 4 t + j = thread t's accumulators, scratch, tmp, A block row. */
+#define WS_KSLOTS 2
 typedef struct ws_cache {
     int depth;
     int cap;
     void **p;
     int64_t *n;
+    /* keyed B panels (mxfp8i_gemm_ws_bkey): buffer, bytes, the key and kernel they hold (key 0 = none) */
+    void *kp[WS_KSLOTS];
+    int64_t kn[WS_KSLOTS];
+    uint64_t key[WS_KSLOTS];
+    const void *kuk[WS_KSLOTS];
+    /* the pending key for the next GEMM */
+    int next_slot;
+    uint64_t next_key;
+    const void *next_bdata;
 } ws_cache;
 static _Thread_local ws_cache g_wsc;
 
@@ -182,9 +198,16 @@ void mxfp8i_gemm_ws_begin(void) { g_wsc.depth++; }
 void mxfp8i_gemm_ws_end(void) {
     if (g_wsc.depth <= 0 || --g_wsc.depth > 0) return;
     for (int i = 0; i < g_wsc.cap; i++) free(g_wsc.p[i]);
+    for (int i = 0; i < WS_KSLOTS; i++) free(g_wsc.kp[i]);
     free(g_wsc.p);
     free(g_wsc.n);
     memset(&g_wsc, 0, sizeof g_wsc);
+}
+void mxfp8i_gemm_ws_bkey(int slot, uint64_t key, const void *b_data) {
+    if (g_wsc.depth <= 0 || slot < 0 || slot >= WS_KSLOTS) return;
+    g_wsc.next_slot = slot;
+    g_wsc.next_key = key;
+    g_wsc.next_bdata = b_data;
 }
 /* A buffer of n bytes for slot s: from the cache inside a scope, else freshly allocated (release with ws_put). */
 static void *ws_get(int s, int64_t n) {
@@ -236,6 +259,7 @@ typedef struct gemm_ctx {
     char *Bp, *Ap;
     char **abuf;                  /* per thread: A panels of one block row (spill_reload = 0) */
     char *ash[2];                 /* coop: the A panels of block rows mb (ash[mb & 1]), packed by all threads */
+    int b_ready;                  /* Bp already holds B's panels (a keyed slot of the workspace scope) */
     int coop;                     /* threads share the packing of each block row's A panels (shard along N) */
     float **cblk;                 /* per thread: FP32 accumulators of one block [MCb, ldcb] */
     float **scratch, **tmp;       /* per thread: packing scratch (max(mr, nr) * K floats), K floats + scale bytes */
@@ -352,7 +376,8 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
     const mxfp8i_ukernel *uk = x->uk;
     /* 1-2: packing of B (and A with spill_reload), panels split between threads. */
     int64_t npb = mxfp8i_ceil_div(x->N, uk->nr);
-    for (int64_t p = tid; p < npb; p += nt) pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+    if (!x->b_ready)
+        for (int64_t p = tid; p < npb; p += nt) pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
     if (x->Ap) {
         int64_t npa = mxfp8i_ceil_div(x->M, uk->mr);
         for (int64_t p = tid; p < npa; p += nt) pack_panel(x, tid, x->a, 0, p * uk->mr, x->Ap + p * x->pa_stride);
@@ -414,6 +439,15 @@ static void write_zero_sum(const mxfp8_tensor *c, int64_t M, int64_t N, int accu
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads) {
     int64_t M = a->R, N = b->R, K = a->K;
+    /* A pending B key applies to this GEMM only, and only when its B operand is the one it was given for. */
+    int kslot = -1;
+    uint64_t bkey = 0;
+    if (g_wsc.next_key && g_wsc.depth > 0 && g_wsc.next_bdata == (const void *)b->data) {
+        kslot = g_wsc.next_slot;
+        bkey = g_wsc.next_key;
+    }
+    g_wsc.next_key = 0;
+    g_wsc.next_bdata = NULL;
     if (M == 0 || N == 0) return MXFP8_OK;
     if (K == 0) {
         unsigned csr = csr_enter();
@@ -472,7 +506,22 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
         }
         x.coop = nt > 1 && !cfg.spill_reload && cfg.lnc_2_shard_rhs && m_first;
     }
-    x.Bp = ws_get(0, nbB);
+    if (kslot >= 0) {
+        ws_cache *w = &g_wsc;
+        if (w->key[kslot] == bkey && w->kuk[kslot] == (const void *)uk && w->kn[kslot] == nbB && w->kp[kslot]) {
+            x.b_ready = 1; /* the same B operand, packed by an earlier GEMM of this scope */
+        } else {
+            w->key[kslot] = 0;
+            if (!w->kp[kslot] || w->kn[kslot] != nbB) {
+                free(w->kp[kslot]);
+                w->kp[kslot] = alloc_bytes(nbB);
+                w->kn[kslot] = w->kp[kslot] ? nbB : 0;
+            }
+        }
+        x.Bp = w->kp[kslot];
+    } else {
+        x.Bp = ws_get(0, nbB);
+    }
     if (cfg.spill_reload) x.Ap = ws_get(1, nbA);
     if (x.coop) {
         x.ash[0] = ws_get(2, nbAblk);
@@ -511,6 +560,10 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
         }
         csr_leave(csr);
         st = MXFP8_OK;
+        if (kslot >= 0) {
+            g_wsc.key[kslot] = bkey;
+            g_wsc.kuk[kslot] = uk;
+        }
     }
     for (int t = 0; t < nt; t++) {
         if (x.cblk) ws_put(x.cblk[t]);

@@ -55,6 +55,12 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
  *  over buffers of the largest size any GEMM in the scope asked for: no more than one GEMM at the largest M, N, K. */
 void mxfp8i_gemm_ws_begin(void);
 void mxfp8i_gemm_ws_end(void);
+/** Inside a scope: the next GEMM started from this thread, if its B operand's data pointer is b_data, keeps its
+ *  packed B panels in keyed slot `slot` (0 or 1) under `key` (nonzero); a later GEMM of the scope given the same
+ *  slot, key and B size skips packing B and reuses them. The caller guarantees that equal keys mean equal B values
+ *  (e.g. key = expert + 1 for one expert's quantized weights) and equal quantization settings. Speed only: the
+ *  panels are the same bytes the GEMM would pack. Costs one more B panel set per slot in the scope's peak. */
+void mxfp8i_gemm_ws_bkey(int slot, uint64_t key, const void *b_data);
 
 /** mxfp8_gemm without the validation and with an explicit thread count (for src/ops/moe.c and friends): same
  *  arguments and semantics as mxfp8_gemm (config may be NULL = defaults). The caller guarantees what mxfp8_gemm

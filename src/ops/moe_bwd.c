@@ -330,6 +330,8 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
             mxfp8i_moe_op A = {0};
             A.v = onH ? D : dyb; A.rs = H; A.ks = 1;
             mxfp8i_moe_op W = mxfp8i_moe_op_w2_h(&p, &wq);
+            /* W2[e]'s packed panels serve every block of expert e (keyed slot 0 of the GEMM workspace scope) */
+            mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.codes);
             if ((st = mxfp8i_moe_gemm(&p, L, I, H, &A, &W, 0, dI, I))) goto oom;
         }
         if (onH && !ck_down->data) { /* the forward's GEMM 2: down = inter @ W2 + b2 (contraction I) */
@@ -388,6 +390,7 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
             mxfp8i_moe_op A = {0};
             A.v = dgu; A.rs = I2; A.ks = 1;
             mxfp8i_moe_op W = mxfp8i_moe_op_w1_2i(&p, &wq);
+            mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.codes); /* W1[e] along 2I: keyed slot 1 */
             if ((st = mxfp8i_moe_gemm(&p, L, H, I2, &A, &W, 0, w.dxb, H))) goto oom;
         }
 #pragma omp parallel for schedule(static) num_threads(nt)
