@@ -546,6 +546,27 @@ AI __m512i pack_codes2(__m512i c0, __m512i c1) {
     return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), _mm512_packus_epi16(c0, c1));
 }
 
+/* 16 vectors of 32 words -> FP32 bits (word << 16) of each vector's max word, lane j for vector j: a transposing
+ * tree of 16-bit maxima (halves, quarters, qwords, dwords), then the two words of each dword; the tree leaves
+ * vector 4k + L in dword 4L + k, which the final permutation undoes. */
+AI __m512i reduce16_w(const __m512i *m) {
+    __m512i v[8], w[4], z[2];
+    for (int i = 0; i < 8; i++)
+        v[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(m[2 * i], m[2 * i + 1], 0x44),
+                                _mm512_shuffle_i64x2(m[2 * i], m[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(v[2 * i], v[2 * i + 1], 0x88),
+                                _mm512_shuffle_i64x2(v[2 * i], v[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        z[i] = _mm512_max_epu16(_mm512_unpacklo_epi64(w[2 * i], w[2 * i + 1]),
+                                _mm512_unpackhi_epi64(w[2 * i], w[2 * i + 1]));
+    __m512 a = _mm512_castsi512_ps(z[0]), b = _mm512_castsi512_ps(z[1]);
+    __m512i f = _mm512_max_epu16(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
+                                 _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)));
+    f = _mm512_slli_epi32(_mm512_max_epu16(f, _mm512_srli_epi32(f, 16)), 16);
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f);
+}
+
 /* Rows, BF16 -> codes: 16 groups per batch (amax by a 16-bit max + the transposing tree, then the 16-bit codes). */
 AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, qctx cx, void *out, uint8_t *sc, int64_t sc_gs) {
     const __m512i rcm = set1(cx.rceil);
@@ -555,11 +576,8 @@ AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, qctx cx, void *out, 
         const char *s0 = (const char *)src + b * 1024;
         uint8_t *o0 = (uint8_t *)out + b * 512;
         __m512i mm[16];
-        for (int j = 0; j < 16; j++) {
-            __m512i w = _mm512_and_si512(_mm512_loadu_si512(s0 + 64 * j), set1w(0x7FFF));
-            mm[j] = _mm512_max_epu16(w, _mm512_slli_epi32(w, 16)); /* high half of each dword: max of the pair */
-        }
-        __m512i s = scale_codes(_mm512_and_si512(reduce16(mm), set1(0xFFFF0000u)), cx.d, rcm);
+        for (int j = 0; j < 16; j++) mm[j] = _mm512_and_si512(_mm512_loadu_si512(s0 + 64 * j), set1w(0x7FFF));
+        __m512i s = scale_codes(reduce16_w(mm), cx.d, rcm);
         if (sc) {
             __m128i sb = _mm512_cvtepi32_epi8(s);
             if (sc_gs == 1)
@@ -571,14 +589,13 @@ AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, qctx cx, void *out, 
             }
         }
         __mmask16 slow = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(s, set1(Q16_SMIN)), set1(255 - Q16_SMIN));
-        __m512i k2 = _mm512_add_epi32(s, set1((uint32_t)emin));
-        k2 = _mm512_or_si512(k2, _mm512_slli_epi32(k2, 16));
+        __m512i k2v = _mm512_add_epi32(s, set1((uint32_t)emin));
+        _Alignas(64) int32_t k2[16]; /* K2 in both halves of each dword: broadcast by a plain load per group */
+        _mm512_store_si512(k2, _mm512_or_si512(k2v, _mm512_slli_epi32(k2v, 16)));
         if (!slow) {
             for (int j = 0; j < 16; j += 2) {
-                __m512i c0 = bf16_codes(_mm512_loadu_si512(s0 + 64 * j), _mm512_permutexvar_epi32(set1(j), k2), fmt,
-                                        cx.sat);
-                __m512i c1 = bf16_codes(_mm512_loadu_si512(s0 + 64 * j + 64),
-                                        _mm512_permutexvar_epi32(set1(j + 1), k2), fmt, cx.sat);
+                __m512i c0 = bf16_codes(_mm512_loadu_si512(s0 + 64 * j), _mm512_set1_epi32(k2[j]), fmt, cx.sat);
+                __m512i c1 = bf16_codes(_mm512_loadu_si512(s0 + 64 * j + 64), _mm512_set1_epi32(k2[j + 1]), fmt, cx.sat);
                 _mm512_storeu_si512(o0 + 32 * j, pack_codes2(c0, c1));
             }
             continue;
@@ -588,7 +605,7 @@ AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, qctx cx, void *out, 
                 q_row_seg(s0 + 64 * j, MXFP8_DTYPE_BF16, 32, fmt, OUT_CODES, cx, o0 + 32 * j, NULL, 1);
                 continue;
             }
-            __m512i c = bf16_codes(_mm512_loadu_si512(s0 + 64 * j), _mm512_permutexvar_epi32(set1(j), k2), fmt, cx.sat);
+            __m512i c = bf16_codes(_mm512_loadu_si512(s0 + 64 * j), _mm512_set1_epi32(k2[j]), fmt, cx.sat);
             _mm256_storeu_si256((__m256i *)(o0 + 32 * j), _mm512_cvtepi16_epi8(c));
         }
     }
