@@ -176,7 +176,9 @@ MXFP8_API int64_t mxfp8_tensor_numel(const mxfp8_tensor *t);
 /* ------------------------------------------------------------------------------------------------------------ */
 /** FP32 -> FP8 code. Round to nearest, ties to even; a finite value beyond max normal (including values that would
  *  round past it) saturates to +-max normal; NaN -> the format's canonical NaN (0x7F E4M3, 0x7E E5M2, sign kept);
- *  +-Inf -> NaN for E4M3 (which has no Inf; non-finite values are never hidden), +-Inf for E5M2. Subnormals are kept. [OCP §5.3, §6.3] */
+ *  +-Inf -> NaN for E4M3 (which has no Inf; non-finite values are never hidden), +-Inf for E5M2. Subnormals are kept. [OCP §5.3, §6.3]
+ *  These scalar codecs have no error channel: an unknown fmt (not E4M3 / E5M2) gives the code 0xFF, a NaN in both
+ *  formats, and mxfp8_fp8_to_fp32 gives NaN. */
 MXFP8_API uint8_t mxfp8_fp32_to_fp8(float x, mxfp8_format fmt);
 /** FP8 code -> FP32, exact. [OCP §5.3.2] */
 MXFP8_API float mxfp8_fp8_to_fp32(uint8_t code, mxfp8_format fmt);
@@ -192,7 +194,8 @@ MXFP8_API uint16_t mxfp8_fp32_to_fp16(float x);
 MXFP8_API float mxfp8_fp16_to_fp32(uint16_t bits);
 
 /** The shared exponent e (unbiased, in [-127, 127]) that `rule` gives a group of amax `amax` (>0, finite), and its
- *  E8M0 code e+127. amax == 0 gives code 0; a non-finite amax gives code 255. [OCP §6.3], [NKI-Q] */
+ *  E8M0 code e+127. amax == 0 gives code 0; a non-finite amax gives code 255. An unknown fmt or rule (no error
+ *  channel) gives 255, the E8M0 NaN. [OCP §6.3], [NKI-Q] */
 MXFP8_API uint8_t mxfp8_scale_code(float amax, mxfp8_format fmt, mxfp8_scale_rule rule);
 
 /* ------------------------------------------------------------------------------------------------------------ */

@@ -36,7 +36,7 @@ Tensor views
 
 Enumerations (string -> C value; ``parse(table, value, param)`` raises ValueError naming ``param``; matching is
 case-insensitive and also accepts the C integer value or, for formats, an ml_dtypes float8 dtype):
-    FORMATS      {"e4m3": 0, "e5m2": 1}: ``fmt`` of quantize (issue 2's names), exact spelling
+    FORMATS      {"e4m3": 0, "e5m2": 1}: ``fmt`` of quantize (issue 2's names; any case, as the other options)
     FLOAT8_DTYPES {"float8_e4m3fn": 0, "float8_e5m2": 1}: ``float8_dtype`` / MoE ``fp8_x4_dtype`` (the seed pages'
                  strings, exact spelling; "float8_e4m3" is ml_dtypes' IEEE-like e4m3 -- a different format -- and
                  is rejected like any other string)
@@ -157,9 +157,22 @@ def parse(table, value, param):
     raise ValueError(f"{param}: unknown value {value!r} (expected one of {', '.join(names)})")
 
 
+def parse_bool(value, param):
+    """A flag: a Python / numpy bool or the integer 0 or 1 (issue 6: unknown option values are errors -- "no" or 5
+    are not silently taken as true). Returns 0 or 1; anything else raises ValueError (TypeError for a non-number)
+    naming `param`."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(bool(value))
+    if isinstance(value, (int, np.integer)) and int(value) in (0, 1):
+        return int(value)
+    if isinstance(value, (int, np.integer)):
+        raise ValueError(f"{param}: {value!r} is not a boolean (True/False or 0/1)")
+    raise TypeError(f"{param}: {value!r} ({type(value).__name__}) is not a boolean (True/False or 0/1)")
+
+
 def parse_format(value, param="fmt", names=None):
-    """An element format from a name of `names` (default FORMATS: "e4m3", "e5m2"; FLOAT8_DTYPES for float8_dtype),
-    spelled exactly, an int, or the ml_dtypes dtype float8_e4m3fn / float8_e5m2. Anything else: ValueError."""
+    """An element format from a name of `names` (default FORMATS: "e4m3", "e5m2", any case; FLOAT8_DTYPES for
+    float8_dtype, spelled exactly), an int, or the ml_dtypes dtype float8_e4m3fn / float8_e5m2. Else ValueError."""
     names = FORMATS if names is None else names
     if not isinstance(value, (str, int, np.integer)):
         try:
@@ -171,8 +184,9 @@ def parse_format(value, param="fmt", names=None):
         if dt == np.dtype(ml_dtypes.float8_e5m2):
             return 1
     if isinstance(value, str):
-        if value in names:
-            return names[value]
+        key = value.strip().lower() if names is FORMATS else value  # fmt: case-insensitive like the other options
+        if key in names:
+            return names[key]
         raise ValueError(f"{param}: unknown value {value!r} (expected one of {', '.join(sorted(names))})")
     return parse(names, value, param)
 

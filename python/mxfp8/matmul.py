@@ -139,10 +139,11 @@ class MatmulMxfp8KernelConfig:
         c.scale_rule = rule
         c.quant_scheme = group
         c.output_dtype = out_code
-        c.enable_scale_packing = int(bool(self.enable_scale_packing))
-        c.run_with_lnc2 = int(bool(self.run_with_lnc2))
-        c.lnc_2_shard_rhs = -1 if self.lnc_2_shard_rhs is None else int(bool(self.lnc_2_shard_rhs))
-        c.spill_reload = int(bool(self.spill_reload))
+        c.enable_scale_packing = _lib.parse_bool(self.enable_scale_packing, f"{param}.enable_scale_packing")
+        c.run_with_lnc2 = _lib.parse_bool(self.run_with_lnc2, f"{param}.run_with_lnc2")
+        c.lnc_2_shard_rhs = -1 if self.lnc_2_shard_rhs is None else _lib.parse_bool(self.lnc_2_shard_rhs,
+                                                                                     f"{param}.lnc_2_shard_rhs")
+        c.spill_reload = _lib.parse_bool(self.spill_reload, f"{param}.spill_reload")
         return c
 
 
@@ -235,8 +236,8 @@ def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_con
     a.tile_loop_order = tlo
     a.float8_dtype = fmt
     a.output_dtype = out_code
-    a.run_with_lnc2 = int(bool(run_with_lnc2))
-    a.lnc_2_shard_rhs = int(bool(lnc_2_shard_rhs))
+    a.run_with_lnc2 = _lib.parse_bool(run_with_lnc2, "run_with_lnc2")
+    a.lnc_2_shard_rhs = _lib.parse_bool(lnc_2_shard_rhs, "lnc_2_shard_rhs")
     for field, s, nm in (("output_grad_scales", output_grad_scales, "output_grad_scales"),
                          ("weight_scales", weight_scales, "weight_scales"),
                          ("input_scales", input_scales, "input_scales")):
@@ -244,12 +245,12 @@ def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_con
         if v is not None:
             setattr(a, field, v)
             keep.append(v)
-    a.use_scale_packing = int(bool(use_scale_packing))
+    a.use_scale_packing = _lib.parse_bool(use_scale_packing, "use_scale_packing")
     a.scale_layout = lay
-    a.spill_reload = int(bool(spill_reload))
-    a.output_grad_is_swizzled = int(bool(output_grad_is_swizzled))
-    a.weights_is_swizzled = int(bool(weights_is_swizzled))
-    a.input_is_swizzled = int(bool(input_is_swizzled))
+    a.spill_reload = _lib.parse_bool(spill_reload, "spill_reload")
+    a.output_grad_is_swizzled = _lib.parse_bool(output_grad_is_swizzled, "output_grad_is_swizzled")
+    a.weights_is_swizzled = _lib.parse_bool(weights_is_swizzled, "weights_is_swizzled")
+    a.input_is_swizzled = _lib.parse_bool(input_is_swizzled, "input_is_swizzled")
     a.scale_rule = rule
     a.quant_scheme = group
     vig, vwg = _lib.view(ig), _lib.view(wg)
@@ -312,7 +313,8 @@ def matmul_golden_unquantized(a, b, round_to_bf16=True):
         raise ValueError("a, b: expected 2-D arrays")
     c = np.empty((A.shape[0], B.shape[0]), np.float32)
     va, vb, vc = _lib.view(A), _lib.view(B), _lib.view(c)
-    _lib.call("mxfp8_gemm_golden_unquantized", ctypes.byref(va), ctypes.byref(vb), int(bool(round_to_bf16)),
+    _lib.call("mxfp8_gemm_golden_unquantized", ctypes.byref(va), ctypes.byref(vb),
+              _lib.parse_bool(round_to_bf16, "round_to_bf16"),
               ctypes.byref(vc))
     return c
 

@@ -135,6 +135,14 @@ class SkipMode:
     skip_weight: bool = False
 
 
+# Hardware-only knobs (no effect on results), validated: the names of the NKI kernel's modes, exact (lower-case)
+TRANSPOSE_MODES = {"nc": 0, "pe": 1, "dma": 2}      # phase3/4_transpose_mode (C p3/p4_transpose_mode)
+SWIZZLE_MODES = {"pe": 0, "dgt": 1, "dma": 2}       # every *_swizzle_mode (C *_swizzle_mode)
+SWIZZLE_FIELDS = ("output_grad_swizzle_mode", "down_weight_swizzle_mode", "d_gate_up_swizzle_mode",
+                  "gate_up_weight_swizzle_mode", "d_gate_up_t_swizzle_mode", "hidden_states_t_swizzle_mode",
+                  "output_grad_t_swizzle_mode", "scaled_intermediate_t_swizzle_mode")
+
+
 def _name(value):
     """Lower-case name of a string or an Enum member (its name)."""
     if isinstance(value, str):
@@ -159,8 +167,9 @@ class MXFP8MOEBwdConfig:
     single_expert_dense: E = 1 identity routing, N = ceil(T/B) (default False here; upstream True).
     clamp_limits: ClampLimits or None. skip_dma: SkipMode or None (= SkipMode(): skip_token True, padding -1).
     bias: the layer has biases (pass gate_and_up_proj_bias / down_proj_bias, absent = 0); bias grads returned.
-    shard_option, fast_dma_transpose, pe_transpose_only, phase3/4_transpose_mode and the *_swizzle_mode fields are
-        hardware knobs: accepted, no effect on results.
+    shard_option, fast_dma_transpose, pe_transpose_only, phase3/4_transpose_mode ("nc" | "pe" | "dma") and the
+        *_swizzle_mode fields ("pe" | "dgt" | "dma") are hardware knobs: validated, no effect on results. Flags take
+        a bool or 0/1 (anything else is an error).
     scale_rule (ours): "nki" (default), "ocp" or "rceil"."""
     compute_dtype: object = "bfloat16"
     fp8_x4_dtype: object = "float8_e4m3fn"
@@ -226,11 +235,14 @@ class MXFP8MOEBwdConfig:
             mc = pc._to_c(fmt, c.scale_rule, group, _lib.F32 if pc.output_dtype is None else
                           _lib.parse_out_dtype(pc.output_dtype), f"config.phase{i + 1}_config")
             setattr(c, f"phase{i + 1}", mc)
-        c.p3_transpose_mode = 0 if _name(self.phase3_transpose_mode) in ("nc", 0) else 1
-        c.p4_transpose_mode = 0 if _name(self.phase4_transpose_mode) in ("nc", 0) else 1
-        c.hidden_states_swizzle_mode = 0 if _name(self.hidden_states_t_swizzle_mode) in ("pe", 0) else 1
-        c.output_grad_swizzle_mode = 0 if _name(self.output_grad_swizzle_mode) in ("pe", 0) else 1
-        c.weight_swizzle_mode = 0 if _name(self.gate_up_weight_swizzle_mode) in ("pe", 0) else 1
+        modes = {f: _lib.parse(TRANSPOSE_MODES, _name(getattr(self, f)), "config." + f)
+                 for f in ("phase3_transpose_mode", "phase4_transpose_mode")}
+        modes.update({f: _lib.parse(SWIZZLE_MODES, _name(getattr(self, f)), "config." + f) for f in SWIZZLE_FIELDS})
+        c.p3_transpose_mode = modes["phase3_transpose_mode"]
+        c.p4_transpose_mode = modes["phase4_transpose_mode"]
+        c.hidden_states_swizzle_mode = modes["hidden_states_t_swizzle_mode"]
+        c.output_grad_swizzle_mode = modes["output_grad_swizzle_mode"]
+        c.weight_swizzle_mode = modes["gate_up_weight_swizzle_mode"]
         cl = self.clamp_limits or ClampLimits()
 
         def lim(v, default, name):
@@ -245,13 +257,15 @@ class MXFP8MOEBwdConfig:
         c.up_clamp_lower = lim(cl.linear_clamp_lower_limit, -math.inf, "linear_clamp_lower_limit")
         c.up_clamp_upper = lim(cl.linear_clamp_upper_limit, math.inf, "linear_clamp_upper_limit")
         sk = self.skip_dma or SkipMode()
-        c.skip_token = int(bool(sk.skip_token))
-        c.skip_weight = int(bool(sk.skip_weight))
-        c.accumulate_hidden_states_grad = int(bool(self.accumulate_hidden_states_grad))
-        c.skip_grad_initialization = int(bool(self.skip_grad_initialization))
-        c.single_expert_dense = int(bool(self.single_expert_dense))
-        c.bias = int(bool(self.bias))
-        c.use_fast_dma = int(bool(self.fast_dma_transpose))
+        c.skip_token = _lib.parse_bool(sk.skip_token, "config.skip_dma.skip_token")
+        c.skip_weight = _lib.parse_bool(sk.skip_weight, "config.skip_dma.skip_weight")
+        c.accumulate_hidden_states_grad = _lib.parse_bool(self.accumulate_hidden_states_grad,
+                                                          "config.accumulate_hidden_states_grad")
+        c.skip_grad_initialization = _lib.parse_bool(self.skip_grad_initialization, "config.skip_grad_initialization")
+        c.single_expert_dense = _lib.parse_bool(self.single_expert_dense, "config.single_expert_dense")
+        c.bias = _lib.parse_bool(self.bias, "config.bias")
+        c.use_fast_dma = _lib.parse_bool(self.fast_dma_transpose, "config.fast_dma_transpose")
+        _lib.parse_bool(self.pe_transpose_only, "config.pe_transpose_only")  # hardware-only: validated, unused
         return c
 
     def padding_id(self, T):
@@ -442,7 +456,7 @@ def blockwise_mm_fwd_golden(hidden_states, expert_affinities_masked, gate_up_pro
                      down_proj_weight, token_position_to_id, block_to_expert, block_size, config,
                      gate_up_weight_scales, down_weight_scales, num_valid_tokens, gate_and_up_proj_bias,
                      down_proj_bias, checkpoints, np.dtype(np.float64), np.dtype(np.float64),
-                     (int(bool(quantized)),))
+                     (_lib.parse_bool(quantized, "quantized"),))
 
 
 def _bwd_call(fn, extra, grad_dtype, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
@@ -538,7 +552,8 @@ def blockwise_mm_bwd_golden(hidden_states, expert_affinities_masked, gate_up_pro
     unknown = set(given) - set(_GRAD_NAMES)
     if unknown:
         raise TypeError(f"blockwise_mm_bwd_golden: unexpected keyword argument(s) {sorted(unknown)}")
-    return _bwd_call("mxfp8_moe_backward_golden", (int(bool(quantized)),), np.dtype(np.float64), hidden_states,
+    return _bwd_call("mxfp8_moe_backward_golden", (_lib.parse_bool(quantized, "quantized"),), np.dtype(np.float64),
+                     hidden_states,
                      expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
                      block_to_expert, output_hidden_states_grad, block_size, {}, config, gate_up_weight_scales,
                      down_weight_scales, num_valid_tokens, gate_and_up_proj_bias, down_proj_bias, given)

@@ -46,6 +46,7 @@ static inline int64_t round_to_code(uint32_t a, int m, int bias) {
 uint8_t mxfp8_fp32_to_fp8(float x, mxfp8_format fmt) {
     uint32_t u = f32_bits(x), a = u & 0x7FFFFFFFu;
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    if ((unsigned)fmt > MXFP8_FMT_E5M2) return 0xFF; /* unknown format: a NaN code in both formats (no error channel) */
     if (fmt == MXFP8_FMT_E5M2) {
         if (a > 0x7F800000u) return sign | 0x7E;          /* NaN */
         if (a == 0x7F800000u) return sign | 0x7C;         /* +-Inf */
@@ -60,6 +61,7 @@ uint8_t mxfp8_fp32_to_fp8(float x, mxfp8_format fmt) {
 }
 
 float mxfp8_fp8_to_fp32(uint8_t code, mxfp8_format fmt) {
+    if ((unsigned)fmt > MXFP8_FMT_E5M2) return NAN; /* unknown format (no error channel) */
     int m = fmt == MXFP8_FMT_E5M2 ? 2 : 3, bias = fmt == MXFP8_FMT_E5M2 ? 15 : 7;
     int e = (code & 0x7F) >> m, f = code & ((1 << m) - 1);
     float s = (code & 0x80) ? -1.0f : 1.0f;
@@ -116,6 +118,7 @@ static inline void log2_parts(uint32_t a, int *fl, uint32_t *frac23) {
 uint8_t mxfp8_scale_code(float amax, mxfp8_format fmt, mxfp8_scale_rule rule) {
     uint32_t a = f32_bits(amax) & 0x7FFFFFFFu;
     if (a >= 0x7F800000u) return 255;
+    if ((unsigned)fmt > MXFP8_FMT_E5M2 || (unsigned)rule > MXFP8_SCALE_RCEIL) return 255; /* unknown: NaN scale */
     if (a == 0) return 0;
     int fl;
     uint32_t frac;
@@ -128,8 +131,7 @@ uint8_t mxfp8_scale_code(float amax, mxfp8_format fmt, mxfp8_scale_rule rule) {
            whose ceil(log2) is fl - emax when 1.frac <= 1.75 and fl - emax + 1 otherwise. */
         e = fl - emax + (frac > 0x600000u ? 1 : 0);
         break;
-    case MXFP8_SCALE_NKI:
-    default: e = fl - (emax - 1); break;
+    default: /* MXFP8_SCALE_NKI */ e = fl - (emax - 1); break;
     }
     if (e < -127) e = -127;
     if (e > 127) e = 127;

@@ -80,6 +80,8 @@ mxfp8_status mxfp8_gemm_golden_unquantized(const mxfp8_tensor *a, const mxfp8_te
     static const char *fn = "mxfp8_gemm_golden_unquantized";
     mxfp8i_clear_error();
     mxfp8_status st;
+    if (round_to_bf16 != 0 && round_to_bf16 != 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: round_to_bf16 %d is not 0 or 1", fn, round_to_bf16);
     if ((st = check_golden_args(fn, a, b, c))) return st;
     float *A = load_matrix(a, round_to_bf16), *B = load_matrix(b, round_to_bf16);
     if (!A || !B) {

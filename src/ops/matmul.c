@@ -70,6 +70,8 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     if (!a) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, na);
     if (!b) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, nb);
     if (!c) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, nc);
+    if (accumulate != 0 && accumulate != 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: accumulate %d is not 0 or 1", fn, accumulate);
     if (config) {
         if ((st = mxfp8i_check_config(fn, "config", config))) return st;
     } else {
@@ -191,6 +193,16 @@ mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tens
     if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
     if (!input_grad) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: input_grad is NULL", fn);
     if (!weight_grad) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: weight_grad is NULL", fn);
+    const int flag[6] = {args->run_with_lnc2, args->use_scale_packing, args->spill_reload,
+                         args->output_grad_is_swizzled, args->weights_is_swizzled, args->input_is_swizzled};
+    static const char *flag_nm[6] = {"run_with_lnc2", "use_scale_packing", "spill_reload", "output_grad_is_swizzled",
+                                     "weights_is_swizzled", "input_is_swizzled"};
+    for (int i = 0; i < 6; i++) /* issue 6: booleans are 0 or 1, not "any nonzero" */
+        if (flag[i] != 0 && flag[i] != 1)
+            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: args.%s %d is not 0 or 1", fn, flag_nm[i], flag[i]);
+    if (args->lnc_2_shard_rhs < -1 || args->lnc_2_shard_rhs > 1)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: args.lnc_2_shard_rhs %d is not 1 (N), 0 (M) or -1 (auto)",
+                            fn, args->lnc_2_shard_rhs);
     if ((unsigned)args->tile_loop_order > MXFP8_LOOP_KNM)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: tile_loop_order %d is not a loop order", fn,
                             (int)args->tile_loop_order);

@@ -156,6 +156,21 @@ static mxfp8_status check_config(const char *fn, const mxfp8_moe_config *c) {
                             c->shard_option);
     if (c->skip_token != 0 && c->skip_token != 1)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.skip_token %d is not 0 or 1", fn, c->skip_token);
+    const int flag[6] = {c->skip_weight, c->accumulate_hidden_states_grad, c->skip_grad_initialization,
+                         c->single_expert_dense, c->bias, c->use_fast_dma};
+    static const char *flag_nm[6] = {"skip_weight", "accumulate_hidden_states_grad", "skip_grad_initialization",
+                                     "single_expert_dense", "bias", "use_fast_dma"};
+    for (int i = 0; i < 6; i++) /* issue 6: booleans are 0 or 1, not "any nonzero" */
+        if (flag[i] != 0 && flag[i] != 1)
+            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.%s %d is not 0 or 1", fn, flag_nm[i], flag[i]);
+    const int mode[5] = {c->p3_transpose_mode, c->p4_transpose_mode, c->hidden_states_swizzle_mode,
+                         c->output_grad_swizzle_mode, c->weight_swizzle_mode};
+    static const char *mode_nm[5] = {"p3_transpose_mode", "p4_transpose_mode", "hidden_states_swizzle_mode",
+                                     "output_grad_swizzle_mode", "weight_swizzle_mode"};
+    for (int i = 0; i < 5; i++) /* hardware-only modes: validated, no effect on results */
+        if (mode[i] < 0 || mode[i] > 2)
+            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.%s %d is not 0, 1 or 2", fn, mode_nm[i],
+                                mode[i]);
     const mxfp8_matmul_config *ph[4] = {&c->phase1, &c->phase2, &c->phase3, &c->phase4};
     for (int i = 0; i < 4; i++) {
         char phname[32];

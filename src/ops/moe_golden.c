@@ -328,7 +328,8 @@ mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe
                 const double gv = G.g[q * I + i], uv = G.u[q * I + i];
                 dgu[q * I2 + i] = mxfp8i_moe_clamp_pass(gv, c->gate_clamp_lower, c->gate_clamp_upper)
                                       ? d * uv * mxfp8i_moe_dact_d(c->activation, gv) : 0.0;
-                dgu[q * I2 + I + i] = mxfp8i_moe_clamp_pass(uv, c->up_clamp_lower, c->up_clamp_upper) ? d * G.act[q * I + i] : 0.0;
+                dgu[q * I2 + I + i] =
+                    mxfp8i_moe_clamp_pass(uv, c->up_clamp_lower, c->up_clamp_upper) ? d * G.act[q * I + i] : 0.0;
             }
             for (int64_t k = 0; k < I2; k++) db1[e * I2 + k] += dgu[q * I2 + k];
             for (int64_t h = 0; h < H; h++) db2[e * H + h] += D[q * H + h];

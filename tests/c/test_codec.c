@@ -224,7 +224,30 @@ static void test_scale_rules(void) {
     TU_CHECK(mxfp8_scale_code(ldexpf(1, -149), MXFP8_FMT_E4M3, MXFP8_SCALE_OCP) == 0, "subnormal amax clamps");
 }
 
+/* The scalar codecs have no error channel: an unknown enum gives a NaN code (include/mxfp8.h), never a value. */
+static void test_unknown_enums(void) {
+    const int bad_fmt[] = {2, 7, -1, 255};
+    const float xs[] = {1.0f, -3.5f, 0.0f, 448.0f, NAN};
+    for (int i = 0; i < 4; i++) {
+        mxfp8_format f = (mxfp8_format)bad_fmt[i];
+        for (int j = 0; j < 5; j++)
+            TU_CHECK(mxfp8_fp32_to_fp8(xs[j], f) == 0xFF, "fp32_to_fp8(%g, fmt %d) = 0x%02X, want 0xFF (NaN)",
+                     (double)xs[j], bad_fmt[i], mxfp8_fp32_to_fp8(xs[j], f));
+        TU_CHECK(isnan(mxfp8_fp8_to_fp32(0x38, f)), "fp8_to_fp32(0x38, fmt %d) is not NaN", bad_fmt[i]);
+        TU_CHECK(mxfp8_scale_code(1.0f, f, MXFP8_SCALE_NKI) == 255, "scale_code(1, fmt %d, NKI) != 255", bad_fmt[i]);
+    }
+    const int bad_rule[] = {3, 9, -1};
+    for (int i = 0; i < 3; i++)
+        for (int fmt = 0; fmt < 2; fmt++)
+            TU_CHECK(mxfp8_scale_code(1.0f, (mxfp8_format)fmt, (mxfp8_scale_rule)bad_rule[i]) == 255,
+                     "scale_code(1, fmt %d, rule %d) = %d, want 255", fmt, bad_rule[i],
+                     mxfp8_scale_code(1.0f, (mxfp8_format)fmt, (mxfp8_scale_rule)bad_rule[i]));
+    /* the NaN codes decode as NaN in both formats */
+    TU_CHECK(isnan(mxfp8_fp8_to_fp32(0xFF, MXFP8_FMT_E4M3)) && isnan(mxfp8_fp8_to_fp32(0xFF, MXFP8_FMT_E5M2)), "0xFF");
+}
+
 int main(void) {
+    test_unknown_enums();
     test_decode();
     test_encode();
     test_bf16_fp16();

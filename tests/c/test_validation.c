@@ -471,6 +471,10 @@ static void g_acc_bf16(fx *f) {
     f->t[2].dtype = MXFP8_DTYPE_BF16;
 }
 static void g_wrapx(fx *f) { f->cfg.quant_scheme = MXFP8_GROUP_WRAPX; }
+static void g_lnc2(fx *f) { f->cfg.run_with_lnc2 = 5; }
+static void g_spill(fx *f) { f->cfg.spill_reload = -1; }
+static void g_packing(fx *f) { f->cfg.enable_scale_packing = 2; }
+static void g_acc(fx *f) { f->accumulate = 3; }
 static void g_swz(fx *f) { f->swz_a = 1; }
 static const special sp_gemm[] = {
     {"config tile_m < 0", g_tile_neg, MXFP8_ERR_INVALID_ARGUMENT, "tile_m", "-4"},
@@ -487,6 +491,10 @@ static const special sp_gemm[] = {
     {"accumulate into bf16", g_acc_bf16, MXFP8_ERR_DTYPE, "c", NULL},
     {"wrapX with K = 64", g_wrapx, MXFP8_ERR_UNSUPPORTED, NULL, "64"},
     {"swizzled a with K/4 = 8 rows", g_swz, MXFP8_ERR_UNSUPPORTED, "a", NULL},
+    {"config run_with_lnc2 5", g_lnc2, MXFP8_ERR_INVALID_ARGUMENT, "run_with_lnc2", "5"},
+    {"config spill_reload -1", g_spill, MXFP8_ERR_INVALID_ARGUMENT, "spill_reload", "-1"},
+    {"config enable_scale_packing 2", g_packing, MXFP8_ERR_INVALID_ARGUMENT, "enable_scale_packing", "2"},
+    {"accumulate 3", g_acc, MXFP8_ERR_INVALID_ARGUMENT, "accumulate", "3"},
 };
 static void gp_no_scales(fx *f) { f->t[3].data = NULL; }
 static void gp_codes_fmt(fx *f) { f->t[0].dtype = MXFP8_DTYPE_E4M3; }
@@ -568,6 +576,19 @@ static void mb_cfg2_dims(fx *f) {
     f->cfgp2 = &f->cfg2;
 }
 static void mb_wrapx(fx *f) { f->mb.quant_scheme = MXFP8_GROUP_WRAPX; }
+static void mb_lnc2(fx *f) { f->mb.run_with_lnc2 = 5; }
+static void mb_shard(fx *f) { f->mb.lnc_2_shard_rhs = -7; }
+static void mb_shard2(fx *f) { f->mb.lnc_2_shard_rhs = 2; }
+static void mb_packing(fx *f) { f->mb.use_scale_packing = 3; }
+static void mb_spill(fx *f) { f->mb.spill_reload = 9; }
+static void mb_swz_dy(fx *f) { f->mb.output_grad_is_swizzled = -1; }
+static void mb_swz_w(fx *f) { f->mb.weights_is_swizzled = 2; }
+static void mb_swz_x(fx *f) { f->mb.input_is_swizzled = 4; }
+static void mb_cfg_lnc2(fx *f) {
+    mxfp8_matmul_config_init(&f->cfg2);
+    f->cfg2.run_with_lnc2 = 7;
+    f->cfgp2 = &f->cfg2;
+}
 static const special sp_mbwd[] = {
     {"args NULL", mb_args, MXFP8_ERR_NULL_POINTER, "args", NULL},
     {"tile_loop_order 6", mb_loop, MXFP8_ERR_INVALID_ARGUMENT, "tile_loop_order", "6"},
@@ -581,6 +602,15 @@ static const special sp_mbwd[] = {
     {"input_grad_config tiles_in_block_k -1", mb_cfg_neg, MXFP8_ERR_INVALID_ARGUMENT, "input_grad_config", "-1"},
     {"weight_grad_config M disagrees", mb_cfg2_dims, MXFP8_ERR_SHAPE_MISMATCH, "weight_grad_config", "7"},
     {"wrapX with M = 8, N = 48", mb_wrapx, MXFP8_ERR_UNSUPPORTED, NULL, NULL},
+    {"run_with_lnc2 5", mb_lnc2, MXFP8_ERR_INVALID_ARGUMENT, "run_with_lnc2", "5"},
+    {"lnc_2_shard_rhs -7", mb_shard, MXFP8_ERR_INVALID_ARGUMENT, "lnc_2_shard_rhs", "-7"},
+    {"lnc_2_shard_rhs 2", mb_shard2, MXFP8_ERR_INVALID_ARGUMENT, "lnc_2_shard_rhs", "2"},
+    {"use_scale_packing 3", mb_packing, MXFP8_ERR_INVALID_ARGUMENT, "use_scale_packing", "3"},
+    {"spill_reload 9", mb_spill, MXFP8_ERR_INVALID_ARGUMENT, "spill_reload", "9"},
+    {"output_grad_is_swizzled -1", mb_swz_dy, MXFP8_ERR_INVALID_ARGUMENT, "output_grad_is_swizzled", "-1"},
+    {"weights_is_swizzled 2", mb_swz_w, MXFP8_ERR_INVALID_ARGUMENT, "weights_is_swizzled", "2"},
+    {"input_is_swizzled 4", mb_swz_x, MXFP8_ERR_INVALID_ARGUMENT, "input_is_swizzled", "4"},
+    {"weight_grad_config run_with_lnc2 7", mb_cfg_lnc2, MXFP8_ERR_INVALID_ARGUMENT, "run_with_lnc2", "7"},
 };
 static void mbp_f8(fx *f) { f->mb.float8_dtype = MXFP8_FMT_E4M3; }
 static const special sp_mbwd_prequant[] = {
@@ -590,11 +620,14 @@ static const special sp_mbwd_prequant[] = {
 /* ======================================================================================================== */
 /* goldens, compare, runtime                                                                                 */
 /* ======================================================================================================== */
-static mxfp8_status call_gold_u(fx *f) { return mxfp8_gemm_golden_unquantized(f->tp[0], f->tp[1], 1, f->tp[2]); }
+static mxfp8_status call_gold_u(fx *f) {
+    return mxfp8_gemm_golden_unquantized(f->tp[0], f->tp[1], f->quantized, f->tp[2]); /* quantized: round_to_bf16 */
+}
 static mxfp8_status call_gold_q(fx *f) { return mxfp8_gemm_golden_quantized(f->tp[0], f->tp[1], f->qpp, f->tp[2]); }
 static void setup_gold_u(fx *f) {
     f->fn = "mxfp8_gemm_golden_unquantized";
     f->call = call_gold_u;
+    f->quantized = 1;
     add(f, "a", MXFP8_DTYPE_F32, 2, 5, 40, 0, 0, F_BYPTR);
     add(f, "b", MXFP8_DTYPE_BF16, 2, 7, 40, 0, 0, F_BYPTR);
     add(f, "c", MXFP8_DTYPE_F32, 2, 5, 7, 0, 0, F_BYPTR | F_OUT);
@@ -607,8 +640,10 @@ static void setup_gold_q(fx *f) {
     f->qp = mxfp8_quant_params_default();
     f->qpp = &f->qp;
 }
+static void gu_round(fx *f) { f->quantized = 2; }
 static const special sp_gold_u[] = {
     {"c f16", q_src_rank0, MXFP8_ERR_SHAPE_MISMATCH, "a", NULL},
+    {"round_to_bf16 2", gu_round, MXFP8_ERR_INVALID_ARGUMENT, "round_to_bf16", "2"},
 };
 static void gq_fmt(fx *f) { f->qp.fmt = (mxfp8_format)4; }
 static void gq_rule(fx *f) { f->qp.rule = (mxfp8_scale_rule)-2; }
@@ -933,6 +968,18 @@ static void mo_phase_neg(fx *f) { f->mc.phase3.tile_k = -1; }
 static void mo_outputs(fx *f) { f->tp[6] = NULL; }
 static void mo_quantized(fx *f) { f->quantized = 2; }
 static void mo_tok_len(fx *f) { f->t[4].shape[0] = 7; }
+static void mo_skip_weight(fx *f) { f->mc.skip_weight = 2; }
+static void mo_acc(fx *f) { f->mc.accumulate_hidden_states_grad = -1; }
+static void mo_skip_init(fx *f) { f->mc.skip_grad_initialization = 5; }
+static void mo_dense(fx *f) { f->mc.single_expert_dense = 3; }
+static void mo_bias(fx *f) { f->mc.bias = 8; }
+static void mo_fast_dma(fx *f) { f->mc.use_fast_dma = 2; }
+static void mo_p3(fx *f) { f->mc.p3_transpose_mode = 3; }
+static void mo_p4(fx *f) { f->mc.p4_transpose_mode = -1; }
+static void mo_swz_hs(fx *f) { f->mc.hidden_states_swizzle_mode = 6; }
+static void mo_swz_dy(fx *f) { f->mc.output_grad_swizzle_mode = -2; }
+static void mo_swz_w(fx *f) { f->mc.weight_swizzle_mode = 3; }
+static void mo_phase_lnc2(fx *f) { f->mc.phase1.run_with_lnc2 = 4; }
 #define MOE_COMMON_SPECIALS                                                                                     \
     {"args NULL", mo_args, MXFP8_ERR_NULL_POINTER, "args", NULL},                                               \
     {"block_size 0", mo_B0, MXFP8_ERR_INVALID_ARGUMENT, "block_size", "0"},                                     \
@@ -956,7 +1003,19 @@ static void mo_tok_len(fx *f) { f->t[4].shape[0] = 7; }
     {"gate clamp NaN", mo_clamp_nan, MXFP8_ERR_INVALID_ARGUMENT, "gate_clamp_upper", NULL},                     \
     {"up clamp lower > upper", mo_clamp_order, MXFP8_ERR_INVALID_ARGUMENT, "up_clamp_lower", "2"},              \
     {"phase2 quant_scheme 4", mo_phase_scheme, MXFP8_ERR_INVALID_ARGUMENT, "quant_scheme", "4"},                \
-    {"phase3 tile_k -1", mo_phase_neg, MXFP8_ERR_INVALID_ARGUMENT, "tile_k", "-1"}
+    {"phase3 tile_k -1", mo_phase_neg, MXFP8_ERR_INVALID_ARGUMENT, "tile_k", "-1"},                            \
+    {"skip_weight 2", mo_skip_weight, MXFP8_ERR_INVALID_ARGUMENT, "skip_weight", "2"},                          \
+    {"accumulate_hidden_states_grad -1", mo_acc, MXFP8_ERR_INVALID_ARGUMENT, "accumulate_hidden_states_grad", "-1"}, \
+    {"skip_grad_initialization 5", mo_skip_init, MXFP8_ERR_INVALID_ARGUMENT, "skip_grad_initialization", "5"},  \
+    {"single_expert_dense 3", mo_dense, MXFP8_ERR_INVALID_ARGUMENT, "single_expert_dense", "3"},                \
+    {"bias 8", mo_bias, MXFP8_ERR_INVALID_ARGUMENT, "bias", "8"},                                               \
+    {"use_fast_dma 2", mo_fast_dma, MXFP8_ERR_INVALID_ARGUMENT, "use_fast_dma", "2"},                           \
+    {"p3_transpose_mode 3", mo_p3, MXFP8_ERR_INVALID_ARGUMENT, "p3_transpose_mode", "3"},                       \
+    {"p4_transpose_mode -1", mo_p4, MXFP8_ERR_INVALID_ARGUMENT, "p4_transpose_mode", "-1"},                     \
+    {"hidden_states_swizzle_mode 6", mo_swz_hs, MXFP8_ERR_INVALID_ARGUMENT, "hidden_states_swizzle_mode", "6"}, \
+    {"output_grad_swizzle_mode -2", mo_swz_dy, MXFP8_ERR_INVALID_ARGUMENT, "output_grad_swizzle_mode", "-2"},   \
+    {"weight_swizzle_mode 3", mo_swz_w, MXFP8_ERR_INVALID_ARGUMENT, "weight_swizzle_mode", "3"},                \
+    {"phase1 run_with_lnc2 4", mo_phase_lnc2, MXFP8_ERR_INVALID_ARGUMENT, "run_with_lnc2", "4"}
 static const special sp_moe_fwd[] = {
     MOE_COMMON_SPECIALS,
     {"outputs NULL", mo_outputs, MXFP8_ERR_NULL_POINTER, "outputs", NULL},

@@ -312,9 +312,22 @@ def test_option_errors():
                                          np.array([0, 1], np.int32), np.array([[0]], np.int32),
                                          np.ones((2, 32), np.float32), 2, config=mxfp8.MXFP8MOEBwdConfig(
                                              fp8_x4_dtype=bad))
+    # issue 6: flags are bool or 0/1; "no" is not taken as true, 5 and -7 are not taken as "on"
+    for flag in ("run_with_lnc2", "lnc_2_shard_rhs", "use_scale_packing", "spill_reload", "output_grad_is_swizzled",
+                 "weights_is_swizzled", "input_is_swizzled"):
+        with pytest.raises(TypeError, match=flag):
+            mxfp8.matmul_mxfp8_backward(dy, w, x, **{flag: "no"})
+        with pytest.raises(ValueError, match=flag):
+            mxfp8.matmul_mxfp8_backward(dy, w, x, **{flag: 5})
+    for flag in ("run_with_lnc2", "spill_reload", "enable_scale_packing", "lnc_2_shard_rhs"):
+        with pytest.raises(ValueError, match=flag):
+            mxfp8.matmul_mxfp8_backward(dy, w, x, input_grad_config=mm.MatmulMxfp8KernelConfig(**{flag: -7}))
+    ref = mxfp8.matmul_mxfp8_backward(dy, w, x)
+    for kw in (dict(run_with_lnc2=np.bool_(False)), dict(run_with_lnc2=0, lnc_2_shard_rhs=1), dict(spill_reload=1)):
+        assert all(np.array_equal(a, b) for a, b in zip(mxfp8.matmul_mxfp8_backward(dy, w, x, **kw), ref)), kw
     for ok in ("float8_e4m3fn", "float8_e5m2", ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
         mxfp8.matmul_mxfp8_backward(dy, w, x, float8_dtype=ok)
-    for bad in ("float8_e4m3", "float8_e4m3fn", "E4M3", "e4m3fn", ml_dtypes.float8_e4m3):  # quantize: issue 2's names
+    for bad in ("float8_e4m3", "float8_e4m3fn", "e4m3fn", ml_dtypes.float8_e4m3):  # quantize: issue 2's names
         with pytest.raises(ValueError):
             mxfp8.quantize(np.ones(32, np.float32), fmt=bad)
     with pytest.raises(ValueError):

@@ -187,7 +187,7 @@ def test_backward_vs_quantized_oracle(rng, act, aff, bias, clamp):
 @pytest.mark.parametrize("fmt,rule", [("e5m2", "nki"), ("e4m3", "ocp"), ("e4m3", "rceil")])
 def test_formats_and_rules(rng, fmt, rule):
     p = make(rng, 24, 40, 24, 2, 1, 16)
-    k = ours(p, config(fp8_x4_dtype="float8_" + fmt, scale_rule=rule))
+    k = ours(p, config(fp8_x4_dtype={"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}[fmt], scale_rule=rule))
     assert_close(k, oracle(p, fmt=fmt, rule=rule), GRADS[:4], what=f"{fmt}/{rule}")
 
 
@@ -512,9 +512,26 @@ def test_config_fields(rng):
     for bad, field in ((dict(activation_type=ActFnType.GELU), "activation_type"),
                        (dict(affinity_option="on_x"), "affinity_option"),
                        (dict(compute_dtype="float16"), "compute_dtype"),
-                       (dict(clamp_limits=mxfp8.ClampLimits(linear_clamp_upper_limit=float("nan"))), "clamp_limits")):
+                       (dict(clamp_limits=mxfp8.ClampLimits(linear_clamp_upper_limit=float("nan"))), "clamp_limits"),
+                       # issue 6: unknown values of the hardware knobs and flags are errors, not silently accepted
+                       (dict(phase3_transpose_mode="bogus"), "phase3_transpose_mode"),
+                       (dict(phase4_transpose_mode=7), "phase4_transpose_mode"),
+                       (dict(bias=2), "bias"),
+                       (dict(single_expert_dense=-1), "single_expert_dense"),
+                       (dict(fast_dma_transpose=5), "fast_dma_transpose"),
+                       (dict(skip_dma=mxfp8.SkipMode(skip_token=3)), "skip_token")) + tuple(
+                          (dict(**{f: "bogus"}), f) for f in mxfp8.moe.SWIZZLE_FIELDS):
         with pytest.raises(ValueError, match=field):
             ours(p, mxfp8.MXFP8MOEBwdConfig(**bad))
+    for bad, field in ((dict(accumulate_hidden_states_grad="no"), "accumulate_hidden_states_grad"),
+                       (dict(skip_grad_initialization=None), "skip_grad_initialization"),
+                       (dict(pe_transpose_only="yes"), "pe_transpose_only")):
+        with pytest.raises(TypeError, match=field):
+            ours(p, mxfp8.MXFP8MOEBwdConfig(**bad))
+    for ok in (dict(phase4_transpose_mode="pe", bias=np.bool_(False), d_gate_up_swizzle_mode="dma"),
+               dict(phase3_transpose_mode="nc", single_expert_dense=0, scaled_intermediate_t_swizzle_mode="pe")):
+        k = ours(p, mxfp8.MXFP8MOEBwdConfig(activation_type="swish", **ok))
+        assert all(np.array_equal(k[g], ref[g]) for g in GRADS[:4])
     with pytest.raises(mxfp8.MXFP8Error) as ei:  # lower > upper is the library's check
         ours(p, mxfp8.MXFP8MOEBwdConfig(clamp_limits=mxfp8.ClampLimits(linear_clamp_lower_limit=1.0,
                                                                        linear_clamp_upper_limit=0.0)))
