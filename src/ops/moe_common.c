@@ -282,6 +282,20 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: intermediate size I = %lld must be >= 1", fn,
                             (long long)I);
     {
+        /* Name both tensors when they disagree on a size (E and I are taken from gate_up_proj_weight, H from
+           hidden_states): the message must not blame the one that happens to be checked second. */
+        if ((st = mxfp8i_check_rank(fn, "down_proj_weight", in->W2, 3))) return st;
+        const struct { const mxfp8_tensor *t; int dim; int64_t want; const char *nm, *size, *from; } agree[] = {
+            {in->W1, 1, H, "gate_up_proj_weight", "H", "hidden_states"},
+            {in->W2, 0, E, "down_proj_weight", "E", "gate_up_proj_weight"},
+            {in->W2, 1, I, "down_proj_weight", "I", "gate_up_proj_weight"},
+            {in->W2, 2, H, "down_proj_weight", "H", "hidden_states"},
+        };
+        for (int k = 0; k < 4; k++)
+            if (agree[k].t->shape[agree[k].dim] != agree[k].want)
+                return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s has %s = %lld but %s has %s = %lld", fn,
+                                    agree[k].from, agree[k].size, (long long)agree[k].want, agree[k].nm,
+                                    agree[k].size, (long long)agree[k].t->shape[agree[k].dim]);
         const int64_t s1[4] = {E, H, 2, I}, s2[3] = {E, I, H};
         if ((st = check_dims(fn, "gate_up_proj_weight", in->W1, 4, s1))) return st;
         if ((st = check_dims(fn, "down_proj_weight", in->W2, 3, s2))) return st;

@@ -539,3 +539,20 @@ def test_config_fields(rng):
     with pytest.raises(mxfp8.MXFP8Error) as ei:
         ours(p, mxfp8.MXFP8MOEBwdConfig(phase3_config=mxfp8.MatmulMxfp8KernelConfig(quant_scheme="wrapx")))
     assert ei.value.status == 9  # UNSUPPORTED
+
+
+def test_weight_size_disagreement_names_both(rng):
+    """E and I come from gate_up_proj_weight, H from hidden_states: a disagreement names both tensors and the size,
+    so the message does not blame down_proj_weight when gate_up_proj_weight is the bad one."""
+    p = make(rng, 20, 32, 16, 2, 1, 8)
+    args = lambda W1, W2: (p["X"], p["a"], W1, W2, p["tp"], p["be"], p["dY"], p["B"])  # noqa: E731
+    cases = ((p["W1"][:, :, :, :-1], p["W2"], "gate_up_proj_weight has I = 15 but down_proj_weight has I = 16"),
+             (p["W1"], p["W2"][:, :-1], "gate_up_proj_weight has I = 16 but down_proj_weight has I = 15"),
+             (p["W1"][:1], p["W2"], "gate_up_proj_weight has E = 1 but down_proj_weight has E = 2"),
+             (p["W1"][:, :-1], p["W2"], "hidden_states has H = 32 but gate_up_proj_weight has H = 31"),
+             (p["W1"], p["W2"][:, :, :-1], "hidden_states has H = 32 but down_proj_weight has H = 31"))
+    for W1, W2, msg in cases:
+        for fn in (mxfp8.blockwise_mm_bwd_mxfp8, mxfp8.blockwise_mm_bwd_golden):
+            with pytest.raises(mxfp8.MXFP8Error) as ei:
+                fn(*args(np.ascontiguousarray(W1), np.ascontiguousarray(W2)))
+            assert ei.value.status == 3 and msg in str(ei.value), str(ei.value)
