@@ -719,3 +719,17 @@ def test_printed_bf16_rounding_bound():
                         check_rc=0))
     for rr in runs:
         assert "2^-8 = 3.91e-03" in rr.stdout and "2^-9" not in rr.stdout, rr.stdout
+
+
+def test_timings_follow_a_warm_up():
+    """moe-bwd and matmul-bwd time the backward only after one untimed warm-up call (thread start-up and first
+    touch are not in the reported time) and say so."""
+    if _have("matmul-bwd"):
+        r = run("matmul-bwd", "--M", "64", "--N", "96", "--K", "128", "--repeat", "2", "--no-check", check_rc=0)
+        assert "best of 2 after a warm-up" in r.stdout, r.stdout
+        assert "after one untimed warm-up call" in run("matmul-bwd", "--help").stdout
+    if _have("moe-bwd"):
+        r = run("moe-bwd", "--H", "64", "--T", "48", "--E", "3", "--B", "16", "--topk", "2", "--I", "32", "--no-check",
+                check_rc=0)
+        assert "best of 1 after a warm-up" in r.stdout, r.stdout
+        assert "after one untimed warm-up call" in run("moe-bwd", "--help").stdout
