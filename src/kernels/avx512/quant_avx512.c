@@ -625,9 +625,10 @@ AI __m512i scale_codes16(__m512i a, int d, int rceil) {
 }
 
 /* Cols, BF16 -> codes: per group, tiles of CT16 columns; pass 1 folds |x| bits into 16-bit per-column maxima,
- * pass 2 quantizes from cache while prefetching the next group's rows. Chunks of 32 columns holding a slow group
+ * pass 2 quantizes from cache while prefetching the rows of the next tile (its pass 1 then reads from L2; one tile
+ * ahead keeps the L2 footprint at two tiles). Chunks of 32 columns holding a slow group
  * (tiny amax, NaN/Inf) go through cols_chunk. */
-#define CT16 4096
+#define CT16 2048 /* 4096^2 cols, 1 thread: 2048-column tiles 2.64-2.74 ms, 4096 2.89-3.10, 1024 2.71-2.92 */
 #define PFH _MM_HINT_T2 /* measured: T0 (into L1) is slower, T1 ~ T2 */
 AI int64_t q_cols_bf16c(const mxfp8i_qpanel *p, int fmt, qctx cx) {
     const int64_t C = p->lines, K = p->K, G = mxfp8i_ceil_div(K, 32);
@@ -651,6 +652,12 @@ AI int64_t q_cols_bf16c(const mxfp8i_qpanel *p, int fmt, qctx cx) {
             const int W = C - c0 >= CT16 ? CT16 : (int)(C - c0), nch = (W + 31) / 32;
             const int lastn = W - 32 * (nch - 1);
             const __mmask32 lm = tail_mask(lastn);
+            /* the next item (tile to the right, or the next group's first tile): its rows are prefetched while
+             * this one computes */
+            const int64_t c2 = c0 + CT16 < C ? c0 + CT16 : 0;
+            const int64_t *pidx = c2 ? idx : nidx;
+            const int pn = c2 ? n : nn;
+            const int nch2 = (int)(((C - c2 < CT16 ? C - c2 : CT16) + 31) / 32);
             for (int ch = 0; ch < nch; ch++) acc[ch] = _mm512_setzero_si512();
             for (int i = 0; i < n; i++) {
                 const uint16_t *row = (const uint16_t *)src + idx[i] * p->src_ks + c0;
@@ -672,11 +679,11 @@ AI int64_t q_cols_bf16c(const mxfp8i_qpanel *p, int fmt, qctx cx) {
                 const uint16_t *row = (const uint16_t *)src + idx[i] * p->src_ks + c0;
                 uint8_t *o = out + idx[i] * p->out_ks + c0;
                 const bool nt_ok = stream && ((uintptr_t)o & 63) == 0;
-                const char *nrow = i < nn ? (const char *)((const uint16_t *)src + nidx[i] * p->src_ks + c0) : NULL;
+                const char *nrow = i < pn ? (const char *)((const uint16_t *)src + pidx[i] * p->src_ks + c2) : NULL;
                 int ch = 0;
                 if (!any_slow) {
                     for (; ch + 2 <= nch - 1; ch += 2) {
-                        if (nrow) {
+                        if (nrow && ch + 1 < nch2) {
                             _mm_prefetch(nrow + 64 * ch, PFH);
                             _mm_prefetch(nrow + 64 * ch + 64, PFH);
                         }
@@ -689,7 +696,7 @@ AI int64_t q_cols_bf16c(const mxfp8i_qpanel *p, int fmt, qctx cx) {
                     }
                 }
                 for (; ch < nch; ch++) {
-                    if (nrow) _mm_prefetch(nrow + 64 * ch, PFH);
+                    if (nrow && ch < nch2) _mm_prefetch(nrow + 64 * ch, PFH);
                     if (slow[ch]) continue; /* done below */
                     __mmask32 m = ch == nch - 1 ? lm : ~0u;
                     __m512i v = _mm512_maskz_loadu_epi16(m, row + 32 * ch);
