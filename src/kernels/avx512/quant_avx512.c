@@ -19,9 +19,12 @@
  *    2^-126: then (like NaN groups in qdq) the block is redone element-wise with the reference arithmetic.
  * Rows: 16 groups per batch, their amax reduced together by a transposing shuffle tree. Cols: per group, tiles of
  * 512 columns swept row by row twice (amax into per-column accumulators; then quantize, from L1/L2 with per-column
- * multipliers), so each pass is one sequential stream. BF16 sources are processed in the
- * in-lane "unpack order" so that conversion and packing are single instructions. wrapX rows: each (sub)tile is
- * gathered into group order in a small buffer, processed as 1x32, and scattered back.
+ * multipliers), so each pass is one sequential stream; the next group's rows are prefetched during the second.
+ * BF16 sources are processed in the in-lane "unpack order" so that conversion and packing are single instructions.
+ * BF16 -> codes (the common training case) has its own path in 16-bit integer lanes, 32 elements per vector, exact
+ * by construction (see bf16_codes); groups with a tiny or non-finite amax fall back to the FP32 path. Its cols form
+ * uses 2048-column tiles, prefetches the next tile, and writes the codes of large panels with streaming stores.
+ * wrapX rows: each (sub)tile is gathered into group order in a small buffer, processed as 1x32, and scattered back.
  */
 #include <math.h>
 
