@@ -26,7 +26,9 @@
  *  - All functions are thread-safe: any number of threads may call the library at once on separate buffers.
  *  - Results never depend on the thread count, the ISA path chosen for quantization, or any speed-only knob
  *    (tile sizes, loop orders, sharding, spill/reload): they are bitwise reproducible.
- *  - Threads: OpenMP. MXFP8_NUM_THREADS, else OMP_NUM_THREADS, else all cores. MXFP8_ISA=scalar|avx512|amx forces
+ *  - Threads: OpenMP. MXFP8_NUM_THREADS, else OMP_NUM_THREADS, else all cores; clamped to MXFP8_MAX_THREADS (4096).
+ *    An MXFP8_NUM_THREADS that is not a whole positive decimal integer ("abc", "-2", "0") is ignored, as if unset
+ *    (`mxfp8 info` says so). MXFP8_ISA=scalar|avx512|amx forces
  *    an ISA path (falling back, with mxfp8_info() saying so, when the CPU lacks it).
  *
  * Sources of the rules, cited in each doc comment:
@@ -287,8 +289,11 @@ typedef struct mxfp8_info {
     int num_threads;              /**< threads a call will use */
 } mxfp8_info;
 
+/** Upper limit of the thread count (environment and mxfp8_set_num_threads are clamped to it). */
+#define MXFP8_MAX_THREADS 4096
 /** Set the number of threads every later call uses, process-wide (0 = back to MXFP8_NUM_THREADS / OMP_NUM_THREADS /
- *  all cores). Results never depend on it. Errors: INVALID_ARGUMENT (negative). */
+ *  all cores; values above MXFP8_MAX_THREADS are clamped to it). Results never depend on it. Errors:
+ *  INVALID_ARGUMENT (negative). */
 MXFP8_API mxfp8_status mxfp8_set_num_threads(int num_threads);
 
 /** Fill *info with CPU features and the chosen ISA path. Errors: NULL_POINTER. */

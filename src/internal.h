@@ -45,6 +45,10 @@ mxfp8_status mxfp8i_check_no_alias(const char *fn, const char *na, const mxfp8_t
  *  dimensions that interleave: sorted by |stride|, each stride exceeds the reach of the smaller ones). For output
  *  views, after mxfp8i_check_view. */
 mxfp8_status mxfp8i_check_distinct(const char *fn, const char *name, const mxfp8_tensor *t);
+/** "[d0, d1, ...]" of a view's shape (all dimensions) into buf; returns buf. For messages. */
+const char *mxfp8i_shape_str(const mxfp8_tensor *t, char *buf, size_t size);
+/** Name of a scale layout as the Python API spells it ("compact", "nki_unpacked", ...; "unknown" otherwise). */
+const char *mxfp8i_layout_name(mxfp8_scale_layout layout);
 /** Byte span [lo, hi) addressed by a view; false if empty. */
 bool mxfp8i_view_span(const mxfp8_tensor *t, uintptr_t *lo, uintptr_t *hi);
 /** Normalize an axis (negative counts from the end); false if out of range. */
@@ -98,7 +102,11 @@ mxfp8_isa mxfp8i_isa(void);
 bool mxfp8i_use_avx512(void);
 /** True if the CPU has AVX512-BF16 and isa >= AVX512. */
 bool mxfp8i_use_avx512_bf16(void);
-/** Threads a call may use (MXFP8_NUM_THREADS, else OMP_NUM_THREADS, else omp_get_max_threads()). >= 1. */
+/** MXFP8_NUM_THREADS as the library reads it: 0 if unset/empty, -1 if not a whole positive decimal integer (then
+ *  ignored), else the value clamped to MXFP8_MAX_THREADS. */
+int mxfp8i_parse_num_threads(const char *s);
+/** Threads a call may use (MXFP8_NUM_THREADS, else OMP_NUM_THREADS, else omp_get_max_threads(); clamped to
+ *  MXFP8_MAX_THREADS). >= 1. */
 int mxfp8i_num_threads(void);
 
 /* ---- format (src/format/) ---- */

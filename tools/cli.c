@@ -22,6 +22,8 @@ int cli_error(const char *cmd, const char *fmt, ...) {
 
 int cli_lib_error(const char *cmd, const char *what, mxfp8_status st) {
     const char *msg = mxfp8_last_error_message();
+    size_t n = strlen(what); /* the library's message starts with the function's name: don't print it twice */
+    if (msg && !strncmp(msg, what, n) && msg[n] == ':' && msg[n + 1] == ' ') msg += n + 2;
     return cli_error(cmd, "%s failed: %s%s%s", what, mxfp8_status_string(st), msg && *msg ? ": " : "",
                      msg ? msg : "");
 }

@@ -43,7 +43,22 @@ int cmd_info(int argc, char **argv) {
     printf("isa path:       %s (%s)\n", in.isa_name ? in.isa_name : "?", in.isa_reason ? in.isa_reason : "");
     printf("MXFP8_ISA:      %s\n", env_isa && *env_isa ? env_isa : "(unset)");
     const char *env_omp = getenv("OMP_NUM_THREADS");
-    if (env_thr && *env_thr) printf("threads:        %d  (MXFP8_NUM_THREADS=%s)\n", in.num_threads, env_thr);
+    int env_nt = 0;
+    if (env_thr && *env_thr) { /* the library's rule (include/mxfp8.h): a whole positive integer, clamped */
+        char *end = NULL;
+        long long v = strtoll(env_thr, &end, 10);
+        int digits = 1;
+        for (const char *q = env_thr; *q; q++) digits &= *q >= '0' && *q <= '9';
+        env_nt = digits && *end == 0 && v >= 1 ? 1 : -1;
+        if (env_nt > 0 && (v > MXFP8_MAX_THREADS || end - env_thr > 9)) env_nt = 2;
+    }
+    if (env_nt == 1) printf("threads:        %d  (MXFP8_NUM_THREADS=%s)\n", in.num_threads, env_thr);
+    else if (env_nt == 2)
+        printf("threads:        %d  (MXFP8_NUM_THREADS=%s, clamped to %d)\n", in.num_threads, env_thr,
+               MXFP8_MAX_THREADS);
+    else if (env_nt < 0)
+        printf("threads:        %d  (MXFP8_NUM_THREADS=%s is not a positive integer: ignored)\n", in.num_threads,
+               env_thr);
     else if (env_omp && *env_omp) printf("threads:        %d  (OMP_NUM_THREADS=%s)\n", in.num_threads, env_omp);
     else printf("threads:        %d\n", in.num_threads);
     return CLI_OK;

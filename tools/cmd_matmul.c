@@ -100,9 +100,9 @@ int cmd_matmul_bwd(int argc, char **argv) {
     static const mxfp8_dtype odtv[] = {MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16, MXFP8_DTYPE_F32};
     int layout = 0, odt = 0;
     const char *f8 = cli_get(opts, nopts, "float8-dtype");
-    if (cli_int(cmd, "M", cli_get(opts, nopts, "M"), 1, DMAX, &M) ||
-        cli_int(cmd, "N", cli_get(opts, nopts, "N"), 1, DMAX, &N) ||
-        cli_int(cmd, "K", cli_get(opts, nopts, "K"), 1, DMAX, &K) ||
+    if (cli_int(cmd, "M", cli_get(opts, nopts, "M"), 0, DMAX, &M) ||
+        cli_int(cmd, "N", cli_get(opts, nopts, "N"), 0, DMAX, &N) ||
+        cli_int(cmd, "K", cli_get(opts, nopts, "K"), 0, DMAX, &K) ||
         cli_int(cmd, "seed", cli_get(opts, nopts, "seed"), 0, INT64_MAX, &seed) ||
         cli_int(cmd, "repeat", cli_get(opts, nopts, "repeat"), 1, 1000, &repeat) ||
         cli_float8_dtype(cmd, f8, &args.float8_dtype) ||
@@ -129,6 +129,7 @@ int cmd_matmul_bwd(int argc, char **argv) {
     tf_set in = {0}, grads = {0}, work = {0};
     rc = CLI_USAGE;
     tf_tensor *dy, *w, *x;
+    int in_f64 = 0; /* the bundle's output_grad was F64 (rounded to F32 here) */
     int prequant = 0;
     if (in_path) {
         if (tf_load(in_path, &in, err, sizeof err)) {
@@ -150,6 +151,7 @@ int cmd_matmul_bwd(int argc, char **argv) {
         mxfp8_tensor *sc_args[3] = {&args.output_grad_scales, &args.weight_scales, &args.input_scales};
         for (int i = 0; i < 3; i++) {
             tf_tensor *t = ops[i], *s = tf_find(&in, sc_names[i]);
+            if (i == 0) in_f64 = t->dtype == TF_F64;
             if (t->dtype == TF_F64 && tf_to_f32(t, err, sizeof err)) {
                 cli_error(cmd, "%s", err);
                 goto done;
@@ -230,7 +232,9 @@ int cmd_matmul_bwd(int argc, char **argv) {
            args.float8_dtype == MXFP8_FMT_E4M3 ? "float8_e4m3fn" : "float8_e5m2", rules[args.scale_rule],
            args.quant_scheme == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32", odts[odt], info.num_threads,
            info.num_threads == 1 ? "" : "s", info.isa_name);
-    if (in_path) printf("inputs: %s (%s)\n", in_path, prequant ? "pre-quantized" : tf_dtype_name(dy->dtype));
+    if (in_path)
+        printf("inputs: %s (%s%s)\n", in_path, prequant ? "pre-quantized" : in_f64 ? "F64" : tf_dtype_name(dy->dtype),
+               !prequant && in_f64 ? ", rounded to F32" : "");
     else printf("inputs: random N(0, 1) rounded to BF16, seed %lld\n", (long long)seed);
     fflush(stdout);
 
@@ -316,7 +320,7 @@ int cmd_matmul_bwd(int argc, char **argv) {
                "2^(e-8), of an element near max|ref| >= 2^e)" : "");
     }
     printf("\ntime (dX + dW, best of %lld after a warm-up): %.3f ms   %.4g TFLOP/s   (%.3g GFLOP)\n", (long long)repeat, best * 1e3,
-           flops / best * 1e-12, flops * 1e-9);
+           best > 0 ? flops / best * 1e-12 : 0.0, flops * 1e-9);
     if (out_path) {
         if (tf_save(out_path, &grads, err, sizeof err)) {
             cli_error(cmd, "%s", err);

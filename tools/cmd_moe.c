@@ -222,6 +222,7 @@ int cmd_moe_bwd(int argc, char **argv) {
     mxfp8_moe_bwd_args_init(&ba);
     mxfp8_status st;
     tf_tensor *x, *w1, *w2, *dy, *ea = NULL, *tpi = NULL, *b2e = NULL;
+    int x_f64 = 0; /* the bundle's hidden_states were F64 (rounded to F32 here) */
     int64_t N = 0;
     int routed_topk = 0; /* routing came from topk ids (default problem or bundle) */
 
@@ -243,6 +244,7 @@ int cmd_moe_bwd(int argc, char **argv) {
         w2 = tf_find(&in, "down_proj_weight");
         dy = tf_find(&in, "output_hidden_states_grad");
         tf_tensor *w1s = tf_find(&in, "gate_up_weight_scales"), *w2s = tf_find(&in, "down_weight_scales");
+        x_f64 = x->dtype == TF_F64;
         if (bundle_float(cmd, in_path, x, 0) || bundle_float(cmd, in_path, dy, 0) ||
             bundle_float(cmd, in_path, w1, w1s != NULL) || bundle_float(cmd, in_path, w2, w2s != NULL))
             goto done;
@@ -500,7 +502,7 @@ int cmd_moe_bwd(int argc, char **argv) {
            cfg.quant_dtype == MXFP8_FMT_E4M3 ? "float8_e4m3fn" : "float8_e5m2", rules[cfg.scale_rule],
            act_names[act], aff ? "AFFINITY_ON_H" : "AFFINITY_ON_I", cfg.bias ? ", bias" : "", gdts[gdt],
            info.num_threads, info.num_threads == 1 ? "" : "s", info.isa_name);
-    if (in_path) printf("inputs: %s (%s)\n", in_path, tf_dtype_name(x->dtype));
+    if (in_path) printf("inputs: %s (%s)\n", in_path, x_f64 ? "F64, rounded to F32" : tf_dtype_name(x->dtype));
     else
         printf("inputs: random, seed %lld: W ~ U(-0.1, 0.1), X ~ U(0, 1), dY ~ U(-1, 1), affinities ~ U(0, 1) on "
                "routed pairs (BF16)\n", (long long)seed);

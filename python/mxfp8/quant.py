@@ -35,13 +35,13 @@ def quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32"):
     group: "1x32" | "wrapx" (wrapx needs x.shape[axis] % 128 == 0).
     Returns (data, scales): data has x's shape and dtype ml_dtypes.float8_e4m3fn / float8_e5m2; scales are uint8
     E8M0 codes (scale = 2^(code-127), 255 = NaN) of shape x.shape with axis replaced by ceil(len/32), in compact
-    group order. Raises ValueError (bad option, axis), MXFP8Error (the library's checks, e.g. a dtype it does not
-    accept, or wrapx with a length not a multiple of 128).
+    group order. Raises TypeError (x's dtype, naming the accepted ones), ValueError (bad option, axis), MXFP8Error
+    (the library's checks, e.g. wrapx with a length not a multiple of 128).
     """
     f = _lib.parse_format(fmt, "fmt")
     rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
     grp = _lib.parse(_lib.GROUPS, group, "group")
-    x = _lib.as_array(x)
+    x = _lib.as_array(x, allowed=(_lib.F32, _lib.BF16, _lib.F16), name="x")  # TypeError as matmul's inputs
     if x.ndim == 0:
         raise ValueError("x: quantization needs an array of rank >= 1")
     ax = _norm_axis(axis, x.ndim)
@@ -65,8 +65,8 @@ def dequantize(data, scales, axis=-1, group="1x32", out_dtype="float32", fmt=Non
     """
     code_out = _lib.parse_out_dtype(out_dtype, "out_dtype")
     grp = _lib.parse(_lib.GROUPS, group, "group")
-    data = _lib.as_array(data, name="data")
-    scales = _lib.as_array(scales, name="scales")
+    data = _lib.as_array(data, allowed=(_lib.E4M3, _lib.E5M2, _lib.U8), name="data")
+    scales = _lib.as_array(scales, allowed=(_lib.U8, _lib.E8M0), name="scales")
     dcode = None
     if fmt is not None:
         f = _lib.parse_format(fmt, "fmt")

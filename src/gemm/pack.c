@@ -92,7 +92,8 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
         }
         if (out->K % 128)
             return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
-                                "%s: swizzled %s needs K %% 128 == 0, but K = %lld", fn, name, (long long)out->K);
+                                "%s: swizzled %s needs its contraction length %% 128 == 0, but it is %lld", fn, name,
+                                (long long)out->K);
     } else {
         out->R = v->shape[0];
         if (out->x4) {
@@ -111,7 +112,7 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
                             (long long)out->K, (long long)K_hint);
     if (group == MXFP8_GROUP_WRAPX && out->K % 128)
         return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
-                            "%s: quant_scheme wrapX needs the contraction length %% 128 == 0, but %s has K = %lld",
+                            "%s: quant_scheme wrapX needs the contraction length %% 128 == 0, but %s's is %lld",
                             fn, name, (long long)out->K);
     const mxfp8_tensor *s = &op->scales;
     if (!out->prequant) {
@@ -142,12 +143,12 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
         out->ss1 = s->strides[0];
         return MXFP8_OK;
     }
+    char sb[160];
     if (s->ndim != 2 || s->shape[0] != shp[0] || s->shape[1] != shp[1])
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                            "%s: %s scales must have shape [%lld, %lld] for layout %d (R = %lld, K = %lld), got a "
-                            "%d-D view [%lld, ...]",
-                            fn, name, (long long)shp[0], (long long)shp[1], (int)op->scale_layout, (long long)out->R,
-                            (long long)out->K, (int)s->ndim, (long long)(s->ndim ? s->shape[0] : 0));
+                            "%s: %s scales must have shape [%lld, %lld] for layout %s (R = %lld, K = %lld), got %s",
+                            fn, name, (long long)shp[0], (long long)shp[1], mxfp8i_layout_name(op->scale_layout),
+                            (long long)out->R, (long long)out->K, mxfp8i_shape_str(s, sb, sizeof sb));
     out->ss0 = s->strides[0];
     out->ss1 = s->strides[1];
     return MXFP8_OK;

@@ -102,12 +102,12 @@ static mxfp8_status check_layout_view(const char *fn, const char *name, const mx
                             (long long)F, (long long)K);
     bool ok = t->ndim == 2 && t->shape[0] == shape[0] && t->shape[1] == shape[1];
     if (layout == MXFP8_SCALES_SWIZZLE_128X4 && t->ndim == 1) ok = t->shape[0] == shape[0] * shape[1];
+    char sb[160];
     if (!ok)
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                            "%s: %s must have shape [%lld, %lld] for layout %d, F %lld, "
-                            "K %lld",
-                            fn, name, (long long)shape[0], (long long)shape[1], (int)layout, (long long)F,
-                            (long long)K);
+                            "%s: %s must have shape [%lld, %lld] for layout %s, F %lld, K %lld; got %s", fn, name,
+                            (long long)shape[0], (long long)shape[1], mxfp8i_layout_name(layout), (long long)F,
+                            (long long)K, mxfp8i_shape_str(t, sb, sizeof sb));
     return MXFP8_OK;
 }
 

@@ -83,16 +83,32 @@ static void detect(void) {
     in->isa_name = names[isa];
     in->isa_reason = reason;
 
-    int nt = 0;
-    const char *e = getenv("MXFP8_NUM_THREADS");
-    if (!e || !*e) e = getenv("OMP_NUM_THREADS");
-    if (e && *e) nt = atoi(e);
+    /* MXFP8_NUM_THREADS must be a whole positive decimal integer; anything else (abc, -2, 0, 4x) is ignored, as
+       if unset (mxfp8 info says so). OMP_NUM_THREADS is read as OpenMP does (its first number). Both are clamped
+       to MXFP8_MAX_THREADS. */
+    int nt = mxfp8i_parse_num_threads(getenv("MXFP8_NUM_THREADS"));
+    if (nt <= 0) {
+        const char *e = getenv("OMP_NUM_THREADS");
+        if (e && *e) nt = atoi(e);
+    }
 #ifdef _OPENMP
     if (nt <= 0) nt = omp_get_max_threads();
 #endif
     if (nt <= 0) nt = 1;
+    if (nt > MXFP8_MAX_THREADS) nt = MXFP8_MAX_THREADS;
     in->num_threads = nt;
     g_rt_ready = 1;
+}
+
+int mxfp8i_parse_num_threads(const char *s) {
+    if (!s || !*s) return 0;
+    long long v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        if (v <= MXFP8_MAX_THREADS) v = v * 10 + (*p - '0');
+    }
+    if (v < 1) return -1;
+    return v > MXFP8_MAX_THREADS ? MXFP8_MAX_THREADS : (int)v;
 }
 
 static const mxfp8_info *rt(void) {
@@ -119,7 +135,7 @@ mxfp8_status mxfp8_set_num_threads(int num_threads) {
     if (num_threads < 0)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "mxfp8_set_num_threads: num_threads %d is negative",
                             num_threads);
-    atomic_store(&g_threads_override, num_threads);
+    atomic_store(&g_threads_override, num_threads > MXFP8_MAX_THREADS ? MXFP8_MAX_THREADS : num_threads);
     return MXFP8_OK;
 }
 

@@ -1,5 +1,6 @@
 /* tensor.c -- tensor views: construction and the validation helpers every public entry uses. */
 #include <stdarg.h>
+#include <stdio.h>
 
 #include "../internal.h"
 
@@ -163,4 +164,25 @@ mxfp8_status mxfp8i_check_distinct(const char *fn, const char *name, const mxfp8
         reach += st[j] * (sh[j] - 1); /* no overflow: mxfp8i_check_view bounded the span */
     }
     return MXFP8_OK;
+}
+
+const char *mxfp8i_shape_str(const mxfp8_tensor *t, char *buf, size_t size) {
+    size_t n = 0;
+    if (!size) return buf;
+    buf[0] = 0;
+    n += (size_t)snprintf(buf + n, size - n, "[");
+    for (int i = 0; i < t->ndim && i < MXFP8_MAX_DIMS && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+    return buf;
+}
+
+const char *mxfp8i_layout_name(mxfp8_scale_layout layout) {
+    switch (layout) {
+    case MXFP8_SCALES_COMPACT: return "compact";
+    case MXFP8_SCALES_NKI_UNPACKED: return "nki_unpacked";
+    case MXFP8_SCALES_NKI_PACKED: return "nki_packed";
+    case MXFP8_SCALES_SWIZZLE_128X4: return "swizzle_128x4";
+    default: return "unknown";
+    }
 }

@@ -733,3 +733,41 @@ def test_timings_follow_a_warm_up():
                 check_rc=0)
         assert "best of 1 after a warm-up" in r.stdout, r.stdout
         assert "after one untimed warm-up call" in run("moe-bwd", "--help").stdout
+
+
+def _run_env(env, *args):
+    e = dict(os.environ)
+    e.update(env)
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=600, env=e)
+
+
+def test_small_cli_nits(tmp_path, rng):
+    """Zero sizes accepted (the library supports them); the library's message is not prefixed twice with the
+    function name; an F64 bundle is labelled as such; MXFP8_NUM_THREADS that is not a positive integer is reported
+    as ignored by `mxfp8 info`, and a huge one as clamped to 4096."""
+    if _have("matmul-bwd"):
+        for dims in (("--M", "0"), ("--K", "0"), ("--M", "0", "--N", "0", "--K", "0")):
+            r = run("matmul-bwd", *dims, "--repeat", "1", check_rc=0)
+            assert "verdict: PASS" in r.stdout and "nan" not in r.stdout.lower(), r.stdout
+        p = {"output_grad": rng.standard_normal((32, 64)), "weights": rng.standard_normal((64, 32)),
+             "input_activation": rng.standard_normal((32, 32))}
+        st_save(tmp_path / "f64.safetensors", p)
+        r = run("matmul-bwd", "--inputs", tmp_path / "f64.safetensors", "--no-check", check_rc=0)
+        assert "(F64, rounded to F32)" in r.stdout and "(F32)" not in r.stdout, r.stdout
+    if _have("moe-bwd"):
+        p = {k: (v if k == "topk_ids" else v.astype(np.float64)) for k, v in _moe_problem(rng).items()}
+        st_save(tmp_path / "m64.safetensors", p)
+        r = run("moe-bwd", "--inputs", tmp_path / "m64.safetensors", "--block-size", 16, "--no-check", check_rc=0)
+        assert "(F64, rounded to F32)" in r.stdout, r.stdout
+    if _have("quantize"):
+        np.save(tmp_path / "x.npy", np.ones((2, 70), np.float32))
+        r = run("quantize", tmp_path / "x.npy", "-o", tmp_path / "q.safetensors", "--group", "wrapx", check_rc=2)
+        assert "mxfp8_quantize failed" in r.stderr and r.stderr.count("mxfp8_quantize") == 1, r.stderr
+    if _have("info"):
+        for bad in ("abc", "-2", "0", "4x"):
+            r = _run_env({"MXFP8_NUM_THREADS": bad}, "info")
+            assert r.returncode == 0 and "is not a positive integer: ignored" in r.stdout, r.stdout
+        r = _run_env({"MXFP8_NUM_THREADS": "100000"}, "info")
+        assert "threads:        4096" in r.stdout and "clamped to 4096" in r.stdout, r.stdout
+        r = _run_env({"MXFP8_NUM_THREADS": "3"}, "info")
+        assert "threads:        3  (MXFP8_NUM_THREADS=3)" in r.stdout, r.stdout

@@ -345,3 +345,25 @@ def test_option_errors():
     with pytest.raises(mxfp8.MXFP8Error) as e:  # codes without scales
         mxfp8.matmul_mxfp8_backward(dy.astype(ml_dtypes.float8_e5m2), w, x)
     assert e.value.status == 1
+
+
+def test_error_messages_name_layouts_full_shapes_and_contraction_length():
+    """Messages a user can act on: the scale layout by name (not 'layout 0'), the whole shape of a bad view (not
+    '[64, ...]'), and wrapX's length as the contraction length (for dW that is M, not 'K')."""
+    x = np.ones((64, 64), np.float32)
+    w = np.ones((48, 64), np.float32)
+    xq, xs = mxfp8.quantize(x, axis=1)
+    wq, ws = mxfp8.quantize(w, axis=1)
+    for bad, shape in ((xs[:, :1], "[64, 1]"), (xs[None], "[1, 64, 2]")):
+        with pytest.raises(mxfp8.MXFP8Error) as e:
+            mxfp8.matmul_mxfp8(xq, wq, float8_dtype="float8_e4m3fn", input_scales=bad, weight_scales=ws)
+        msg = str(e.value)
+        assert "layout compact" in msg and f"got {shape}" in msg and "..." not in msg, msg
+    dy, W, X = np.ones((100, 128), BF16), np.ones((128, 128), BF16), np.ones((100, 128), BF16)
+    with pytest.raises(mxfp8.MXFP8Error) as e:
+        mxfp8.matmul_mxfp8_backward(dy, W, X, quant_scheme="wrapx")
+    msg = str(e.value)
+    assert "contraction length" in msg and "100" in msg and "K = 100" not in msg, msg
+    with pytest.raises(mxfp8.MXFP8Error) as e:
+        mxfp8.from_scale_layout(np.zeros((3, 5), np.uint8), 64, "nki_packed", rows=64)
+    assert "layout nki_packed" in str(e.value) and "got [3, 5]" in str(e.value), str(e.value)
