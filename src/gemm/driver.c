@@ -260,11 +260,25 @@ typedef struct gemm_ctx {
     char **abuf;                  /* per thread: A panels of one block row (spill_reload = 0) */
     char *ash[2];                 /* coop: the A panels of block rows mb (ash[mb & 1]), packed by all threads */
     int b_ready;                  /* Bp already holds B's panels (a keyed slot of the workspace scope) */
+    mxfp8i_amx_pack_fn pack_cm;   /* the slot's packer from a column-major source, or NULL */
     int coop;                     /* threads share the packing of each block row's A panels (shard along N) */
     float **cblk;                 /* per thread: FP32 accumulators of one block [MCb, ldcb] */
     float **scratch, **tmp;       /* per thread: packing scratch (max(mr, nr) * K floats), K floats + scale bytes */
     int nt;
 } gemm_ctx;
+
+/* A high-precision column-geometry operand (a transposed view: [K, R]-contiguous, s0 == 1): rows [r0, r0 + rows)
+ * quantized down the columns straight into out[k*ld + i] -- the values mxfp8i_gop_rows_f32 gives, without its
+ * transpose (the packer's pack_cm reads them column-major). Returns 0, writing nothing, for any other operand. */
+static int cols_f32(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_t r0, int rows, float *out,
+                    int64_t ld) {
+    if (rows <= 0 || op->prequant || op->swizzled || op->s0 != 1 || op->s1 <= 0) return 0;
+    const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
+    mxfp8i_qpanel p = {base, op->dtype, rows, op->K, 1, op->s1, cfg->float8_dtype, cfg->scale_rule,
+                       cfg->quant_scheme, out, MXFP8_DTYPE_F32, 1, ld, NULL, 0, 0};
+    mxfp8i_quantize_panel(&p);
+    return 1;
+}
 
 /* Pack rows [r0, r0 + w) of op over all of K into one panel of the kernel's format. */
 static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, void *panel) {
@@ -279,6 +293,10 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
         return;
     }
     int rows = (int)(op->R - r0 < w ? op->R - r0 : w);
+    if (x->pack_cm && cols_f32(op, cfg, r0, rows, x->scratch[tid], w)) {
+        x->pack_cm(is_b, x->scratch[tid], w, rows, K, panel);
+        return;
+    }
     mxfp8i_gop_rows_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, x->scratch[tid],
                         (uint8_t *)(tmp + K), tmp, x->scratch[tid] + (int64_t)w * K);
     uk->pack(is_b, x->scratch[tid], K, rows, K, panel);
@@ -470,6 +488,9 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     x.b = b;
     x.cfg = &cfg;
     x.uk = uk;
+#if defined(__x86_64__)
+    x.pack_cm = mxfp8i_amx_pack_cm_for(uk);
+#endif
     x.accumulate = accumulate;
     x.c = c;
     x.M = M;

@@ -84,6 +84,15 @@ int64_t mxfp8i_amx_panel_bytes(int64_t K, int w);
 void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel);
 /** The same with every BF16 pair stored swapped (for an odd-first VDPBF16PS unit; never for the AMX kernel). */
 void mxfp8i_amx_pack_swapped(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel);
+/** The two packers from a column-major source: element (r, k) at src[k*ld + r] (r < rows); the same panel bytes as
+ *  packing the transposed matrix row-major (the slots' pack_cm). */
+void mxfp8i_amx_pack_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel);
+void mxfp8i_amx_pack_swapped_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel);
+typedef void (*mxfp8i_amx_pack_fn)(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel);
+struct mxfp8i_ukernel;
+/** The column-major packer matching a slot's pack (mxfp8i_amx_pack -> mxfp8i_amx_pack_cm, the swapped one ->
+ *  mxfp8i_amx_pack_swapped_cm), or NULL for any other slot. */
+mxfp8i_amx_pack_fn mxfp8i_amx_pack_cm_for(const struct mxfp8i_ukernel *uk);
 
 /** The AMX microkernel (contract above; the slot's run). Needs AMX-TILE + AMX-BF16 and XTILEDATA permission. */
 void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr,

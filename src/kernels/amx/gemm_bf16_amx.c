@@ -95,7 +95,8 @@ static inline void transpose16(__m512i r[16]) {
     }
 }
 
-static void amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel_v, int swap) {
+/* cm = 0: element (r, k) at src[r*rs + k]; cm = 1: at src[k*rs + r] (column-major, rs = leading dimension). */
+static void amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel_v, int swap, int cm) {
     uint8_t *panel = panel_v;
     const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
@@ -110,16 +111,32 @@ static void amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K
         __mmask16 m0 = kn >= 16 ? 0xFFFF : (__mmask16)((1u << kn) - 1);
         __mmask16 m1 = kn >= 32 ? 0xFFFF : kn <= 16 ? 0 : (__mmask16)((1u << (kn - 16)) - 1);
         for (int tile = 0; tile < 2; tile++) {
-            for (int r = 0; r < 16; r++) {
-                int row = tile * 16 + r;
-                __m512i v0 = _mm512_setzero_si512(), v1 = v0;
-                if (row < rows) {
-                    const float *p = src + (int64_t)row * rs + k0;
-                    v0 = _mm512_maskz_loadu_epi32(m0, p);
-                    v1 = _mm512_maskz_loadu_epi32(m1, p + 16);
+            if (cm) {
+                /* 16 rows x 32 steps from columns of src: load steps as vectors over rows, 16x16 transposes */
+                int rn = rows - tile * 16;
+                __mmask16 rm = rn >= 16 ? (__mmask16)0xFFFF : rn <= 0 ? 0 : (__mmask16)((1u << rn) - 1);
+                for (int h = 0; h < 2; h++) {
+                    __m512i w[16];
+                    for (int q = 0; q < 16; q++) {
+                        int kk = h * 16 + q;
+                        w[q] = kk < kn && rm ? _mm512_maskz_loadu_epi32(rm, src + (k0 + kk) * rs + tile * 16)
+                                             : _mm512_setzero_si512();
+                    }
+                    transpose16(w);
+                    for (int r = 0; r < 16; r++) _mm512_store_si512((void *)(t + r * 32 + h * 16), w[r]);
                 }
-                _mm512_store_si512((void *)(t + r * 32), v0);
-                _mm512_store_si512((void *)(t + r * 32 + 16), v1);
+            } else {
+                for (int r = 0; r < 16; r++) {
+                    int row = tile * 16 + r;
+                    __m512i v0 = _mm512_setzero_si512(), v1 = v0;
+                    if (row < rows) {
+                        const float *p = src + (int64_t)row * rs + k0;
+                        v0 = _mm512_maskz_loadu_epi32(m0, p);
+                        v1 = _mm512_maskz_loadu_epi32(m1, p + 16);
+                    }
+                    _mm512_store_si512((void *)(t + r * 32), v0);
+                    _mm512_store_si512((void *)(t + r * 32 + 16), v1);
+                }
             }
             mxfp8i_amx_meta m = chunk_meta(t);
             memcpy(chunk + tile * sizeof m, &m, sizeof m);
@@ -156,10 +173,22 @@ static void amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K
 
 
 void mxfp8i_amx_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel) {
-    amx_pack(is_b, src, rs, rows, K, panel, 0);
+    amx_pack(is_b, src, rs, rows, K, panel, 0, 0);
 }
 void mxfp8i_amx_pack_swapped(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel) {
-    amx_pack(is_b, src, rs, rows, K, panel, 1);
+    amx_pack(is_b, src, rs, rows, K, panel, 1, 0);
+}
+void mxfp8i_amx_pack_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel) {
+    amx_pack(is_b, src, ld, rows, K, panel, 0, 1);
+}
+void mxfp8i_amx_pack_swapped_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel) {
+    amx_pack(is_b, src, ld, rows, K, panel, 1, 1);
+}
+mxfp8i_amx_pack_fn mxfp8i_amx_pack_cm_for(const struct mxfp8i_ukernel *uk) {
+    if (!uk) return NULL;
+    if (uk->pack == mxfp8i_amx_pack) return mxfp8i_amx_pack_cm;
+    if (uk->pack == mxfp8i_amx_pack_swapped) return mxfp8i_amx_pack_swapped_cm;
+    return NULL;
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
