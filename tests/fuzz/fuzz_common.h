@@ -16,17 +16,8 @@
 #include <unistd.h>
 
 #include "io/tensorfile.h"
+#include "fuzz_assert.h"
 
-/* Crash (so libFuzzer records the input) with a message. */
-#define FUZZ_ASSERT(cond, ...)                                                                                    \
-    do {                                                                                                          \
-        if (!(cond)) {                                                                                            \
-            fprintf(stderr, "fuzz assertion failed: %s: ", #cond);                                                \
-            fprintf(stderr, __VA_ARGS__);                                                                         \
-            fputc('\n', stderr);                                                                                  \
-            abort();                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 static char fuzz_path[256];
 static void fuzz_unlink(void) {

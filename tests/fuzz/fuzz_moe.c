@@ -19,16 +19,8 @@
 #include <string.h>
 
 #include "mxfp8.h"
+#include "fuzz_assert.h"
 
-#define FUZZ_ASSERT(cond, ...)                                                                                    \
-    do {                                                                                                          \
-        if (!(cond)) {                                                                                            \
-            fprintf(stderr, "fuzz assertion failed: %s: ", #cond);                                                \
-            fprintf(stderr, __VA_ARGS__);                                                                         \
-            fputc('\n', stderr);                                                                                  \
-            abort();                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 enum { H = 32, I = 32, MAXT = 8, MAXE = 3, MAXB = 4, MAXN = 6 };
 #define SENT 0xA5

@@ -18,16 +18,8 @@
 #include <string.h>
 
 #include "internal.h"
+#include "fuzz_assert.h"
 
-#define FUZZ_ASSERT(cond, ...)                                                                                    \
-    do {                                                                                                          \
-        if (!(cond)) {                                                                                            \
-            fprintf(stderr, "fuzz assertion failed: %s: ", #cond);                                                \
-            fprintf(stderr, __VA_ARGS__);                                                                         \
-            fputc('\n', stderr);                                                                                  \
-            abort();                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 #define MAXN 6144
 #define SENT 0xA5
