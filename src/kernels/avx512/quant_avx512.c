@@ -19,7 +19,7 @@
  *    2^-126: then (like NaN groups in qdq) the block is redone element-wise with the reference arithmetic.
  * Rows: 16 groups per batch, their amax reduced together by a transposing shuffle tree. Cols: per group, tiles of
  * 512 columns swept row by row twice (amax into per-column accumulators; then quantize, from L1/L2 with per-column
- * multipliers), so each pass is one sequential stream; the next group's rows are prefetched during the second.
+ * multipliers), so each pass is one sequential stream.
  * BF16 sources are processed in the in-lane "unpack order" so that conversion and packing are single instructions.
  * BF16 -> codes (the common training case) has its own path in 16-bit integer lanes, 32 elements per vector, exact
  * by construction (see bf16_codes); groups with a tiny or non-finite amax fall back to the FP32 path. Its cols form
@@ -223,7 +223,7 @@ AI __m512i hmax(__m512i ab) {
 
 /* Element-wise reference arithmetic (mxfp8i_quantize_group_ref + mxfp8i_dequantize_group_ref for one element whose
  * group has scale code s[i*ss]): the rare-case fallback (NaN groups in qdq, BF16-subnormal results). */
-__attribute__((noinline)) static int64_t ref_elems(const char *src, int dt, int n, const uint8_t *s, int ss, int fmt, int ok, char *out) {
+static int64_t ref_elems(const char *src, int dt, int n, const uint8_t *s, int ss, int fmt, int ok, char *out) {
     int64_t inexact = 0;
     uint8_t nan = f_nan(fmt);
     for (int i = 0; i < n; i++) {
@@ -438,9 +438,7 @@ AI int64_t cols_chunk(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx, 
  * (one sequential stream) folding |x| bits into per-column accumulators; the scales, multipliers and scale values
  * of the whole tile are then computed once; pass 2 sweeps the rows again (from L1/L2) and quantizes with the
  * per-column multipliers. Blocks with NaN groups (rare) go through cols_chunk. */
-#ifndef CT
 #define CT 512
-#endif
 AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
     const int es = dt == MXFP8_DTYPE_F32 ? 4 : 2, os = out_size(ok);
     const int64_t C = p->lines, K = p->K, G = mxfp8i_ceil_div(K, 32);
@@ -454,12 +452,8 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
     uint32_t nfmask[CT / 32];
     __m512 lo, hi;
     __mmask32 sign;
-    int64_t nidx[32];
-    int nn = G > 0 ? mxfp8i_group_members(K, p->group, 0, nidx) : 0;
     for (int64_t g = 0; g < G; g++) {
-        int n = nn;
-        for (int i = 0; i < n; i++) idx[i] = nidx[i];
-        nn = g + 1 < G ? mxfp8i_group_members(K, p->group, g + 1, nidx) : 0;
+        int n = mxfp8i_group_members(K, p->group, g, idx);
         for (int64_t c0 = 0; c0 < C; c0 += CT) {
             const int W = C - c0 >= CT ? CT : (int)(C - c0), nch = (W + 31) / 32;
             const int lastn = W - 32 * (nch - 1);
@@ -487,14 +481,8 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
             for (int i = 0; i < n; i++) {
                 const char *row = src + (idx[i] * p->src_ks + c0) * es;
                 char *o = out + (idx[i] * p->out_ks + c0) * os;
-                /* the same row of the next group, fetched into cache while this one computes */
-                const char *nrow = i < nn ? src + (nidx[i] * p->src_ks + c0) * es : NULL;
                 for (int ch = 0; ch < nch; ch++) {
                     int nc = ch == nch - 1 ? lastn : 32;
-                    if (nrow) {
-                        _mm_prefetch(nrow + 32 * ch * es, _MM_HINT_T2);
-                        if (es == 4) _mm_prefetch(nrow + 32 * ch * es + 64, _MM_HINT_T2);
-                    }
                     if (any_nf && nfmask[ch]) continue; /* done below */
                     load_abs32(row + 32 * ch * es, dt, tail_mask(nc), nc == 32, &lo, &hi, &sign);
                     inexact += do_block(row + 32 * ch * es, dt, fmt, ok, cx.sat, lo, hi, sign, inv[2 * ch],
@@ -547,6 +535,15 @@ AI __m512i bf16_codes(__m512i v, __m512i k2, int fmt, int sat) {
 /* Two vectors of 16-bit codes -> 64 bytes in order. */
 AI __m512i pack_codes2(__m512i c0, __m512i c1) {
     return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), _mm512_packus_epi16(c0, c1));
+}
+
+/* The FP32 path for BF16 -> codes (slow groups, tails), out of line: it is rare, and inlining it here once made
+ * GCC 12 fail (internal compiler error vectorizing ref_elems). */
+__attribute__((noinline)) static int64_t q_row_bf16c_fp32(const void *src, int64_t K, int fmt, qctx cx, void *out,
+                                                          uint8_t *sc, int64_t sc_gs) {
+    if (fmt == MXFP8_FMT_E5M2)
+        return q_row_seg(src, MXFP8_DTYPE_BF16, K, MXFP8_FMT_E5M2, OUT_CODES, cx, out, sc, sc_gs);
+    return q_row_seg(src, MXFP8_DTYPE_BF16, K, MXFP8_FMT_E4M3, OUT_CODES, cx, out, sc, sc_gs);
 }
 
 /* 16 vectors of 32 words -> FP32 bits (word << 16) of each vector's max word, lane j for vector j: a transposing
@@ -605,7 +602,7 @@ AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, qctx cx, void *out, 
         }
         for (int j = 0; j < 16; j++) {
             if ((slow >> j) & 1) {
-                q_row_seg(s0 + 64 * j, MXFP8_DTYPE_BF16, 32, fmt, OUT_CODES, cx, o0 + 32 * j, NULL, 1);
+                q_row_bf16c_fp32(s0 + 64 * j, 32, fmt, cx, o0 + 32 * j, NULL, 1);
                 continue;
             }
             __m512i c = bf16_codes(_mm512_loadu_si512(s0 + 64 * j), _mm512_set1_epi32(k2[j]), fmt, cx.sat);
@@ -613,8 +610,8 @@ AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, qctx cx, void *out, 
         }
     }
     if (nb * 512 < K)
-        q_row_seg((const char *)src + nb * 1024, MXFP8_DTYPE_BF16, K - nb * 512, fmt, OUT_CODES, cx,
-                  (uint8_t *)out + nb * 512, sc ? sc + nb * 16 * sc_gs : NULL, sc_gs);
+        q_row_bf16c_fp32((const char *)src + nb * 1024, K - nb * 512, fmt, cx, (uint8_t *)out + nb * 512,
+                         sc ? sc + nb * 16 * sc_gs : NULL, sc_gs);
     return 0;
 }
 
