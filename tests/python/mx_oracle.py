@@ -181,3 +181,51 @@ def dequantize(codes, scales, fmt="e4m3", axis=-1, group="1x32", out_dtype=np.fl
         out = v.astype(np.float32)  # exact (or +-Inf beyond FP32's range)
     out = out.astype(out_dtype)
     return np.moveaxis(out, -1, ax)
+
+# ---- scale layouts, x4 packing, NKI swizzle (formulas of issue 2 / include/mxfp8.h) ----
+def to_layout(compact, K, layout):
+    """Scales in `layout` from the formulas of issue 2 / include/mxfp8.h."""
+    F, G = compact.shape
+    if layout == "compact":
+        return compact.copy()
+    if layout == "nki_unpacked":
+        out = np.zeros((-(-G // 4) * 32, F), np.uint8)
+        for g in range(G):
+            out[(g // 4) * 32 + g % 4] = compact[:, g]
+        return out
+    if layout == "nki_packed":
+        out = np.zeros((-(-K // 2048) * 128, F), np.uint8)
+        for g in range(G):
+            out[(g // 64) * 128 + ((g % 64) // 16) * 4 + ((g % 16) // 4) * 32 + g % 4] = compact[:, g]
+        return out
+    if layout == "swizzle_128x4":
+        R2, C2 = -(-F // 128) * 128, -(-G // 4) * 4
+        flat = np.zeros(R2 * C2, np.uint8)
+        r, c = np.meshgrid(np.arange(F), np.arange(G), indexing="ij")
+        off = ((r // 128) * (C2 // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+        flat[off] = compact
+        return flat.reshape(R2, C2)
+    raise ValueError(layout)
+
+
+def pack_x4(codes, axis=-1):
+    """FP8 codes -> uint32 words along axis: byte c (least significant first) of word p = element 4p + c."""
+    c = np.moveaxis(np.asarray(codes).view(np.uint8), axis, -1).astype(np.uint32)
+    L = c.shape[-1]
+    P = -(-L // 4)
+    padded = np.zeros(c.shape[:-1] + (4 * P,), np.uint32)
+    padded[..., :L] = c
+    p = padded.reshape(c.shape[:-1] + (P, 4))
+    words = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16) | (p[..., 3] << 24)
+    return np.moveaxis(words, -1, axis)
+
+
+def swizzle_nki(x):
+    """NKI swizzle of [K, F] (K % 128 == 0) into [K/4, 4F]: out[k0/4 + p, 4f + s] = x[k0 + s*S + p, f]."""
+    K, F = x.shape
+    out = np.zeros((K // 4, 4 * F), x.dtype)
+    for k0, P in wrapx_tiles(K):
+        S = P // 4
+        for s in range(4):
+            out[k0 // 4: k0 // 4 + S, s::4] = x[k0 + s * S: k0 + (s + 1) * S, :]
+    return out

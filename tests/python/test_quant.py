@@ -251,29 +251,6 @@ def test_wrapx_group_membership():
 # ---------------------------------------------------------------------------------------------------------------
 # scale layouts, x4 packing, NKI swizzle
 # ---------------------------------------------------------------------------------------------------------------
-def layout_oracle(compact, K, layout):
-    """Scales in `layout` from the formulas of issue 2 / include/mxfp8.h."""
-    F, G = compact.shape
-    if layout == "compact":
-        return compact.copy()
-    if layout == "nki_unpacked":
-        out = np.zeros((-(-G // 4) * 32, F), np.uint8)
-        for g in range(G):
-            out[(g // 4) * 32 + g % 4] = compact[:, g]
-        return out
-    if layout == "nki_packed":
-        out = np.zeros((-(-K // 2048) * 128, F), np.uint8)
-        for g in range(G):
-            out[(g // 64) * 128 + ((g % 64) // 16) * 4 + ((g % 16) // 4) * 32 + g % 4] = compact[:, g]
-        return out
-    if layout == "swizzle_128x4":
-        R2, C2 = -(-F // 128) * 128, -(-G // 4) * 4
-        flat = np.zeros(R2 * C2, np.uint8)
-        r, c = np.meshgrid(np.arange(F), np.arange(G), indexing="ij")
-        off = ((r // 128) * (C2 // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
-        flat[off] = compact
-        return flat.reshape(R2, C2)
-    raise ValueError(layout)
 
 
 @pytest.mark.parametrize("layout", ["compact", "nki_unpacked", "nki_packed", "swizzle_128x4"])
@@ -282,7 +259,7 @@ def test_scale_layouts(layout, rng):
         for K in (32, 96, 160, 256, 2432):
             G = -(-K // 32)
             compact = rng.integers(1, 255, size=(F, G)).astype(np.uint8)  # non-zero: padding shows as 0
-            want = layout_oracle(compact, K, layout)
+            want = orc.to_layout(compact, K, layout)
             assert mxfp8.scale_layout_shape(layout, F, K) == want.shape
             got = mxfp8.to_scale_layout(compact, K, layout)
             assert got.shape == want.shape and np.array_equal(got, want), (F, K)
@@ -300,39 +277,18 @@ def test_scale_layout_of_real_quantization(rng):
         assert np.array_equal(mxfp8.from_scale_layout(lay, 2432, layout, rows=129), scales)
 
 
-def pack_oracle(codes, axis):
-    c = np.moveaxis(np.asarray(codes).view(np.uint8), axis, -1).astype(np.uint32)
-    L = c.shape[-1]
-    P = -(-L // 4)
-    padded = np.zeros(c.shape[:-1] + (4 * P,), np.uint32)
-    padded[..., :L] = c
-    p = padded.reshape(c.shape[:-1] + (P, 4))
-    words = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16) | (p[..., 3] << 24)
-    return np.moveaxis(words, -1, axis)
-
-
 @pytest.mark.parametrize("fmt", FMTS)
 def test_pack_x4(fmt, rng):
     for shape, axis in [((3, 8), -1), ((5, 9), -1), ((7, 2), 0), ((1, 1), -1), ((4, 6, 11), 1), ((2, 5, 3), 0)]:
         codes = rng.integers(0, 256, size=shape).astype(np.uint8).view(F8[fmt])
         words = mxfp8.pack_x4(codes, axis=axis)
         assert words.dtype == np.uint32
-        assert np.array_equal(words, pack_oracle(codes, axis)), (shape, axis)
+        assert np.array_equal(words, orc.pack_x4(codes, axis)), (shape, axis)
         back = mxfp8.unpack_x4(words, shape[axis], axis=axis, fmt=fmt)
         assert back.dtype == F8[fmt] and np.array_equal(bits(back), bits(codes))
     # contiguous along the last axis: little-endian words are just the bytes
     codes = rng.integers(0, 256, size=(4, 64)).astype(np.uint8)
     assert np.array_equal(mxfp8.pack_x4(codes.view(F8[fmt])), codes.view("<u4"))
-
-
-def swizzle_oracle(x):
-    K, F = x.shape
-    out = np.zeros((K // 4, 4 * F), x.dtype)
-    for k0, P in orc.wrapx_tiles(K):
-        S = P // 4
-        for s in range(4):
-            out[k0 // 4: k0 // 4 + S, s::4] = x[k0 + s * S: k0 + (s + 1) * S, :]
-    return out
 
 
 @pytest.mark.parametrize("K", [128, 256, 384, 512, 640, 896, 1024])
@@ -341,7 +297,7 @@ def test_swizzle_nki(K, rng):
         x = rng.integers(0, 256, size=(K, 6)).astype(np.uint8).astype(np.float32).astype(dtype)
         sw = mxfp8.swizzle_nki(x)
         assert sw.dtype == x.dtype and sw.shape == (K // 4, 24)
-        assert np.array_equal(bits(sw), bits(swizzle_oracle(x)))
+        assert np.array_equal(bits(sw), bits(orc.swizzle_nki(x)))
         assert np.array_equal(bits(mxfp8.unswizzle_nki(sw)), bits(x))
 
 
