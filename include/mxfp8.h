@@ -722,8 +722,11 @@ MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args,
  *   mxfp8_matmul_backward: the larger of the two GEMMs (dX: [M, K] contracting N; dW: [N, K] contracting M), plus
  *     4 M N when dY is pre-quantized or swizzled (its FP32 values for the dW phase).
  *   mxfp8_moe_route: 24 E + OMP (per-expert counters).
- *   mxfp8_moe_forward / mxfp8_moe_backward, with B' = min(B, T): FP32 accumulators of the full-size outputs
- *     (backward: 4 (T H + 3 E H I) for dX, dW1, dW2; forward: 4 T H), FP64 sums 8 (T E + 2 E I + E H), one expert's
+ *   mxfp8_moe_forward / mxfp8_moe_backward, with B' = min(B, T): an FP32 accumulator of the token output, 4 T H
+ *     (forward: output; backward: dX); the backward runs expert-major and keeps dW1, dW2 of the current expert in
+ *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert into a staging copy
+ *     of the output's dtype, (E - 1) 3 H I s for dW1, dW2 of elements of s bytes (the last expert is stored
+ *     directly: no output is written before the last GEMM); FP64 sums 8 (T E + 2 E I + E H), one expert's
  *     weights in FP32 and quantized (<= 16 H I), per-block buffers 4 B' (8 H + 12 I), the routing table
  *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP;
  *     the backward also keeps the current expert's packed weights for Phases 1 and 2 (the B operands above:

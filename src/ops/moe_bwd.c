@@ -9,14 +9,17 @@
  *   affinity grad       ON_I: sum_i dI_raw*inter + sum_h dY*b2 ; ON_H: sum_h dY*down (down: checkpoint or the
  *                       forward's GEMM 2 recomputed) ; sums in FP64
  *   activation bwd      dGU = [dI*u*act'(g)*pass(g) | dI*act(g)*pass(u)]  (FP32; pass = mxfp8i_moe_clamp_pass)
- *   Phase 2             dX_blk = dGU @ W1[e]^T (W1[e] as [H, 2I]); along 2I; scatter-added in block order
+ *   Phase 2             dX_blk = dGU @ W1[e]^T (W1[e] as [H, 2I]); along 2I; scatter-added in processing order
  *   Phase 3             dW1[e] += X_blk^T @ dGU; along the block's positions
  *   Phase 4             dW2[e] += S^T @ dY_blk (S = a*inter, ON_I) or inter^T @ D (ON_H); along the positions
  *   bias grads          db1[e] += sum_p dGU ; db2[e] += sum_p a*dY   (FP64 sums)
- * Accumulators: hidden_states_grad and weight grads in FP32 workspaces (rounded once at the end), affinity and bias
+ * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...). Accumulators:
+ * hidden_states_grad in an FP32 [T, H] workspace (rounded once at the end); dW1, dW2 of the current expert in one FP32
+ * pair, rounded when the expert is done into a staging copy of the output's dtype (the last expert's straight into the
+ * output after the last GEMM), so that no output is written before every allocation has succeeded; affinity and bias
  * grads in FP64 (rounded to FP32, then to the output dtype). accumulate_hidden_states_grad / skip_grad_initialization
- * add the given value once at the end: out = given + grad (one FP32 addition, then rounded to the dtype).
- * Weights are quantized once per expert (mxfp8i_moe_wq). Blocks run in order; threads split GEMM
+ * add the given value once: out = given + grad (one FP32 addition, then rounded to the dtype).
+ * Weights are quantized once per expert (mxfp8i_moe_wq). Threads split GEMM
  * output tiles, rows of elementwise work and columns of reductions/scatters: bitwise identical for any thread count.
  */
 #include <stdlib.h>
@@ -185,15 +188,61 @@ static void store_flat_d(const mxfp8_tensor *t, const double *src, int add) {
     }
 }
 
+/* Offset (elements) of flat row-major index k of a view within its leading index e ([E, ...] views). */
+static int64_t sub_off(const mxfp8_tensor *t, int64_t e, int64_t k) {
+    int64_t off = e * t->strides[0];
+    for (int d = t->ndim - 1; d >= 1; d--) {
+        off += (k % t->shape[d]) * t->strides[d];
+        k /= t->shape[d];
+    }
+    return off;
+}
+
+/* Round expert e's FP32 accumulator (per = elements of one expert) into the staging copy of a weight gradient (a
+ * row-major buffer of the output's dtype and shape, whose element e*per + k is the expert's element k), or with
+ * stage NULL straight into the output view. add != 0: the output's given value + acc (one FP32 addition), exactly
+ * as store_flat_f would round it. */
+static void stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, const float *acc, int add, void *stage) {
+    mxfp8_tensor sv = *t;
+    const int cont = contiguous(t), direct = stage == NULL;
+    if (!direct) sv.data = stage;
+    const int nt = mxfp8i_moe_nt((double)per);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int c = 0; c < nt; c++)
+        for (int64_t k = per * c / nt; k < per * (c + 1) / nt; k++) {
+            const int64_t off = cont ? e * per + k : sub_off(t, e, k), so = direct ? off : e * per + k;
+            float v = acc[k];
+            if (add) v = (float)mxfp8i_moe_ld(t, off) + v;
+            if (t->dtype == MXFP8_DTYPE_BF16) ((uint16_t *)sv.data)[so] = bf16_rne(v);
+            else mxfp8i_moe_st(&sv, so, (double)v);
+        }
+}
+
+/* Copy experts [0, ne) of a staging buffer (row-major, the view's dtype) into the view. */
+static void store_staged(const mxfp8_tensor *t, const void *stage, int64_t ne) {
+    const int64_t per = t->shape[0] ? mxfp8_tensor_numel(t) / t->shape[0] : 0, n = ne * per;
+    const size_t es = mxfp8_dtype_size(t->dtype);
+    if (n == 0) return;
+    if (contiguous(t)) {
+        memcpy(t->data, stage, (size_t)n * es);
+        return;
+    }
+    for (int64_t k = 0; k < n; k++)
+        memcpy((char *)t->data + (size_t)sub_off(t, k / per, k % per) * es, (const char *)stage + (size_t)k * es, es);
+}
+
 typedef struct bwd_ws {
-    float *dx, *dw1, *dw2;             /* accumulators [T*H], [E*H*2I], [E*I*H] */
+    float *dx;                         /* accumulator [T*H] */
+    float *dw1, *dw2;                  /* one expert's accumulators [H*2I], [I*H]: wq's weight scratch (not owned) */
+    void *sw1, *sw2;                   /* staging copies of experts 0..E-2 of the weight gradients, [(E-1)*H*2I],
+                                          [(E-1)*I*H] in their dtypes (the last expert is stored from its FP32 pair) */
     double *da, *db1, *db2;            /* [T*E], [E*2I], [E*H] */
     float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
     double *dablk;
 } bwd_ws;
 
 static void ws_free(bwd_ws *w) {
-    free(w->dx); free(w->dw1); free(w->dw2); free(w->da); free(w->db1); free(w->db2);
+    free(w->dx); free(w->sw1); free(w->sw2); free(w->da); free(w->db1); free(w->db2);
     free(w->xb); free(w->dyb); free(w->gu); free(w->g); free(w->u); free(w->act); free(w->inter); free(w->dI);
     free(w->dgu); free(w->dxb); free(w->S); free(w->D); free(w->down); free(w->b1); free(w->b2); free(w->dablk);
 }
@@ -230,8 +279,9 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     memset(&w, 0, sizeof w);
     bool ok = true;
     w.dx = (float *)xmalloc(T * H, sizeof(float), &ok);
-    w.dw1 = (float *)xmalloc(E * H * I2, sizeof(float), &ok);
-    w.dw2 = (float *)xmalloc(E * I * H, sizeof(float), &ok);
+    const int64_t Es = E > 1 ? E - 1 : 0; /* staged experts */
+    w.sw1 = xmalloc(Es * H * I2, mxfp8_dtype_size(grads->gate_up_proj_weight_grad.dtype), &ok);
+    w.sw2 = xmalloc(Es * I * H, mxfp8_dtype_size(grads->down_proj_weight_grad.dtype), &ok);
     w.da = (double *)xmalloc(T * E, sizeof(double), &ok);
     w.db1 = (double *)xmalloc(E * I2, sizeof(double), &ok);
     w.db2 = (double *)xmalloc(E * H, sizeof(double), &ok);
@@ -259,168 +309,191 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
         mxfp8i_moe_free(&p);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     }
+    /* The expert's weight-gradient accumulators share the FP32 weight scratch of wq (same sizes, H*2I and I*H):
+       mxfp8i_moe_wq_prepare uses it only when it switches experts, which happens below before the expert's
+       accumulators are zeroed, and after the previous expert was staged. */
+    w.dw1 = wq.w1f;
+    w.dw2 = wq.w2f;
 
-    /* The block GEMMs reuse one set of GEMM buffers (no fresh pages per GEMM); freed at `done`. */
+    /* The block GEMMs reuse one set of GEMM buffers (no fresh pages per GEMM); freed after the loop (or at `done`). */
     mxfp8i_gemm_ws_begin();
-    /* Accumulators start at zero; given values are added once at the end (accumulate / skip_grad_init). */
+    int ws_open = 1;
+    /* Accumulators start at zero; given values are added once (dX at the end; dW1, dW2 when an expert is staged). */
     memset(w.dx, 0, sizeof(float) * (size_t)(T * H));
-    memset(w.dw1, 0, sizeof(float) * (size_t)(E * H * I2));
-    memset(w.dw2, 0, sizeof(float) * (size_t)(E * I * H));
     for (int64_t i = 0; i < T * E; i++) w.da[i] = 0.0;
     for (int64_t i = 0; i < E * I2; i++) w.db1[i] = 0.0;
     for (int64_t i = 0; i < E * H; i++) w.db2[i] = 0.0;
 
-    for (int64_t n = 0; n < p.N; n++) {
-        const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
-        const int32_t *tok = p.tok + n * B;
-        if (L == 0) continue;
-        mxfp8i_moe_wq_prepare(&p, e, &wq);
-        mxfp8i_moe_load_b1(&p, e, w.b1);
-        mxfp8i_moe_load_b2(&p, e, w.b2);
-        float *xb = w.xb, *dyb = w.dyb, *g = w.g, *u = w.u, *act = w.act, *inter = w.inter, *dI = w.dI,
-              *dgu = w.dgu, *S = w.S, *D = w.D, *down = w.down, *b1 = w.b1, *b2 = w.b2;
-        double *dablk = w.dablk;
-
-        const int nt = mxfp8i_moe_nt((double)L * (double)(H + I2)); /* elementwise work of this block */
-        /* gather X and dY rows (padding rows zero) */
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t q = 0; q < L; q++)
-            for (int64_t h = 0; h < H; h++) {
-                xb[q * H + h] = tok[q] >= 0 ? ld2(&p.X, tok[q], h) : 0.0f;
-                dyb[q * H + h] = tok[q] >= 0 ? ld2(&p.dY, tok[q], h) : 0.0f;
+    /* Expert-major: expert e's blocks in ascending block order, its weight gradients accumulated in one expert-sized
+       FP32 pair and then rounded into the staging copies (outputs are written only after the last GEMM). */
+    for (int64_t e = 0; e < E; e++) {
+        for (int64_t n = 0; n < p.N; n++)
+            if (p.expert[n] == e && mxfp8i_moe_block_len(&p, n) > 0) {
+                mxfp8i_moe_wq_prepare(&p, e, &wq); /* clobbers w.dw1, w.dw2 */
+                break;
             }
+        memset(w.dw1, 0, sizeof(float) * (size_t)(H * I2));
+        memset(w.dw2, 0, sizeof(float) * (size_t)(I * H));
+        for (int64_t n = 0; n < p.N; n++) {
+            if (p.expert[n] != e) continue;
+            const int64_t L = mxfp8i_moe_block_len(&p, n);
+            const int32_t *tok = p.tok + n * B;
+            if (L == 0) continue;
+            mxfp8i_moe_wq_prepare(&p, e, &wq);
+            mxfp8i_moe_load_b1(&p, e, w.b1);
+            mxfp8i_moe_load_b2(&p, e, w.b2);
+            float *xb = w.xb, *dyb = w.dyb, *g = w.g, *u = w.u, *act = w.act, *inter = w.inter, *dI = w.dI,
+                  *dgu = w.dgu, *S = w.S, *D = w.D, *down = w.down, *b1 = w.b1, *b2 = w.b2;
+            double *dablk = w.dablk;
 
-        /* g, u: checkpoint or the forward's GEMM 1 */
-        if (!ck_gu->data) {
-            mxfp8i_moe_op A = {0};
-            A.v = xb; A.rs = H; A.ks = 1;
-            mxfp8i_moe_op W = mxfp8i_moe_op_w1_h(&p, &wq);
-            if ((st = mxfp8i_moe_gemm(&p, L, I2, H, &A, &W, 0, w.gu, I2))) goto oom;
-        }
+            const int nt = mxfp8i_moe_nt((double)L * (double)(H + I2)); /* elementwise work of this block */
+            /* gather X and dY rows (padding rows zero) */
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t q = 0; q < L; q++) {
-            const int real = tok[q] >= 0;
-            const float aq = real ? mxfp8i_moe_aff(&p, tok[q], e) : 0.0f;
-            for (int64_t i = 0; i < I; i++) {
-                float gv = 0.0f, uv = 0.0f, av = 0.0f, iv = 0.0f;
-                if (real) {
-                    if (ck_gu->data) {
-                        gv = ck4(ck_gu, n, 0, i, q);
-                        uv = ck4(ck_gu, n, 1, i, q);
-                    } else {
-                        gv = mxfp8i_moe_clamp(w.gu[q * I2 + i] + b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
-                        uv = mxfp8i_moe_clamp(w.gu[q * I2 + I + i] + b1[I + i], c->up_clamp_lower, c->up_clamp_upper);
-                    }
-                    av = ck_act->data ? ck3(ck_act, n, i, q) : mxfp8i_moe_act(c->activation, gv);
-                    iv = ck_inter->data ? ck3(ck_inter, n, i, q) : av * uv;
-                }
-                g[q * I + i] = gv;
-                u[q * I + i] = uv;
-                act[q * I + i] = av;
-                inter[q * I + i] = iv;
-                if (!onH) S[q * I + i] = real ? (ck_s->data ? ck3(ck_s, n, i, q) : aq * iv) : 0.0f;
-            }
-            if (onH)
-                for (int64_t h = 0; h < H; h++)
-                    D[q * H + h] = real ? (ck_D->data ? ck3(ck_D, n, q, h) : aq * dyb[q * H + h]) : 0.0f;
-        }
-
-        /* Phase 1 (contraction H): dI_raw = dY_blk @ W2^T (ON_I) or dI = D @ W2^T (ON_H) */
-        {
-            mxfp8i_moe_op A = {0};
-            A.v = onH ? D : dyb; A.rs = H; A.ks = 1;
-            mxfp8i_moe_op W = mxfp8i_moe_op_w2_h(&p, &wq);
-            /* W2[e]'s packed panels serve every block of expert e (keyed slot 0 of the GEMM workspace scope) */
-            mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.codes);
-            if ((st = mxfp8i_moe_gemm(&p, L, I, H, &A, &W, 0, dI, I))) goto oom;
-        }
-        if (onH && !ck_down->data) { /* the forward's GEMM 2: down = inter @ W2 + b2 (contraction I) */
-            mxfp8i_moe_op A = {0};
-            A.v = inter; A.rs = I; A.ks = 1;
-            mxfp8i_moe_op W = mxfp8i_moe_op_w2_i(&p, &wq);
-            if ((st = mxfp8i_moe_gemm(&p, L, H, I, &A, &W, 0, down, H))) goto oom;
-        }
-        /* affinity gradient of each position, dI, activation backward */
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t q = 0; q < L; q++) {
-            const int real = tok[q] >= 0;
-            double da = 0.0;
-            if (real && !onH) {
-                for (int64_t i = 0; i < I; i++) da += (double)dI[q * I + i] * (double)inter[q * I + i];
-                if (p.b2.data)
-                    for (int64_t h = 0; h < H; h++) da += (double)dyb[q * H + h] * (double)b2[h];
-            } else if (real) {
+            for (int64_t q = 0; q < L; q++)
                 for (int64_t h = 0; h < H; h++) {
-                    float dn = ck_down->data ? ck3(ck_down, n, q, h) : down[q * H + h] + b2[h];
-                    da += (double)dyb[q * H + h] * (double)dn;
+                    xb[q * H + h] = tok[q] >= 0 ? ld2(&p.X, tok[q], h) : 0.0f;
+                    dyb[q * H + h] = tok[q] >= 0 ? ld2(&p.dY, tok[q], h) : 0.0f;
+                }
+
+            /* g, u: checkpoint or the forward's GEMM 1 */
+            if (!ck_gu->data) {
+                mxfp8i_moe_op A = {0};
+                A.v = xb; A.rs = H; A.ks = 1;
+                mxfp8i_moe_op W = mxfp8i_moe_op_w1_h(&p, &wq);
+                if ((st = mxfp8i_moe_gemm(&p, L, I2, H, &A, &W, 0, w.gu, I2))) goto oom;
+            }
+#pragma omp parallel for schedule(static) num_threads(nt)
+            for (int64_t q = 0; q < L; q++) {
+                const int real = tok[q] >= 0;
+                const float aq = real ? mxfp8i_moe_aff(&p, tok[q], e) : 0.0f;
+                for (int64_t i = 0; i < I; i++) {
+                    float gv = 0.0f, uv = 0.0f, av = 0.0f, iv = 0.0f;
+                    if (real) {
+                        if (ck_gu->data) {
+                            gv = ck4(ck_gu, n, 0, i, q);
+                            uv = ck4(ck_gu, n, 1, i, q);
+                        } else {
+                            gv = mxfp8i_moe_clamp(w.gu[q * I2 + i] + b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
+                            uv = mxfp8i_moe_clamp(w.gu[q * I2 + I + i] + b1[I + i], c->up_clamp_lower,
+                                                  c->up_clamp_upper);
+                        }
+                        av = ck_act->data ? ck3(ck_act, n, i, q) : mxfp8i_moe_act(c->activation, gv);
+                        iv = ck_inter->data ? ck3(ck_inter, n, i, q) : av * uv;
+                    }
+                    g[q * I + i] = gv;
+                    u[q * I + i] = uv;
+                    act[q * I + i] = av;
+                    inter[q * I + i] = iv;
+                    if (!onH) S[q * I + i] = real ? (ck_s->data ? ck3(ck_s, n, i, q) : aq * iv) : 0.0f;
+                }
+                if (onH)
+                    for (int64_t h = 0; h < H; h++)
+                        D[q * H + h] = real ? (ck_D->data ? ck3(ck_D, n, q, h) : aq * dyb[q * H + h]) : 0.0f;
+            }
+
+            /* Phase 1 (contraction H): dI_raw = dY_blk @ W2^T (ON_I) or dI = D @ W2^T (ON_H) */
+            {
+                mxfp8i_moe_op A = {0};
+                A.v = onH ? D : dyb; A.rs = H; A.ks = 1;
+                mxfp8i_moe_op W = mxfp8i_moe_op_w2_h(&p, &wq);
+                /* W2[e]'s packed panels serve every block of expert e (keyed slot 0 of the GEMM workspace scope) */
+                mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.codes);
+                if ((st = mxfp8i_moe_gemm(&p, L, I, H, &A, &W, 0, dI, I))) goto oom;
+            }
+            if (onH && !ck_down->data) { /* the forward's GEMM 2: down = inter @ W2 + b2 (contraction I) */
+                mxfp8i_moe_op A = {0};
+                A.v = inter; A.rs = I; A.ks = 1;
+                mxfp8i_moe_op W = mxfp8i_moe_op_w2_i(&p, &wq);
+                if ((st = mxfp8i_moe_gemm(&p, L, H, I, &A, &W, 0, down, H))) goto oom;
+            }
+            /* affinity gradient of each position, dI, activation backward */
+#pragma omp parallel for schedule(static) num_threads(nt)
+            for (int64_t q = 0; q < L; q++) {
+                const int real = tok[q] >= 0;
+                double da = 0.0;
+                if (real && !onH) {
+                    for (int64_t i = 0; i < I; i++) da += (double)dI[q * I + i] * (double)inter[q * I + i];
+                    if (p.b2.data)
+                        for (int64_t h = 0; h < H; h++) da += (double)dyb[q * H + h] * (double)b2[h];
+                } else if (real) {
+                    for (int64_t h = 0; h < H; h++) {
+                        float dn = ck_down->data ? ck3(ck_down, n, q, h) : down[q * H + h] + b2[h];
+                        da += (double)dyb[q * H + h] * (double)dn;
+                    }
+                }
+                dablk[q] = da;
+                const float aq = real ? mxfp8i_moe_aff(&p, tok[q], e) : 0.0f;
+                for (int64_t i = 0; i < I; i++) {
+                    float dIv = real ? (onH ? dI[q * I + i] : aq * dI[q * I + i]) : 0.0f;
+                    float gv = g[q * I + i], uv = u[q * I + i];
+                    float dg = 0.0f, du = 0.0f;
+                    if (real) {
+                        if (mxfp8i_moe_clamp_pass(gv, c->gate_clamp_lower, c->gate_clamp_upper))
+                            dg = dIv * uv * mxfp8i_moe_dact(c->activation, gv);
+                        if (mxfp8i_moe_clamp_pass(uv, c->up_clamp_lower, c->up_clamp_upper)) du = dIv * act[q * I + i];
+                    }
+                    dgu[q * I2 + i] = dg;
+                    dgu[q * I2 + I + i] = du;
                 }
             }
-            dablk[q] = da;
-            const float aq = real ? mxfp8i_moe_aff(&p, tok[q], e) : 0.0f;
-            for (int64_t i = 0; i < I; i++) {
-                float dIv = real ? (onH ? dI[q * I + i] : aq * dI[q * I + i]) : 0.0f;
-                float gv = g[q * I + i], uv = u[q * I + i];
-                float dg = 0.0f, du = 0.0f;
-                if (real) {
-                    if (mxfp8i_moe_clamp_pass(gv, c->gate_clamp_lower, c->gate_clamp_upper))
-                        dg = dIv * uv * mxfp8i_moe_dact(c->activation, gv);
-                    if (mxfp8i_moe_clamp_pass(uv, c->up_clamp_lower, c->up_clamp_upper)) du = dIv * act[q * I + i];
+            /* bias gradients (FP64, positions added in order; column ranges split between threads) */
+            if (c->bias) {
+                double *db1 = w.db1 + e * I2, *db2 = w.db2 + e * H;
+#pragma omp parallel for schedule(static) num_threads(nt)
+                for (int t = 0; t < nt; t++) {
+                    const int64_t k0 = I2 * t / nt, k1 = I2 * (t + 1) / nt, h0 = H * t / nt, h1 = H * (t + 1) / nt;
+                    for (int64_t q = 0; q < L; q++) {
+                        if (tok[q] < 0) continue;
+                        const float aq = mxfp8i_moe_aff(&p, tok[q], e);
+                        for (int64_t k = k0; k < k1; k++) db1[k] += (double)dgu[q * I2 + k];
+                        for (int64_t h = h0; h < h1; h++)
+                            db2[h] += onH ? (double)D[q * H + h] : (double)(aq * dyb[q * H + h]);
+                    }
                 }
-                dgu[q * I2 + i] = dg;
-                dgu[q * I2 + I + i] = du;
             }
-        }
-        /* bias gradients (FP64, positions added in order; column ranges split between threads) */
-        if (c->bias) {
-            double *db1 = w.db1 + e * I2, *db2 = w.db2 + e * H;
+            /* Phase 2 (contraction 2I): dX_blk = dGU @ W1[e]^T, scatter-add in position order */
+            {
+                mxfp8i_moe_op A = {0};
+                A.v = dgu; A.rs = I2; A.ks = 1;
+                mxfp8i_moe_op W = mxfp8i_moe_op_w1_2i(&p, &wq);
+                mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.codes); /* W1[e] along 2I: keyed slot 1 */
+                if ((st = mxfp8i_moe_gemm(&p, L, H, I2, &A, &W, 0, w.dxb, H))) goto oom;
+            }
 #pragma omp parallel for schedule(static) num_threads(nt)
             for (int t = 0; t < nt; t++) {
-                const int64_t k0 = I2 * t / nt, k1 = I2 * (t + 1) / nt, h0 = H * t / nt, h1 = H * (t + 1) / nt;
+                const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
                 for (int64_t q = 0; q < L; q++) {
                     if (tok[q] < 0) continue;
-                    const float aq = mxfp8i_moe_aff(&p, tok[q], e);
-                    for (int64_t k = k0; k < k1; k++) db1[k] += (double)dgu[q * I2 + k];
-                    for (int64_t h = h0; h < h1; h++)
-                        db2[h] += onH ? (double)D[q * H + h] : (double)(aq * dyb[q * H + h]);
+                    float *dst = w.dx + tok[q] * H;
+                    const float *src = w.dxb + q * H;
+                    for (int64_t h = h0; h < h1; h++) dst[h] += src[h];
                 }
             }
-        }
-        /* Phase 2 (contraction 2I): dX_blk = dGU @ W1[e]^T, scatter-add in position order */
-        {
-            mxfp8i_moe_op A = {0};
-            A.v = dgu; A.rs = I2; A.ks = 1;
-            mxfp8i_moe_op W = mxfp8i_moe_op_w1_2i(&p, &wq);
-            mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.codes); /* W1[e] along 2I: keyed slot 1 */
-            if ((st = mxfp8i_moe_gemm(&p, L, H, I2, &A, &W, 0, w.dxb, H))) goto oom;
-        }
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int t = 0; t < nt; t++) {
-            const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
-            for (int64_t q = 0; q < L; q++) {
-                if (tok[q] < 0) continue;
-                float *dst = w.dx + tok[q] * H;
-                const float *src = w.dxb + q * H;
-                for (int64_t h = h0; h < h1; h++) dst[h] += src[h];
+            /* Phase 3: dW1[e] [H, 2I] += X_blk^T @ dGU; both operands are transposed views ([H, L] with strides
+               (1, H), [2I, L] with strides (1, 2I)) that the GEMM quantizes down their columns */
+            {
+                mxfp8i_moe_op A = {0}, Bo = {0};
+                A.v = xb; A.rs = 1; A.ks = H;
+                Bo.v = dgu; Bo.rs = 1; Bo.ks = I2;
+                if ((st = mxfp8i_moe_gemm(&p, H, I2, L, &A, &Bo, 1, w.dw1, I2))) goto oom;
             }
+            /* Phase 4: dW2[e] [I, H] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H), transposed views likewise */
+            {
+                mxfp8i_moe_op A = {0}, Bo = {0};
+                A.v = onH ? inter : S; A.rs = 1; A.ks = I;
+                Bo.v = onH ? D : dyb; Bo.rs = 1; Bo.ks = H;
+                if ((st = mxfp8i_moe_gemm(&p, I, H, L, &A, &Bo, 1, w.dw2, H))) goto oom;
+            }
+            for (int64_t q = 0; q < L; q++)
+                if (tok[q] >= 0) w.da[tok[q] * E + e] += dablk[q];
         }
-        /* Phase 3: dW1[e] [H, 2I] += X_blk^T @ dGU; both operands are transposed views ([H, L] with strides
-           (1, H), [2I, L] with strides (1, 2I)) that the GEMM quantizes down their columns */
-        {
-            mxfp8i_moe_op A = {0}, Bo = {0};
-            A.v = xb; A.rs = 1; A.ks = H;
-            Bo.v = dgu; Bo.rs = 1; Bo.ks = I2;
-            if ((st = mxfp8i_moe_gemm(&p, H, I2, L, &A, &Bo, 1, w.dw1 + e * H * I2, I2))) goto oom;
-        }
-        /* Phase 4: dW2[e] [I, H] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H), transposed views likewise */
-        {
-            mxfp8i_moe_op A = {0}, Bo = {0};
-            A.v = onH ? inter : S; A.rs = 1; A.ks = I;
-            Bo.v = onH ? D : dyb; Bo.rs = 1; Bo.ks = H;
-            if ((st = mxfp8i_moe_gemm(&p, I, H, L, &A, &Bo, 1, w.dw2 + e * I * H, H))) goto oom;
-        }
-        for (int64_t q = 0; q < L; q++)
-            if (tok[q] >= 0) w.da[tok[q] * E + e] += dablk[q];
+        if (e == E - 1) break; /* the last expert's FP32 pair is stored straight into the outputs below */
+        stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w.dw1, c->skip_grad_initialization, w.sw1);
+        stage_expert(&grads->down_proj_weight_grad, e, I * H, w.dw2, c->skip_grad_initialization, w.sw2);
     }
+    /* No allocation follows: release the GEMM buffers before the stores. */
+    mxfp8i_gemm_ws_end();
+    ws_open = 0;
 
     /* Round once into the outputs. */
     store_flat_f(&grads->hidden_states_grad, w.dx, c->accumulate_hidden_states_grad);
@@ -428,8 +501,12 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
         const mxfp8_tensor *t = &grads->expert_affinities_masked_grad;
         for (int64_t i = 0; i < T * E; i++) mxfp8i_moe_st(t, mxfp8i_moe_vec_off(t, i), (double)(float)w.da[i]);
     }
-    store_flat_f(&grads->gate_up_proj_weight_grad, w.dw1, c->skip_grad_initialization);
-    store_flat_f(&grads->down_proj_weight_grad, w.dw2, c->skip_grad_initialization);
+    store_staged(&grads->gate_up_proj_weight_grad, w.sw1, Es);
+    store_staged(&grads->down_proj_weight_grad, w.sw2, Es);
+    if (E > 0) {
+        stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w.dw1, c->skip_grad_initialization, NULL);
+        stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w.dw2, c->skip_grad_initialization, NULL);
+    }
     if (c->bias) {
         store_flat_d(&grads->gate_and_up_proj_bias_grad, w.db1, c->skip_grad_initialization);
         store_flat_d(&grads->down_proj_bias_grad, w.db2, c->skip_grad_initialization);
@@ -439,7 +516,7 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
 oom:
     st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM workspace (outputs untouched)", fn);
 done:
-    mxfp8i_gemm_ws_end();
+    if (ws_open) mxfp8i_gemm_ws_end();
     mxfp8i_moe_wq_free(&wq);
     ws_free(&w);
     mxfp8i_moe_free(&p);

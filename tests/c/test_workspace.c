@@ -76,12 +76,24 @@ static void untrack(void *p) {
     unlock();
 }
 
+/* Allocation failure injection: with ws_fail_at = k > 0, the k-th allocation requested from this executable's own
+ * code (the statically linked library included; not the OpenMP runtime, which aborts on failure) returns NULL. */
+extern char __executable_start, etext;
+static atomic_llong ws_fail_at;
+static int inject(const void *ra) {
+    if (atomic_load(&ws_fail_at) <= 0) return 0;
+    if ((const char *)ra < &__executable_start || (const char *)ra >= &etext) return 0;
+    return atomic_fetch_sub(&ws_fail_at, 1) == 1;
+}
+
 void *malloc(size_t n) {
+    if (inject(__builtin_return_address(0))) return NULL;
     void *p = __libc_malloc(n);
     track(p, n);
     return p;
 }
 void *calloc(size_t a, size_t b) {
+    if (inject(__builtin_return_address(0))) return NULL;
     void *p = __libc_calloc(a, b);
     track(p, a * b);
     return p;
@@ -97,14 +109,22 @@ void free(void *p) {
     untrack(p);
     __libc_free(p);
 }
-void *memalign(size_t a, size_t n) {
+static void *memalign_tracked(size_t a, size_t n) {
     void *p = __libc_memalign(a, n);
     track(p, n);
     return p;
 }
-void *aligned_alloc(size_t a, size_t n) { return memalign(a, n); }
+void *memalign(size_t a, size_t n) {
+    if (inject(__builtin_return_address(0))) return NULL;
+    return memalign_tracked(a, n);
+}
+void *aligned_alloc(size_t a, size_t n) {
+    if (inject(__builtin_return_address(0))) return NULL;
+    return memalign_tracked(a, n);
+}
 int posix_memalign(void **out, size_t a, size_t n) {
-    void *p = memalign(a, n);
+    if (inject(__builtin_return_address(0))) return 12; /* ENOMEM */
+    void *p = memalign_tracked(a, n);
     if (!p) return 12; /* ENOMEM */
     *out = p;
     return 0;
@@ -138,6 +158,7 @@ static int64_t bound_gemm(int64_t M, int64_t N, int64_t K, int spill, int nt) {
     return 4 * K * (N + 32) + (spill ? 4 * K * (M + 32) : 0) + (int64_t)nt * (4 * K * (bm + 80) + 4 * bm * (bn + 16)) +
            65536 + omp_overhead(nt);
 }
+/* backward: 4 (E - 1) 3 H I of F32 staging + 4 T H; forward: 4 T H (the backward subtracts one expert) */
 static int64_t bound_moe(int64_t T, int64_t H, int64_t I, int64_t E, int64_t B, int64_t N, int nt, int64_t ws_gemm) {
     int64_t Bw = B < T ? B : T;
     if (Bw < 1) Bw = 1;
@@ -303,7 +324,50 @@ static void test_moe_backward(void) {
     ws_mark m = ws_begin();
     mxfp8_moe_backward(&args, &g);
     report("mxfp8_moe_backward T 40 H 64 I 32 E 3 B 8", ws_end(m, "moe_backward"),
-           bound_moe(T, H, I, E, B, N, info.num_threads, gb) + 4 * H * (I + 32) + 8 * I * (H + 32));
+           bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) + 8 * I * (H + 32));
+
+    /* Every allocation of the call, failed in turn (the GEMM workspaces of the block loop included, after the weight
+       gradients of earlier experts were staged): OUT_OF_MEMORY, no output written, nothing leaked. Run with
+       skip_grad_initialization and accumulate_hidden_states_grad too (the outputs are read then). */
+    mxfp8_moe_config mc;
+    mxfp8_moe_config_init(&mc);
+    args.config = &mc;
+    for (int mode = 0; mode < 2; mode++) {
+        mc.skip_grad_initialization = mode;
+        mc.accumulate_hidden_states_grad = mode;
+        float *outs[4] = {dx, da, dw1, dw2};
+        const int64_t cnt[4] = {T * H, T * E, E * H * 2 * I, E * I * H};
+        float *keep[4];
+        for (int o = 0; o < 4; o++) {
+            keep[o] = tu_alloc((size_t)cnt[o] * 4);
+            for (int64_t i = 0; i < cnt[o]; i++) outs[o][i] = keep[o][i] = (float)(i % 7) - 3.0f;
+        }
+        int64_t failed = 0, k;
+        for (k = 1; k < 100000; k++) {
+            ws_mark mk = ws_begin();
+            atomic_store(&ws_fail_at, k);
+            mxfp8_status st = mxfp8_moe_backward(&args, &g);
+            const int hit = atomic_load(&ws_fail_at) <= 0;
+            atomic_store(&ws_fail_at, 0);
+            ws_end(mk, "moe_backward with a failed allocation");
+            if (!hit) { /* fewer than k allocations: the call ran to the end */
+                TU_CHECK(st == MXFP8_OK, "moe_backward without failures: %s", mxfp8_last_error_message());
+                break;
+            }
+            failed++;
+            TU_CHECK(st == MXFP8_ERR_OUT_OF_MEMORY, "moe_backward, allocation %lld failed: status %d", (long long)k,
+                     (int)st);
+            for (int o = 0; o < 4; o++)
+                TU_CHECK(memcmp(outs[o], keep[o], (size_t)cnt[o] * 4) == 0,
+                         "moe_backward, allocation %lld failed (mode %d): output %d was written", (long long)k, mode,
+                         o);
+        }
+        printf("  mxfp8_moe_backward mode %d: each of %lld allocations failed in turn, outputs untouched\n", mode,
+               (long long)failed);
+        TU_CHECK(failed > 30, "moe_backward: only %lld allocations seen (expected the block loop's GEMM workspaces)",
+                 (long long)failed);
+        for (int o = 0; o < 4; o++) free(keep[o]);
+    }
     free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(dx), free(da), free(dw1), free(dw2);
 }
 
