@@ -94,7 +94,9 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t 
 typedef struct mxfp8i_moe_wq {
     int64_t e;                       /**< expert held, -1 = none */
     int want_bwd, want_fwd;          /**< which axes to build */
-    float *w1f, *w2f;                /**< exact FP32 W1[e] [H][2I], W2[e] [I][H] */
+    float *w1f, *w2f;                /**< exact FP32 W1[e] [H][2I], W2[e] [I][H]: scratch written ONLY by
+                                          mxfp8i_moe_wq_prepare when it switches experts; mxfp8_moe_backward reuses
+                                          them as the current expert's dW1/dW2 accumulators after that call */
     uint8_t *w1_2i_c, *w1_2i_s;      /**< W1 along 2I: codes [H][2I], scales [H][G(2I)]  (backward Phase 2) */
     uint8_t *w2_h_c, *w2_h_s;        /**< W2 along H:  codes [I][H],  scales [I][G(H)]   (backward Phase 1) */
     uint8_t *w1_h_c, *w1_h_s;        /**< W1 along H:  codes [H][2I], scales [G(H)][2I]  (forward GEMM 1) */
