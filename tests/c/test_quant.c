@@ -13,28 +13,6 @@
 static const char *FMT_NAME[2] = {"e4m3", "e5m2"};
 static const char *RULE_NAME[3] = {"nki", "ocp", "rceil"};
 
-/* Random FP32 values spanning every binade (FP32 subnormals to FLT_MAX), with ties, exact zeros, and 1/64 raw
- * random bit patterns (NaN, Inf). Magnitudes vary per 32-block so that most groups are finite. */
-static void fill_random_f32(float *x, int64_t n, tu_rng *rng) {
-    int eb = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (i % 32 == 0) eb = (int)(tu_next(rng) % 300) - 160;
-        uint64_t r = tu_next(rng);
-        uint32_t u;
-        if ((r & 63) == 0) {
-            u = (uint32_t)(r >> 32);
-        } else if ((r & 63) == 1) {
-            u = (uint32_t)(r >> 63) << 31; /* signed zero */
-        } else {
-            int e = eb - (int)((r >> 8) % 14);
-            uint32_t man = (uint32_t)(r >> 32) & 0x7FFFFFu;
-            if ((r >> 16 & 3) == 0) man &= 0x7C0000u; /* few significant bits: exact ties after scaling */
-            float v = ldexpf(1.0f + (float)man / 8388608.0f, e < -149 ? -149 : e > 127 ? 127 : e);
-            u = tu_f32_bits(v) | ((uint32_t)(r >> 24) & 1u) << 31;
-        }
-        x[i] = tu_bits_f32(u);
-    }
-}
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Hand-computed groups through the public API (whatever ISA is active)                                       */
@@ -173,7 +151,7 @@ static void test_nd(void) {
     const int64_t shp[3] = {5, 70, 6};
     int64_t n = 5 * 70 * 6;
     float *big = tu_alloc((size_t)n * 4 * 2);
-    fill_random_f32(big, n * 2, &rng);
+    tu_fill_random_f32(big, n * 2, &rng);
     for (int axis = -3; axis < 3; axis++)
         for (int variant = 0; variant < 3; variant++) {
             int ax = axis < 0 ? axis + 3 : axis;
@@ -274,7 +252,7 @@ static void test_threads_and_transpose(void) {
     tu_rng rng = {4242};
     int64_t R = 300, C = 2432, n = R * C;
     float *x = tu_alloc((size_t)n * 4);
-    fill_random_f32(x, n, &rng);
+    tu_fill_random_f32(x, n, &rng);
     uint8_t *c1 = tu_alloc((size_t)n), *c2 = tu_alloc((size_t)n), *s1 = tu_alloc((size_t)n / 16),
             *s2 = tu_alloc((size_t)n / 16);
     mxfp8_quant_params p = {MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32};
@@ -318,7 +296,7 @@ static void test_threads_and_transpose(void) {
     uint16_t *xb = tu_alloc(2432 * 160 * 2), *xt = tu_alloc(2432 * 160 * 2);
     for (int i = 0; i < 2432 * 160; i++) {
         float v;
-        fill_random_f32(&v, 1, &rng);
+        tu_fill_random_f32(&v, 1, &rng);
         xb[i] = mxfp8_fp32_to_bf16(v);
     }
     uint8_t *ca = tu_alloc(2432 * 160), *cb = tu_alloc(2432 * 160), *sa = tu_alloc(2432 * 160 / 32 + 8),
@@ -451,7 +429,7 @@ static void test_layouts(void) {
         int64_t K = Kw[ki], F = 3, G = K / 32;
         float *in = tu_alloc((size_t)(K * F) * 4), *sw = tu_alloc((size_t)(K * F) * 4),
               *un = tu_alloc((size_t)(K * F) * 4);
-        fill_random_f32(in, K * F, &rng);
+        tu_fill_random_f32(in, K * F, &rng);
         for (int64_t i = 0; i < K * F; i++)
             if (isnan(in[i]) || isinf(in[i])) in[i] = 1.0f;
         int64_t ps[2] = {K, F}, ss[2] = {K / 4, 4 * F};
@@ -653,7 +631,7 @@ static void test_mxcsr_independence(void) {
     tu_rng rng = {555};
     int64_t R = 40, K = 160, n = R * K;
     float *x = tu_alloc((size_t)n * 4);
-    fill_random_f32(x, n, &rng);
+    tu_fill_random_f32(x, n, &rng);
     for (int64_t i = 0; i < n; i += 7) x[i] = ldexpf((float)(i % 5) + 1.0f, -140 - (int)(i % 9)); /* subnormals */
     uint8_t *c1 = tu_alloc((size_t)n), *c2 = tu_alloc((size_t)n), *s1 = tu_alloc((size_t)n), *s2 = tu_alloc((size_t)n);
     float *q1 = tu_alloc((size_t)n * 4), *q2 = tu_alloc((size_t)n * 4);

@@ -160,28 +160,6 @@ static void cmp_dequant_panel(int64_t lines, int64_t K, int cols, mxfp8_group_sc
     free(sc);
 }
 
-/* Random FP32 values spanning every binade (FP32 subnormals to FLT_MAX), with ties, exact zeros, and 1/64 raw
- * random bit patterns (NaN, Inf). Magnitudes vary per 32-block so that most groups are finite. */
-static void fill_random_f32(float *x, int64_t n, tu_rng *rng) {
-    int eb = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (i % 32 == 0) eb = (int)(tu_next(rng) % 300) - 160;
-        uint64_t r = tu_next(rng);
-        uint32_t u;
-        if ((r & 63) == 0) {
-            u = (uint32_t)(r >> 32);
-        } else if ((r & 63) == 1) {
-            u = (uint32_t)(r >> 63) << 31; /* signed zero */
-        } else {
-            int e = eb - (int)((r >> 8) % 14);
-            uint32_t man = (uint32_t)(r >> 32) & 0x7FFFFFu;
-            if ((r >> 16 & 3) == 0) man &= 0x7C0000u; /* few significant bits: exact ties after scaling */
-            float v = ldexpf(1.0f + (float)man / 8388608.0f, e < -149 ? -149 : e > 127 ? 127 : e);
-            u = tu_f32_bits(v) | ((uint32_t)(r >> 24) & 1u) << 31;
-        }
-        x[i] = tu_bits_f32(u);
-    }
-}
 
 /* Boundary groups: amax with a fraction at the RCEIL boundary (1.75 = 0x600000 and its neighbours) or other edges,
  * exponents across the whole FP32 range (the clamps at -127/+127 included), and elements with few significant bits
@@ -236,7 +214,7 @@ static int test_avx512_vs_ref(void) {
     /* 2^20 random FP32 values */
     int64_t nf = 1 << 20;
     float *xf = tu_alloc((size_t)nf * 4);
-    fill_random_f32(xf, nf, &rng);
+    tu_fill_random_f32(xf, nf, &rng);
     static const int64_t Kf[] = {32, 33, 2432};
     for (size_t ki = 0; ki < sizeof Kf / sizeof Kf[0]; ki++)
         for (int cols = 0; cols < 2; cols++) {

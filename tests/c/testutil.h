@@ -4,6 +4,7 @@
  *   TU_CHECK(cond, fmt, ...)   count a failure and print one line (at most TU_MAX_PRINT lines per test)
  *   tu_rng / tu_next / tu_uniform   a deterministic xorshift-style generator (splitmix64)
  *   tu_f32_bits / tu_bits_f32      bit casts
+ *   tu_fill_random_f32              FP32 values over every binade, with ties, signed zeros, NaN/Inf bit patterns
  *   tu_has_avx512()             AVX-512F+BW present on this CPU (mxfp8_get_info), for skips
  *   tu_finish(name)             print a summary; returns the exit code (0 pass, 1 fail)
  * Exit codes: 0 pass, 77 skip (TU_SKIP), anything else fail.
@@ -11,6 +12,7 @@
 #ifndef MXFP8_TESTUTIL_H
 #define MXFP8_TESTUTIL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +70,29 @@ static inline float tu_bits_f32(uint32_t u) {
     float x;
     memcpy(&x, &u, 4);
     return x;
+}
+
+/* Random FP32 values spanning every binade (FP32 subnormals to FLT_MAX), with ties, exact zeros, and 1/64 raw
+ * random bit patterns (NaN, Inf). Magnitudes vary per 32-block so that most groups are finite. */
+static inline void tu_fill_random_f32(float *x, int64_t n, tu_rng *rng) {
+    int eb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 32 == 0) eb = (int)(tu_next(rng) % 300) - 160;
+        uint64_t r = tu_next(rng);
+        uint32_t u;
+        if ((r & 63) == 0) {
+            u = (uint32_t)(r >> 32);
+        } else if ((r & 63) == 1) {
+            u = (uint32_t)(r >> 63) << 31; /* signed zero */
+        } else {
+            int e = eb - (int)((r >> 8) % 14);
+            uint32_t man = (uint32_t)(r >> 32) & 0x7FFFFFu;
+            if ((r >> 16 & 3) == 0) man &= 0x7C0000u; /* few significant bits: exact ties after scaling */
+            float v = ldexpf(1.0f + (float)man / 8388608.0f, e < -149 ? -149 : e > 127 ? 127 : e);
+            u = tu_f32_bits(v) | ((uint32_t)(r >> 24) & 1u) << 31;
+        }
+        x[i] = tu_bits_f32(u);
+    }
 }
 
 static inline int tu_has_avx512(void) {
