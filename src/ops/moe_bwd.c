@@ -29,20 +29,8 @@
 
 void mxfp8i_moe_in_bwd(const mxfp8_moe_bwd_args *a, mxfp8i_moe_in *in) {
     memset(in, 0, sizeof *in);
-    in->X = &a->hidden_states;
-    in->a = &a->expert_affinities_masked;
-    in->W1 = &a->gate_up_proj_weight;
-    in->W2 = &a->down_proj_weight;
-    in->tok = &a->token_position_to_id;
-    in->b2e = &a->block_to_expert;
-    in->b1 = &a->gate_and_up_proj_bias;
-    in->b2 = &a->down_proj_bias;
-    in->W1s = &a->gate_up_weight_scales;
-    in->W2s = &a->down_weight_scales;
-    in->nvt = &a->num_valid_tokens;
+    MXFP8I_MOE_IN_COMMON(in, a);
     in->dY = &a->output_hidden_states_grad;
-    in->B = a->block_size;
-    in->cfg = a->config;
 }
 
 mxfp8_status mxfp8i_moe_check_bwd_grads(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_bwd_args *args,

@@ -163,6 +163,24 @@ mxfp8_status mxfp8i_moe_check_outputs_alias(const char *fn, const mxfp8i_moe_in 
                                             const mxfp8_tensor *const *outs, const char *const *onames,
                                             const mxfp8_tensor *const *extra, const char *const *enames, int nextra);
 /** The common inputs of forward / backward args. */
+/** Point `in` at the tensors the forward and backward argument structs share (same field names in both). */
+#define MXFP8I_MOE_IN_COMMON(in, a)                                                                              \
+    do {                                                                                                        \
+        (in)->X = &(a)->hidden_states;                                                                          \
+        (in)->a = &(a)->expert_affinities_masked;                                                               \
+        (in)->W1 = &(a)->gate_up_proj_weight;                                                                   \
+        (in)->W2 = &(a)->down_proj_weight;                                                                      \
+        (in)->tok = &(a)->token_position_to_id;                                                                 \
+        (in)->b2e = &(a)->block_to_expert;                                                                      \
+        (in)->b1 = &(a)->gate_and_up_proj_bias;                                                                 \
+        (in)->b2 = &(a)->down_proj_bias;                                                                        \
+        (in)->W1s = &(a)->gate_up_weight_scales;                                                                \
+        (in)->W2s = &(a)->down_weight_scales;                                                                   \
+        (in)->nvt = &(a)->num_valid_tokens;                                                                     \
+        (in)->B = (a)->block_size;                                                                              \
+        (in)->cfg = (a)->config;                                                                                \
+    } while (0)
+
 void mxfp8i_moe_in_fwd(const mxfp8_moe_fwd_args *a, mxfp8i_moe_in *in);
 void mxfp8i_moe_in_bwd(const mxfp8_moe_bwd_args *a, mxfp8i_moe_in *in);
 /** Index of the last real position of block n plus one (0 for a padding-only block). */
