@@ -261,6 +261,31 @@ static void plan_split(nd_plan *pl, int64_t K, int nt, mxfp8_group_scheme group)
     pl->chunk = per;
 }
 
+/* Work items of a split plan: outer panels x line chunks x axis chunks. */
+static int64_t plan_items(const nd_plan *pl) {
+    int64_t nk = mxfp8i_ceil_div(pl->K, pl->kchunk);
+    return pl->outer * mxfp8i_ceil_div(pl->lines, pl->chunk) * nk;
+}
+
+/* Geometry of work item `it`: the element offset of its first value in each tensor (t[0] source, t[1] output,
+ * t[2] scales), its line count n, axis length kn, and each tensor's stride between lines. */
+typedef struct nd_item {
+    int64_t off[3], ls[3];
+    int64_t n, kn;
+} nd_item;
+static void plan_item(const nd_plan *pl, int64_t it, nd_item *w) {
+    int64_t nk = mxfp8i_ceil_div(pl->K, pl->kchunk), per_panel = mxfp8i_ceil_div(pl->lines, pl->chunk) * nk;
+    int64_t o = it / per_panel, l0 = (it % per_panel) / nk * pl->chunk, k0 = (it % nk) * pl->kchunk;
+    int ax = pl->axis, ld = pl->line_dim;
+    plan_offsets(pl, o, w->off);
+    for (int t = 0; t < 3; t++) w->ls[t] = ld >= 0 ? pl->st[t][ld] : 0;
+    w->off[0] += k0 * pl->st[0][ax] + l0 * w->ls[0];
+    w->off[1] += k0 * pl->st[1][ax] + l0 * w->ls[1];
+    w->off[2] += k0 / 32 * pl->st[2][ax] + l0 * w->ls[2];
+    w->n = pl->lines - l0 < pl->chunk ? pl->lines - l0 : pl->chunk;
+    w->kn = pl->K - k0 < pl->kchunk ? pl->K - k0 : pl->kchunk;
+}
+
 static int threads_for(int64_t numel) {
     int nt = mxfp8i_num_threads();
     if (numel < (1 << 16)) nt = 1;
@@ -338,32 +363,27 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     int64_t K = src->shape[ax];
     int nt = threads_for(numel);
     plan_split(&pl, K, nt, qp.group);
-    int64_t nk = mxfp8i_ceil_div(K, pl.kchunk), per_panel = mxfp8i_ceil_div(pl.lines, pl.chunk) * nk;
-    int64_t items = pl.outer * per_panel;
+    int64_t items = plan_items(&pl);
     int64_t es_src = (int64_t)mxfp8_dtype_size(src->dtype);
-    int ld = pl.line_dim;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && items > 1)
     for (int64_t it = 0; it < items; it++) {
-        int64_t o = it / per_panel, l0 = (it % per_panel) / nk * pl.chunk, k0 = (it % nk) * pl.kchunk, off[3];
-        plan_offsets(&pl, o, off);
-        off[0] += k0 * pl.st[0][ax], off[1] += k0 * pl.st[1][ax], off[2] += k0 / 32 * pl.st[2][ax];
-        int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk, kn = K - k0 < pl.kchunk ? K - k0 : pl.kchunk;
-        int64_t ls0 = ld >= 0 ? pl.st[0][ld] : 0, ls1 = ld >= 0 ? pl.st[1][ld] : 0, ls2 = ld >= 0 ? pl.st[2][ld] : 0;
-        mxfp8i_qpanel p = {(const char *)src->data + (off[0] + l0 * ls0) * es_src,
+        nd_item w;
+        plan_item(&pl, it, &w);
+        mxfp8i_qpanel p = {(const char *)src->data + w.off[0] * es_src,
                            src->dtype,
-                           n,
-                           kn,
-                           ls0,
+                           w.n,
+                           w.kn,
+                           w.ls[0],
                            pl.st[0][ax],
                            qp.fmt,
                            qp.rule,
                            qp.group,
-                           (uint8_t *)data->data + off[1] + l0 * ls1,
+                           (uint8_t *)data->data + w.off[1],
                            MXFP8_DTYPE_U8,
-                           ls1,
+                           w.ls[1],
                            pl.st[1][ax],
-                           (uint8_t *)scales->data + off[2] + l0 * ls2,
-                           ls2,
+                           (uint8_t *)scales->data + w.off[2],
+                           w.ls[2],
                            pl.st[2][ax]};
         mxfp8i_quantize_panel(&p);
     }
@@ -401,30 +421,25 @@ mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scal
     int64_t K = data->shape[ax];
     int nt = threads_for(numel);
     plan_split(&pl, K, nt, group);
-    int64_t nk = mxfp8i_ceil_div(K, pl.kchunk), per_panel = mxfp8i_ceil_div(pl.lines, pl.chunk) * nk;
-    int64_t items = pl.outer * per_panel;
+    int64_t items = plan_items(&pl);
     int64_t es_out = (int64_t)mxfp8_dtype_size(out->dtype);
-    int ld = pl.line_dim;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && items > 1)
     for (int64_t it = 0; it < items; it++) {
-        int64_t o = it / per_panel, l0 = (it % per_panel) / nk * pl.chunk, k0 = (it % nk) * pl.kchunk, off[3];
-        plan_offsets(&pl, o, off);
-        off[0] += k0 * pl.st[0][ax], off[1] += k0 * pl.st[1][ax], off[2] += k0 / 32 * pl.st[2][ax];
-        int64_t n = pl.lines - l0 < pl.chunk ? pl.lines - l0 : pl.chunk, kn = K - k0 < pl.kchunk ? K - k0 : pl.kchunk;
-        int64_t ls0 = ld >= 0 ? pl.st[0][ld] : 0, ls1 = ld >= 0 ? pl.st[1][ld] : 0, ls2 = ld >= 0 ? pl.st[2][ld] : 0;
-        mxfp8i_dqpanel p = {(const uint8_t *)data->data + off[0] + l0 * ls0,
+        nd_item w;
+        plan_item(&pl, it, &w);
+        mxfp8i_dqpanel p = {(const uint8_t *)data->data + w.off[0],
                             fmt,
-                            n,
-                            kn,
-                            ls0,
+                            w.n,
+                            w.kn,
+                            w.ls[0],
                             pl.st[0][ax],
-                            (const uint8_t *)scales->data + off[2] + l0 * ls2,
-                            ls2,
+                            (const uint8_t *)scales->data + w.off[2],
+                            w.ls[2],
                             pl.st[2][ax],
                             group,
-                            (char *)out->data + (off[1] + l0 * ls1) * es_out,
+                            (char *)out->data + w.off[1] * es_out,
                             out->dtype,
-                            ls1,
+                            w.ls[1],
                             pl.st[1][ax]};
         mxfp8i_dequantize_panel(&p);
     }
