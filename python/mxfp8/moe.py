@@ -388,12 +388,10 @@ def _out_dtype(x, dtype, name):
     return _lib.np_dtype(_lib.parse_out_dtype(dtype, name))
 
 
-def _fwd_call(fn, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
-              token_position_to_id, block_to_expert, block_size, config, gate_up_weight_scales, down_weight_scales,
-              num_valid_tokens, gate_and_up_proj_bias, down_proj_bias, checkpoints, out_dtype, ck_dtype, extra):
-    cfg, cc = _config(config)
-    T, H, E, I, B, N = _dims(hidden_states, gate_up_proj_weight, token_position_to_id, block_size, cfg)
-    a = _FwdArgs()
+def _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+                 token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
+                 down_weight_scales, num_valid_tokens):
+    """Fill the fields the forward and backward argument structs share (same names in both)."""
     a.hidden_states = _lib.view(_arr(hidden_states, "hidden_states"))
     a.expert_affinities_masked = _lib.view(_arr(expert_affinities_masked, "expert_affinities_masked"))
     a.gate_up_proj_weight = _weight_view(gate_up_proj_weight, "gate_up_proj_weight")
@@ -406,6 +404,17 @@ def _fwd_call(fn, hidden_states, expert_affinities_masked, gate_up_proj_weight, 
     a.gate_up_weight_scales = _scales_view(gate_up_weight_scales, "gate_up_weight_scales")
     a.down_weight_scales = _scales_view(down_weight_scales, "down_weight_scales")
     a.num_valid_tokens = _nvt(num_valid_tokens)
+
+
+def _fwd_call(fn, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+              token_position_to_id, block_to_expert, block_size, config, gate_up_weight_scales, down_weight_scales,
+              num_valid_tokens, gate_and_up_proj_bias, down_proj_bias, checkpoints, out_dtype, ck_dtype, extra):
+    cfg, cc = _config(config)
+    T, H, E, I, B, N = _dims(hidden_states, gate_up_proj_weight, token_position_to_id, block_size, cfg)
+    a = _FwdArgs()
+    _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+                 token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
+                 down_weight_scales, num_valid_tokens)
     if checkpoints == "all":
         checkpoints = MOE_CHECKPOINTS
     checkpoints = tuple(checkpoints or ())
@@ -466,21 +475,12 @@ def _bwd_call(fn, extra, grad_dtype, hidden_states, expert_affinities_masked, ga
     cfg, cc = _config(config)
     T, H, E, I, B, N = _dims(hidden_states, gate_up_proj_weight, token_position_to_id, block_size, cfg)
     a = _BwdArgs()
-    a.hidden_states = _lib.view(_arr(hidden_states, "hidden_states"))
-    a.expert_affinities_masked = _lib.view(_arr(expert_affinities_masked, "expert_affinities_masked"))
-    a.gate_up_proj_weight = _weight_view(gate_up_proj_weight, "gate_up_proj_weight")
-    a.down_proj_weight = _weight_view(down_proj_weight, "down_proj_weight")
-    a.token_position_to_id, a.block_to_expert = _routing(token_position_to_id, block_to_expert)
+    _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+                 token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
+                 down_weight_scales, num_valid_tokens)
     a.output_hidden_states_grad = _lib.view(_arr(output_hidden_states_grad, "output_hidden_states_grad"))
-    a.block_size = B
     for name, v in cks.items():
         setattr(a, name, _opt_view(v, name))
-    a.gate_and_up_proj_bias = _opt_view(gate_and_up_proj_bias, "gate_and_up_proj_bias")
-    a.down_proj_bias = _opt_view(down_proj_bias, "down_proj_bias")
-    a.config = ctypes.pointer(cc)
-    a.gate_up_weight_scales = _scales_view(gate_up_weight_scales, "gate_up_weight_scales")
-    a.down_weight_scales = _scales_view(down_weight_scales, "down_weight_scales")
-    a.num_valid_tokens = _nvt(num_valid_tokens)
     shapes = ((T, H), (T * E, 1), (E, H, 2, I), (E, I, H), (E, 2, I), (E, H))
     g = _BwdGrads()
     out = []
