@@ -21,15 +21,10 @@
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Defaults                                                                                                   */
 /* ---------------------------------------------------------------------------------------------------------- */
+/* A phase config: the matmul defaults, with the MoE's E4M3 and FP32 phase outputs (weight grads accumulate in FP32). */
 static void phase_config_default(mxfp8_matmul_config *c) {
-    memset(c, 0, sizeof *c);
-    c->block_loop_order = MXFP8_LOOP_MNK;
-    c->tile_loop_order = MXFP8_LOOP_MNK;
+    mxfp8_matmul_config_init(c);
     c->float8_dtype = MXFP8_FMT_E4M3;
-    c->run_with_lnc2 = 1;
-    c->lnc_2_shard_rhs = -1;
-    c->quant_scheme = MXFP8_GROUP_1X32;
-    c->scale_rule = MXFP8_SCALE_NKI;
     c->output_dtype = MXFP8_DTYPE_F32;
 }
 
