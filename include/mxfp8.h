@@ -31,6 +31,23 @@
  *    (`mxfp8 info` says so). MXFP8_ISA=scalar|avx512|amx forces
  *    an ISA path (falling back, with mxfp8_info() saying so, when the CPU lacks it).
  *
+ * Hardware-only knobs
+ * -------------------
+ * The NKI pages describe Trainium kernels; some of their parameters steer that hardware only (DMA engines, SBUF
+ * tiling, the two NeuronCores of an LNC2 pair). Wherever the NKI names require it they are accepted with their
+ * names and value ranges, validated (an out-of-range value is INVALID_ARGUMENT), and have no effect on any result:
+ *   mxfp8_matmul_config: tiles_in_block_k, tiles_in_load_m, tiles_in_load_n (tile_*, tiles_in_block_m/n, the loop
+ *     orders, run_with_lnc2, lnc_2_shard_rhs and spill_reload become CPU cache blocking and thread split: speed only);
+ *   mxfp8_moe_config: shard_option, p3_transpose_mode, p4_transpose_mode, hidden_states_swizzle_mode,
+ *     output_grad_swizzle_mode, weight_swizzle_mode, skip_weight, use_fast_dma (grouped at the end of the struct);
+ *     the per-phase matmul configs phase1..phase4 set blocking only.
+ *
+ * Stability
+ * ---------
+ * Everything above the section "Reference and test entry points" at the end of this header is the stable API.
+ * That last section (golden references, the NKI pass criteria) is compiled only when MXFP8_REFERENCE_API is defined
+ * before including this header; its functions exist in every build but carry no ABI promise.
+ *
  * Sources of the rules, cited in each doc comment:
  *   [OCP]   OCP Microscaling Formats (MX) Specification v1.0, sections 5 (E8M0, FP8) and 6.3 (conversion).
  *   [NKI-Q] AWS Neuron NKI ISA docs, nki.isa.quantize_mx / nc_matmul_mx, and the MXFP8 matmul deep-dive.
@@ -300,7 +317,7 @@ MXFP8_API mxfp8_status mxfp8_set_num_threads(int num_threads);
 MXFP8_API mxfp8_status mxfp8_get_info(mxfp8_info *info);
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* Block-scaled GEMM and matmul_mxfp8 (seed page [NKI-M])                                                         */
+/* Block-scaled GEMM and matmul_mxfp8 [NKI-M]                                                                     */
 /* ------------------------------------------------------------------------------------------------------------ */
 /** Loop orders (tile_loop_order / block_loop_order). Speed only. */
 typedef enum mxfp8_loop_order {
@@ -326,9 +343,9 @@ typedef struct mxfp8_operand {
  *  or n before m), tile_loop_order the tiles inside a block. run_with_lnc2 = 0 runs on one thread; otherwise
  *  threads split the blocks along N (lnc_2_shard_rhs = 1) or M (0). spill_reload = 1 quantizes A once into a shared
  *  workspace; 0 lets each thread quantize the rows it needs (again). Every field is speed-only except
- *  float8_dtype, quant_scheme and scale_rule (and output_dtype, which only the Python layer / CLI consult to
- *  allocate outputs). 0 (or -1 where noted) means "auto-resolve". Negative sizes or unknown enum values are
- *  INVALID_ARGUMENT. */
+ *  float8_dtype, quant_scheme and scale_rule. NKI's output_dtype field is not here: the output view's dtype decides
+ *  (the Python MatmulMxfp8KernelConfig keeps the field to allocate outputs). 0 (or -1 where noted) means
+ *  "auto-resolve". Negative sizes or unknown enum values are INVALID_ARGUMENT. */
 typedef struct mxfp8_matmul_config {
     int64_t M, K, N;                 /**< 0 = from the tensors; if set, must match them */
     int64_t tile_m, tile_k, tile_n;  /**< 0 = auto */
@@ -343,11 +360,10 @@ typedef struct mxfp8_matmul_config {
     int spill_reload;                /**< keep quantized operand blocks in a workspace */
     mxfp8_group_scheme quant_scheme; /**< default 1X32 (NKI's default wrapX needs K % 128 == 0) */
     mxfp8_scale_rule scale_rule;     /**< ours: default NKI */
-    mxfp8_dtype output_dtype;        /**< BF16 (default), F16 or F32 */
 } mxfp8_matmul_config;
 
 /** Fill a config with defaults: everything auto, MNK orders, E5M2, run_with_lnc2 = 1, lnc_2_shard_rhs = -1,
- *  spill_reload = 0, 1x32, NKI rule, BF16 output. */
+ *  spill_reload = 0, 1x32, NKI rule. NULL is ignored. */
 MXFP8_API void mxfp8_matmul_config_init(mxfp8_matmul_config *config);
 
 /** Block-scaled GEMM: C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] [OCP §6], [NKI-Q nc_matmul_mx].
@@ -360,8 +376,8 @@ MXFP8_API void mxfp8_matmul_config_init(mxfp8_matmul_config *config);
  *  Arithmetic: every dequantized value is exact in FP32; each C element is acc = fmaf(a_k, b_k, acc) over k ascending
  *  from +0 (one rounding per step), then rounded once (RNE) to c's dtype, or, with accumulate != 0, C = C + acc (C F32).
  *  The result is bitwise independent of tiles, loop orders, shard axis, spill_reload, thread count and ISA path.
- *  c: [M, N] F32/BF16/F16, any strides that address distinct elements; its dtype decides the output type
- *  (config->output_dtype is not consulted here). Every element of c is written (M, N, K >= 0; K = 0 gives zeros).
+ *  c: [M, N] F32/BF16/F16, any strides that address distinct elements; its dtype decides the output type.
+ *  Every element of c is written (M, N, K >= 0; K = 0 gives zeros).
  *  config: NULL = mxfp8_matmul_config_init defaults; M/K/N when nonzero must match the operands.
  *  Errors: NULL_POINTER (a, b, c, a view, codes without scales), DTYPE (bad dtype, codes of the other FP8 format,
  *  accumulate into non-F32), SHAPE_MISMATCH (K, scales shape, c shape, config M/K/N), INVALID_ARGUMENT (config enums,
@@ -377,7 +393,7 @@ MXFP8_API mxfp8_status mxfp8_gemm(const mxfp8_operand *a, const mxfp8_operand *b
 MXFP8_API mxfp8_status mxfp8_matmul(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
                                     const mxfp8_matmul_config *config, mxfp8_tensor *output);
 
-/** All parameters of matmul_mxfp8_backward [NKI-M], with the seed page's names. */
+/** All parameters of matmul_mxfp8_backward [NKI-M], with the NKI page's names (fields marked "ours" are additions). */
 typedef struct mxfp8_matmul_bwd_args {
     mxfp8_tensor output_grad;        /**< dY [M, N]: F32/BF16/F16, or codes (E4M3/E5M2/U8 [M, N], U32 x4 packed
                                           along N [M, ceil(N/4)]) quantized along N with output_grad_scales (F = M);
@@ -389,7 +405,7 @@ typedef struct mxfp8_matmul_bwd_args {
     const mxfp8_matmul_config *input_grad_config;  /**< dX phase config; NULL = auto-resolved */
     const mxfp8_matmul_config *weight_grad_config; /**< dW phase config; NULL = auto-resolved */
     mxfp8_loop_order tile_loop_order;  /**< default MNK */
-    mxfp8_format float8_dtype;         /**< default E5M2 (the seed's "float8_e5m2") */
+    mxfp8_format float8_dtype;         /**< default E5M2 (NKI's "float8_e5m2") */
     mxfp8_dtype output_dtype;          /**< default BF16 */
     int run_with_lnc2;                 /**< default 1 */
     int lnc_2_shard_rhs;               /**< default 1 */
@@ -404,7 +420,7 @@ typedef struct mxfp8_matmul_bwd_args {
     mxfp8_group_scheme quant_scheme;   /**< ours: default 1X32 */
 } mxfp8_matmul_bwd_args;
 
-/** Defaults of the seed page: all tensors absent, MNK, E5M2, BF16, lnc2 on, shard_rhs on, no pre-quantization. */
+/** Defaults of the NKI page: all tensors absent, MNK, E5M2, BF16, lnc2 on, shard_rhs on, no pre-quantization. */
 MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
 
 /** matmul_mxfp8_backward [NKI-M]: input_grad dX[M, K] = dY[M, N] @ W[N, K] (dY and W quantized along N);
@@ -417,7 +433,7 @@ MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
  *  M, N, K are read from the outputs: input_grad [M, K], weight_grad [N, K] (F32, BF16 or F16 views of dtype
  *  output_dtype, else DTYPE); every input must agree (SHAPE_MISMATCH). Any M, N, K >= 0: a zero contraction length
  *  gives zeros, a zero output extent an empty output. The phase configs (NULL = from the args) set speed only:
- *  their float8_dtype, scale_rule, quant_scheme and output_dtype are replaced by the args' values, and their M/K/N,
+ *  their float8_dtype, scale_rule and quant_scheme are replaced by the args' values, and their M/K/N,
  *  when nonzero, must be (M, N, K) for dX and (N, M, K) for dW (logical M, contraction, logical N).
  *  Scales of pre-quantized operands are in NKI packed layout when use_scale_packing, else in scale_layout.
  *  wrapX groups need N % 128 == 0 and M % 128 == 0 (UNSUPPORTED otherwise), swizzled operands their contraction
@@ -428,33 +444,12 @@ MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
 MXFP8_API mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
                                              mxfp8_tensor *weight_grad);
 
-/** Golden references for matmul (GEMM with contraction axis last on both operands).
- *  mxfp8_gemm_golden_unquantized: C = A @ B^T from the high-precision operands (each rounded to BF16 first when
- *  round_to_bf16 != 0), FP32 accumulation, C F32. mxfp8_gemm_golden_quantized: both operands quantized with
- *  `params` along K, dequantized exactly, accumulated in FP64; C F64 or F32. */
-MXFP8_API mxfp8_status mxfp8_gemm_golden_unquantized(const mxfp8_tensor *a, const mxfp8_tensor *b, int round_to_bf16,
-                                                     mxfp8_tensor *c);
-MXFP8_API mxfp8_status mxfp8_gemm_golden_quantized(const mxfp8_tensor *a, const mxfp8_tensor *b,
-                                                   const mxfp8_quant_params *params, mxfp8_tensor *c);
-
-/** NKI pass criteria of a kernel output k against a golden g (same numel, F32/F64/BF16/F16). */
-typedef struct mxfp8_compare_result {
-    double max_abs_golden;       /**< max |g| */
-    double max_abs_err;          /**< max |k - g| */
-    double max_rel_err;          /**< max |k - g| / max(|g|) */
-    double cosine;               /**< <k,g> / (|k| |g|) (1 if both are zero) */
-    double norm_euclid;          /**< |k - g| / (|k| + |g|) (0 if both are zero) */
-    int allclose;                /**< all |k - g| <= atol + rtol*|g| with atol = atol_frac*max|g| */
-    int64_t num_nan;             /**< NaNs in k */
-} mxfp8_compare_result;
-MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_tensor *golden, double atol_frac,
-                                     double rtol, mxfp8_compare_result *result);
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* Blockwise MoE (seed page [NKI-E])                                                                              */
+/* Blockwise MoE [NKI-E]                                                                                          */
 /* ------------------------------------------------------------------------------------------------------------ */
 /*
- * The layer (issue 4). X = hidden_states [T, H]; W1 = gate_up_proj_weight [E, H, 2, I]; W2 = down_proj_weight
+ * The layer. X = hidden_states [T, H]; W1 = gate_up_proj_weight [E, H, 2, I]; W2 = down_proj_weight
  * [E, I, H]; a = expert_affinities_masked [T*E, 1] (a[t*E + e]); optional biases b1 [E, 2, I], b2 [E, H].
  * Tokens are processed in N blocks of B = block_size positions; block n belongs to expert e = block_to_expert[n];
  * position p of block n holds token t = token_position_to_id[n*B + p], or padding. Padding positions are zero rows:
@@ -491,10 +486,10 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
  * included). A token may appear in several blocks (of different experts, or even of one expert): its
  * contributions add up.
  *
- * Deviations from the seed page (and why):
+ * Deviations from the NKI page (and why):
  *  - Any B >= 1, H >= 1, I >= 1, T >= 0 (no hardware multiple-of-128 limits); groups along an axis whose length is
  *    not a multiple of 32 end with a short group (OCP).
- *  - Biases: the seed's bwd has no bias inputs; here b1/b2 are optional inputs of both passes (absent = zero):
+ *  - Biases: NKI's backward has no bias inputs; here b1/b2 are optional inputs of both passes (absent = zero):
  *    b2 enters the affinity gradient, b1 the recomputation of g and u.
  *  - compute_dtype (BF16 or F32) is validated but intermediates are always FP32 on a CPU (at least BF16's
  *    precision); shard_option, transpose modes, swizzle modes, skip_weight and use_fast_dma are hardware knobs:
@@ -508,7 +503,7 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
  *    above T clamp to T): tokens >= the count act as padding. Rows of hidden_states_grad / output and entries of
  *    expert_affinities_masked_grad past the count are set to zero (NKI: undefined); with
  *    accumulate_hidden_states_grad those rows are left as given. Together with a scaled-intermediate checkpoint or
- *    with bias it is UNSUPPORTED (as on the seed page).
+ *    with bias it is UNSUPPORTED (as on the NKI page).
  *  - down_proj_act_checkpoint (a*dY, a backward quantity) cannot come from the forward; the forward instead offers
  *    down_proj_output_checkpoint (ours: inter @ W2 + b2 before the affinity) which the AFFINITY_ON_H backward reads
  *    for the affinity gradient; when absent, the backward recomputes it per block with the forward's MXFP8 GEMM
@@ -573,9 +568,9 @@ MXFP8_API mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8
                                        mxfp8_tensor *expert_affinities_masked);
 
 /** MXFP8MOEBwdConfig [NKI-E] (also used by the forward and the golden references). Clamp limits: -INFINITY /
- *  +INFINITY mean "None" (issue 4: an absent limit is unbounded); a clamp clips g (u) to [lower, upper] in the
+ *  +INFINITY mean "None" (an absent limit is unbounded); a clamp clips g (u) to [lower, upper] in the
  *  forward and the backward's masks are strict (lower < g < upper), so a value exactly at a limit gets zero gradient.
- *  Non-finite values propagate, never hidden (issue 2): clamp(NaN) = NaN; an absent limit applies no mask at all
+ *  Non-finite values propagate, never hidden: clamp(NaN) = NaN; an absent limit applies no mask at all
  *  (+-Inf and NaN pass); a present limit masks g <= lower / g >= upper and NaN counts as inside (its gradient is
  *  NaN); act(NaN) = act'(NaN) = NaN for SiLU, Swish and SquaredReLU (whose max(g, 0) keeps NaN). */
 typedef struct mxfp8_moe_config {
@@ -583,20 +578,20 @@ typedef struct mxfp8_moe_config {
     mxfp8_format quant_dtype;            /**< E4M3 (default) or E5M2: element format of every GEMM operand */
     mxfp8_scale_rule scale_rule;         /**< ours; default MXFP8_SCALE_NKI */
     mxfp8_activation activation;         /**< default SiLU */
-    int shard_option;                    /**< hardware-only (SHARD_ON_FREE = 0 default, SHARD_ON_BLOCK = 1,
-                                              SHARD_ON_INTERMEDIATE = 2): validated, no effect on results */
     mxfp8_affinity_option affinity_option; /**< default AFFINITY_ON_I */
     mxfp8_matmul_config phase1, phase2, phase3, phase4; /**< per-phase blocking (speed only; see above) */
-    int p3_transpose_mode, p4_transpose_mode;           /**< hardware-only: accepted, no effect on results */
-    int hidden_states_swizzle_mode, output_grad_swizzle_mode, weight_swizzle_mode; /**< hardware-only: no effect */
     float gate_clamp_lower, gate_clamp_upper, up_clamp_lower, up_clamp_upper; /**< +-INFINITY = no limit */
     int skip_token;                      /**< SkipMode.skip_token: 1 = padding id is -1 (default); 0 = padding id T */
-    int skip_weight;                     /**< SkipMode.skip_weight: hardware-only, no effect on results */
     int accumulate_hidden_states_grad;   /**< hidden_states_grad = given + gradient instead of overwriting it */
     int skip_grad_initialization;        /**< weight/bias grads are NOT zeroed: result = given + gradient */
     int single_expert_dense;             /**< E = 1 identity routing (see above); default 0 */
     int bias;                            /**< the layer has biases b1, b2; bias grads are returned */
-    int use_fast_dma;                    /**< hardware-only: no effect on results */
+    /* Hardware-only knobs of the NKI page (see "Hardware-only knobs" at the top): validated, no effect. */
+    int shard_option;                    /**< SHARD_ON_FREE = 0 (default), SHARD_ON_BLOCK = 1, SHARD_ON_INTERMEDIATE = 2 */
+    int p3_transpose_mode, p4_transpose_mode;                                      /**< 0 or 1 */
+    int hidden_states_swizzle_mode, output_grad_swizzle_mode, weight_swizzle_mode; /**< 0 or 1 */
+    int skip_weight;                     /**< SkipMode.skip_weight, 0 or 1 */
+    int use_fast_dma;                    /**< 0 or 1 */
 } mxfp8_moe_config;
 
 /** Defaults of MXFP8MOEBwdConfig(): BF16 compute, E4M3, NKI rule, SiLU, SHARD_ON_FREE, AFFINITY_ON_I, phase configs
@@ -641,7 +636,7 @@ typedef struct mxfp8_moe_fwd_outputs {
  *  validation) may leave checkpoints of earlier blocks written. Thread-safe. */
 MXFP8_API mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs);
 
-/** All parameters of blockwise_mm_bwd_mxfp8 [NKI-E] with the seed page's names (+ ours, marked). */
+/** All parameters of blockwise_mm_bwd_mxfp8 [NKI-E] with the NKI page's names (+ ours, marked). */
 typedef struct mxfp8_moe_bwd_args {
     mxfp8_tensor hidden_states;                    /**< X [T, H] F32/BF16/F16 */
     mxfp8_tensor expert_affinities_masked;         /**< a [T*E, 1] (or [T*E]) F32/BF16/F16 */
@@ -665,7 +660,7 @@ typedef struct mxfp8_moe_bwd_args {
     mxfp8_tensor num_valid_tokens;                 /**< [1] (or 0-D) I32; requires single_expert_dense */
 } mxfp8_moe_bwd_args;
 
-/** Gradients returned by the backward (the seed's return tuple). F32/BF16/F16 each (F64/F32 for the goldens). */
+/** Gradients returned by the backward (NKI's return tuple). F32/BF16/F16 each (F64/F32 for the goldens). */
 typedef struct mxfp8_moe_bwd_grads {
     mxfp8_tensor hidden_states_grad;            /**< [T, H]; given + grad with accumulate_hidden_states_grad */
     mxfp8_tensor expert_affinities_masked_grad; /**< [T*E, 1] (or [T*E]); overwritten, unrouted pairs 0 */
@@ -675,7 +670,7 @@ typedef struct mxfp8_moe_bwd_grads {
     mxfp8_tensor down_proj_bias_grad;           /**< [E, H], required iff config->bias (else must be absent) */
 } mxfp8_moe_bwd_grads;
 
-/** Seed defaults for the args: every tensor absent, block_size 4096, config NULL. NULL is ignored. */
+/** NKI defaults for the args: every tensor absent, block_size 4096, config NULL. NULL is ignored. */
 MXFP8_API void mxfp8_moe_bwd_args_init(mxfp8_moe_bwd_args *args);
 /** Forward args defaults: every tensor absent, block_size 4096, config NULL. NULL is ignored. */
 MXFP8_API void mxfp8_moe_fwd_args_init(mxfp8_moe_fwd_args *args);
@@ -688,21 +683,6 @@ MXFP8_API void mxfp8_moe_fwd_args_init(mxfp8_moe_fwd_args *args);
  *  OUT_OF_MEMORY inside a GEMM also leaves them untouched. Thread-safe; keeps no pointer after returning. */
 MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads);
 
-/** Golden references (FP64, scalar, slow: for tests and the NKI criteria of `mxfp8 moe-bwd`).
- *  Same args as mxfp8_moe_forward / mxfp8_moe_backward (same validation and errors); outputs/grads are F64 or F32
- *  views (rounded once from FP64). Everything is computed in FP64 from the inputs (exactly widened); checkpoints in
- *  args are ignored (the golden recomputes every intermediate itself; for AFFINITY_ON_H, D = a*dY and the down
- *  projection output come from its own forward). Flags (accumulate_hidden_states_grad, skip_grad_initialization,
- *  num_valid_tokens, clamps, biases, activation, affinity option) have the same meaning as in the kernels.
- *  quantized = 0: the unquantized layer (pre-quantized weights enter as their exact dequantized values).
- *  quantized = 1: every GEMM operand is MX-quantized along that GEMM's contraction axis (1x32 groups,
- *  config->quant_dtype and scale_rule, values rounded to FP32 first: the quantizer's input type) and dequantized
- *  exactly, the GEMM then runs in FP64 -- the kernel without its FP32 rounding. Pre-quantized weights are used as
- *  given where their axis matches, re-quantized from their exact values otherwise (as the kernels do). */
-MXFP8_API mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs,
-                                                int quantized);
-MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads,
-                                                 int quantized);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Workspace and memory                                                                                           */
@@ -737,7 +717,66 @@ MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args,
  *     tests; no bound promised beyond O(inputs + outputs)).
  */
 
+
 #ifdef __cplusplus
 }
 #endif
 #endif /* MXFP8_H */
+
+/* ============================================================================================================ */
+/* Reference and test entry points: NO ABI PROMISE                                                              */
+/* ============================================================================================================ */
+/*
+ * Golden references (slow, scalar FP32/FP64 paths for tests, for the verdicts of the `mxfp8` command and for anyone
+ * who wants a second opinion) and the NKI pass criteria. They follow the stable API's conventions (status, message,
+ * nothing written on error) but their signatures may change between minor versions. Define MXFP8_REFERENCE_API
+ * before including this header to declare them (as zstd's ZSTD_STATIC_LINKING_ONLY does).
+ */
+#if defined(MXFP8_REFERENCE_API) && !defined(MXFP8_REFERENCE_API_DECLARED)
+#define MXFP8_REFERENCE_API_DECLARED
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Golden references for matmul (GEMM with contraction axis last on both operands).
+ *  mxfp8_gemm_golden_unquantized: C = A @ B^T from the high-precision operands (each rounded to BF16 first when
+ *  round_to_bf16 != 0), FP32 accumulation, C F32. mxfp8_gemm_golden_quantized: both operands quantized with
+ *  `params` along K, dequantized exactly, accumulated in FP64; C F64 or F32. */
+MXFP8_API mxfp8_status mxfp8_gemm_golden_unquantized(const mxfp8_tensor *a, const mxfp8_tensor *b, int round_to_bf16,
+                                                     mxfp8_tensor *c);
+MXFP8_API mxfp8_status mxfp8_gemm_golden_quantized(const mxfp8_tensor *a, const mxfp8_tensor *b,
+                                                   const mxfp8_quant_params *params, mxfp8_tensor *c);
+
+/** NKI pass criteria of a kernel output k against a golden g (same numel, F32/F64/BF16/F16). */
+typedef struct mxfp8_compare_result {
+    double max_abs_golden;       /**< max |g| */
+    double max_abs_err;          /**< max |k - g| */
+    double max_rel_err;          /**< max |k - g| / max(|g|) */
+    double cosine;               /**< <k,g> / (|k| |g|) (1 if both are zero) */
+    double norm_euclid;          /**< |k - g| / (|k| + |g|) (0 if both are zero) */
+    int allclose;                /**< all |k - g| <= atol + rtol*|g| with atol = atol_frac*max|g| */
+    int64_t num_nan;             /**< NaNs in k */
+} mxfp8_compare_result;
+MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_tensor *golden, double atol_frac,
+                                     double rtol, mxfp8_compare_result *result);
+
+/** Golden references (FP64, scalar, slow: for tests and the NKI criteria of `mxfp8 moe-bwd`).
+ *  Same args as mxfp8_moe_forward / mxfp8_moe_backward (same validation and errors); outputs/grads are F64 or F32
+ *  views (rounded once from FP64). Everything is computed in FP64 from the inputs (exactly widened); checkpoints in
+ *  args are ignored (the golden recomputes every intermediate itself; for AFFINITY_ON_H, D = a*dY and the down
+ *  projection output come from its own forward). Flags (accumulate_hidden_states_grad, skip_grad_initialization,
+ *  num_valid_tokens, clamps, biases, activation, affinity option) have the same meaning as in the kernels.
+ *  quantized = 0: the unquantized layer (pre-quantized weights enter as their exact dequantized values).
+ *  quantized = 1: every GEMM operand is MX-quantized along that GEMM's contraction axis (1x32 groups,
+ *  config->quant_dtype and scale_rule, values rounded to FP32 first: the quantizer's input type) and dequantized
+ *  exactly, the GEMM then runs in FP64 -- the kernel without its FP32 rounding. Pre-quantized weights are used as
+ *  given where their axis matches, re-quantized from their exact values otherwise (as the kernels do). */
+MXFP8_API mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs,
+                                                int quantized);
+MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads,
+                                                 int quantized);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MXFP8_REFERENCE_API */

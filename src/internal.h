@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#define MXFP8_REFERENCE_API /* goldens and compare (the no-ABI-promise section of mxfp8.h) */
 #include "mxfp8.h"
 
 #if defined(__GNUC__)

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#define MXFP8_REFERENCE_API /* goldens and compare (the no-ABI-promise section of mxfp8.h) */
 #include "mxfp8.h"
 
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };

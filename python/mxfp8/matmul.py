@@ -50,7 +50,7 @@ class _Config(ctypes.Structure):
                                                "tiles_in_load_n")] + \
                [(n, ctypes.c_int) for n in ("block_loop_order", "tile_loop_order", "float8_dtype",
                                              "enable_scale_packing", "run_with_lnc2", "lnc_2_shard_rhs",
-                                             "spill_reload", "quant_scheme", "scale_rule", "output_dtype")]
+                                             "spill_reload", "quant_scheme", "scale_rule")]
 
 
 class _BwdArgs(ctypes.Structure):
@@ -138,7 +138,6 @@ class MatmulMxfp8KernelConfig:
         c.float8_dtype = fmt
         c.scale_rule = rule
         c.quant_scheme = group
-        c.output_dtype = out_code
         c.enable_scale_packing = _lib.parse_bool(self.enable_scale_packing, f"{param}.enable_scale_packing")
         c.run_with_lnc2 = _lib.parse_bool(self.run_with_lnc2, f"{param}.run_with_lnc2")
         c.lnc_2_shard_rhs = -1 if self.lnc_2_shard_rhs is None else _lib.parse_bool(self.lnc_2_shard_rhs,

@@ -52,15 +52,18 @@ _GOLD = (_lib.F32, _lib.F64)
 # ---- C mirrors (field for field with include/mxfp8.h) ----
 class _MoeConfig(ctypes.Structure):
     _fields_ = [("compute_dtype", ctypes.c_int), ("quant_dtype", ctypes.c_int), ("scale_rule", ctypes.c_int),
-                ("activation", ctypes.c_int), ("shard_option", ctypes.c_int), ("affinity_option", ctypes.c_int),
+                ("activation", ctypes.c_int), ("affinity_option", ctypes.c_int),
                 ("phase1", _MatmulConfig), ("phase2", _MatmulConfig), ("phase3", _MatmulConfig),
-                ("phase4", _MatmulConfig), ("p3_transpose_mode", ctypes.c_int), ("p4_transpose_mode", ctypes.c_int),
-                ("hidden_states_swizzle_mode", ctypes.c_int), ("output_grad_swizzle_mode", ctypes.c_int),
-                ("weight_swizzle_mode", ctypes.c_int), ("gate_clamp_lower", ctypes.c_float),
+                ("phase4", _MatmulConfig), ("gate_clamp_lower", ctypes.c_float),
                 ("gate_clamp_upper", ctypes.c_float), ("up_clamp_lower", ctypes.c_float),
-                ("up_clamp_upper", ctypes.c_float), ("skip_token", ctypes.c_int), ("skip_weight", ctypes.c_int),
+                ("up_clamp_upper", ctypes.c_float), ("skip_token", ctypes.c_int),
                 ("accumulate_hidden_states_grad", ctypes.c_int), ("skip_grad_initialization", ctypes.c_int),
-                ("single_expert_dense", ctypes.c_int), ("bias", ctypes.c_int), ("use_fast_dma", ctypes.c_int)]
+                ("single_expert_dense", ctypes.c_int), ("bias", ctypes.c_int),
+                # hardware-only knobs (validated, no effect), grouped at the end as in the C struct
+                ("shard_option", ctypes.c_int), ("p3_transpose_mode", ctypes.c_int),
+                ("p4_transpose_mode", ctypes.c_int), ("hidden_states_swizzle_mode", ctypes.c_int),
+                ("output_grad_swizzle_mode", ctypes.c_int), ("weight_swizzle_mode", ctypes.c_int),
+                ("skip_weight", ctypes.c_int), ("use_fast_dma", ctypes.c_int)]
 
 
 _T = _lib.Tensor

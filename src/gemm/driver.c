@@ -91,7 +91,6 @@ void mxfp8_matmul_config_init(mxfp8_matmul_config *config) {
     config->spill_reload = 0;
     config->quant_scheme = MXFP8_GROUP_1X32;
     config->scale_rule = MXFP8_SCALE_NKI;
-    config->output_dtype = MXFP8_DTYPE_BF16;
 }
 
 mxfp8_status mxfp8i_check_config(const char *fn, const char *name, const mxfp8_matmul_config *c) {
@@ -127,9 +126,6 @@ mxfp8_status mxfp8i_check_config(const char *fn, const char *name, const mxfp8_m
         if (flag[i] != 0 && flag[i] != 1)
             return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s %d is not 0 or 1", fn, name, flag_nm[i],
                                 flag[i]);
-    if (!mxfp8i_is_float_dtype(c->output_dtype))
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.output_dtype %d (%s) is not f32, bf16 or f16", fn,
-                            name, (int)c->output_dtype, mxfp8_dtype_name(c->output_dtype));
     return MXFP8_OK;
 }
 

@@ -180,7 +180,6 @@ static void phase_config(const mxfp8_matmul_bwd_args *a, const mxfp8_matmul_conf
     out->float8_dtype = a->float8_dtype;
     out->scale_rule = a->scale_rule;
     out->quant_scheme = a->quant_scheme;
-    out->output_dtype = a->output_dtype;
     out->enable_scale_packing = a->use_scale_packing;
     out->M = out->K = out->N = 0;
 }

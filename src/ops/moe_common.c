@@ -21,11 +21,10 @@
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Defaults                                                                                                   */
 /* ---------------------------------------------------------------------------------------------------------- */
-/* A phase config: the matmul defaults, with the MoE's E4M3 and FP32 phase outputs (weight grads accumulate in FP32). */
+/* A phase config: the matmul defaults with the MoE's E4M3 (phase outputs are FP32: weight grads accumulate in FP32). */
 static void phase_config_default(mxfp8_matmul_config *c) {
     mxfp8_matmul_config_init(c);
     c->float8_dtype = MXFP8_FMT_E4M3;
-    c->output_dtype = MXFP8_DTYPE_F32;
 }
 
 void mxfp8_moe_config_init(mxfp8_moe_config *c) {
@@ -735,7 +734,6 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t 
     cfg.float8_dtype = p->cfg.quant_dtype;
     cfg.scale_rule = p->cfg.scale_rule;
     cfg.quant_scheme = MXFP8_GROUP_1X32;
-    cfg.output_dtype = MXFP8_DTYPE_F32;
     mxfp8_operand a = to_operand(M, K, A), b = to_operand(N, K, B);
     mxfp8_tensor c;
     memset(&c, 0, sizeof c);

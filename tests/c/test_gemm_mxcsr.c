@@ -49,7 +49,6 @@ static int run(const float *A, const float *B, int64_t M, int64_t N, int64_t K, 
     mxfp8_matmul_config cfg;
     mxfp8_matmul_config_init(&cfg);
     cfg.float8_dtype = MXFP8_FMT_E4M3;
-    cfg.output_dtype = cd;
     cfg.tile_m = 32; /* several blocks, so that 2 threads both work */
     cfg.tile_n = 32;
     unsigned old = _mm_getcsr();

@@ -462,7 +462,6 @@ static void g_f8(fx *f) { f->cfg.float8_dtype = (mxfp8_format)2; }
 static void g_scheme(fx *f) { f->cfg.quant_scheme = (mxfp8_group_scheme)3; }
 static void g_rule(fx *f) { f->cfg.scale_rule = (mxfp8_scale_rule)3; }
 static void g_shard(fx *f) { f->cfg.lnc_2_shard_rhs = 2; }
-static void g_outdt(fx *f) { f->cfg.output_dtype = (mxfp8_dtype)99; }
 static void g_M(fx *f) { f->cfg.M = 9; }
 static void g_K(fx *f) { f->cfg.K = 65; }
 static void g_N(fx *f) { f->cfg.N = 3; }
@@ -484,7 +483,6 @@ static const special sp_gemm[] = {
     {"config quant_scheme 3", g_scheme, MXFP8_ERR_INVALID_ARGUMENT, "quant_scheme", "3"},
     {"config scale_rule 3", g_rule, MXFP8_ERR_INVALID_ARGUMENT, "scale_rule", "3"},
     {"config lnc_2_shard_rhs 2", g_shard, MXFP8_ERR_INVALID_ARGUMENT, "lnc_2_shard_rhs", "2"},
-    {"config output_dtype 99", g_outdt, MXFP8_ERR_INVALID_ARGUMENT, "output_dtype", "99"},
     {"config M disagrees", g_M, MXFP8_ERR_SHAPE_MISMATCH, "M", "9"},
     {"config K disagrees", g_K, MXFP8_ERR_SHAPE_MISMATCH, "K", "65"},
     {"config N disagrees", g_N, MXFP8_ERR_SHAPE_MISMATCH, "N", "3"},
