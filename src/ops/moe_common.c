@@ -145,7 +145,7 @@ static mxfp8_status check_config(const char *fn, const mxfp8_moe_config *c) {
     if (lim[2] > lim[3])
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.up_clamp_lower %g > up_clamp_upper %g", fn,
                             (double)lim[2], (double)lim[3]);
-    if (c->shard_option < 0 || c->shard_option > 2) /* issue 6: hardware-only knobs are still validated */
+    if (c->shard_option < 0 || c->shard_option > 2) /* hardware-only knobs are still validated */
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.shard_option %d is not 0, 1 or 2", fn,
                             c->shard_option);
     if (c->skip_token != 0 && c->skip_token != 1)
@@ -154,7 +154,7 @@ static mxfp8_status check_config(const char *fn, const mxfp8_moe_config *c) {
                          c->single_expert_dense, c->bias, c->use_fast_dma};
     static const char *flag_nm[6] = {"skip_weight", "accumulate_hidden_states_grad", "skip_grad_initialization",
                                      "single_expert_dense", "bias", "use_fast_dma"};
-    for (int i = 0; i < 6; i++) /* issue 6: booleans are 0 or 1, not "any nonzero" */
+    for (int i = 0; i < 6; i++) /* booleans are 0 or 1, not "any nonzero" */
         if (flag[i] != 0 && flag[i] != 1)
             return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.%s %d is not 0 or 1", fn, flag_nm[i], flag[i]);
     const int mode[5] = {c->p3_transpose_mode, c->p4_transpose_mode, c->hidden_states_swizzle_mode,
@@ -696,32 +696,9 @@ mxfp8i_moe_op mxfp8i_moe_op_w2_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
 /* ---------------------------------------------------------------------------------------------------------- */
 /* GEMM                                                                                                       */
 /* ---------------------------------------------------------------------------------------------------------- */
-static mxfp8_operand to_operand(int64_t R, int64_t K, const mxfp8i_moe_op *op) {
-    mxfp8_operand o;
-    memset(&o, 0, sizeof o);
-    if (op->v) {
-        o.values.data = (void *)op->v;
-        o.values.dtype = MXFP8_DTYPE_F32;
-        o.values.strides[0] = op->rs;
-        o.values.strides[1] = op->ks;
-    } else {
-        o.values.data = (void *)op->codes;
-        o.values.dtype = MXFP8_DTYPE_U8;
-        o.values.strides[0] = op->crs;
-        o.values.strides[1] = op->cks;
-        o.scales.data = (void *)op->scales;
-        o.scales.dtype = MXFP8_DTYPE_U8;
-        o.scales.ndim = 2;
-        o.scales.shape[0] = R;
-        o.scales.shape[1] = mxfp8i_moe_groups(K);
-        o.scales.strides[0] = op->srs;
-        o.scales.strides[1] = op->sgs;
-        o.scale_layout = MXFP8_SCALES_COMPACT;
-    }
-    o.values.ndim = 2;
-    o.values.shape[0] = R;
-    o.values.shape[1] = K;
-    return o;
+static mxfp8i_gop to_gop(int64_t R, int64_t K, const mxfp8i_moe_op *op) {
+    if (op->v) return mxfp8i_gop_hp(op->v, MXFP8_DTYPE_F32, R, K, op->rs, op->ks);
+    return mxfp8i_gop_codes(op->codes, R, K, op->crs, op->cks, op->scales, op->srs, op->sgs);
 }
 
 /* One GEMM of a phase through the block-scaled GEMM of src/gemm (quantize along K, FP32 fmaf accumulation in
@@ -734,7 +711,7 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t 
     cfg.float8_dtype = p->cfg.quant_dtype;
     cfg.scale_rule = p->cfg.scale_rule;
     cfg.quant_scheme = MXFP8_GROUP_1X32;
-    mxfp8_operand a = to_operand(M, K, A), b = to_operand(N, K, B);
+    mxfp8i_gop a = to_gop(M, K, A), b = to_gop(N, K, B);
     mxfp8_tensor c;
     memset(&c, 0, sizeof c);
     c.data = C;
@@ -744,7 +721,7 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t 
     c.shape[1] = N;
     c.strides[0] = ldc;
     c.strides[1] = 1;
-    mxfp8_status st = mxfp8i_gemm(&a, &b, &cfg, accumulate, &c,
-                                   (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads());
+    mxfp8_status st = mxfp8i_gemm_gop(&a, &b, &cfg, accumulate, &c,
+                                      (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads());
     return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }

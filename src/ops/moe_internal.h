@@ -15,7 +15,9 @@
 
 #include <math.h>
 
-#include "../internal.h"
+#include "../quant/panel.h"
+#include "../runtime/cpu.h"
+#include "../runtime/tensor.h"
 
 /** Inputs common to the forward and the backward (pointers into the caller's args). */
 typedef struct mxfp8i_moe_in {
