@@ -1,12 +1,14 @@
 /*
- * test_gemm.c -- GEMM microkernels against the scalar reference, and mxfp8_gemm against a naive loop.
+ * test_gemm.c -- GEMM microkernels against the contract, and mxfp8_gemm against the tests' independent oracle.
  *
- *  1. Every SIMD microkernel equals mxfp8i_f32_gemm_8x32__ref bit for bit on generated edge cases: kc equal to /
- *     below / above the tile depth, partial M and N tiles, odd leading dimensions, load_c on/off, dequantized values
- *     in FP32's subnormal range, signed zeros, Inf. Skipped (77) when the CPU lacks AVX-512 and nothing else runs.
- *  2. mxfp8_gemm equals a naive triple loop (reference group quantizer, fmaf over k ascending) bit for bit, for
- *     several shapes, tile sizes, loop orders, spill_reload, shard axis and thread counts, F32/BF16 outputs and
- *     accumulate.
+ *  1. Every F32-panel microkernel the CPU supports (the reference included, whatever MXFP8_ISA says) equals the
+ *     microkernel contract written here (an fmaf chain) bit for bit on generated edge cases: kc equal to / below /
+ *     above the tile depth, partial M and N tiles, odd leading dimensions, load_c on/off, dequantized values in
+ *     FP32's subnormal range, signed zeros, Inf. The BF16 chunk kernels: test_kernels.c.
+ *  2. mxfp8_gemm, with the registry's kernel and with every usable kernel forced, equals the oracle's block-scaled
+ *     GEMM (tests/c/oracle/: its own quantizer, fmaf over k ascending) bit for bit, for several shapes, tile sizes,
+ *     loop orders, spill_reload, shard axis and thread counts, pre-quantized B in every scale layout, x4 packing,
+ *     wrapX, F32/BF16 outputs and accumulate.
  *  3. Errors: status codes, and the output untouched.
  */
 #include <math.h>
@@ -15,9 +17,8 @@
 #include <string.h>
 
 #include "gemm/gemm.h"
-#include "kernels/qpanel.h"
-#include "kernels/ref/ref.h"
 #include "kernels/registry.h"
+#include "oracle.h"
 
 /* The kernels mxfp8_gemm is run with: the registry's choice (NULL), then every runtime kernel this CPU supports,
  * whatever MXFP8_ISA says, that passed its self-test here (test_kernels checks those that fail). Returns the count. */
@@ -62,13 +63,27 @@ static float deq_value(int kind) {
 
 static int bits_eq(float a, float b) { return memcmp(&a, &b, 4) == 0; }
 
+/* The F32-panel microkernel contract (src/kernels/ukernel.h), written here: for i < mr, j < nr, acc = load_c ?
+ * c[i*ldc + j] : +0, then acc = fmaf(a[k*MR + i], b[k*NR + j], acc) for k ascending; nothing else is written. */
+static void contract_f32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr, int load) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float acc = load ? c[i * ldc + j] : 0.0f;
+            for (int64_t k = 0; k < kc; k++) acc = fmaf(a[k * MXFP8I_MR + i], b[k * MXFP8I_NR + j], acc);
+            c[i * ldc + j] = acc;
+        }
+}
+
 static void test_ukernels(void) {
-    /* every F32-panel kernel this CPU supports (whatever MXFP8_ISA says) against the reference microkernel */
-    const mxfp8i_ukernel *ref = &mxfp8i_f32_gemm_8x32__ref_ukernel, *uks[16];
+    /* every F32-panel kernel this CPU supports, the reference included (whatever MXFP8_ISA says), against the
+       contract written above */
+    const mxfp8i_ukernel *uks[16];
     int nuk = 0;
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && nuk < 16; it++)
-        if ((*it)->fn && *it != ref && mxfp8i_cpu_has((*it)->needs)) uks[nuk++] = *it;
-    if (!nuk) printf("test_gemm: SKIP the F32 SIMD microkernels: this CPU lacks AVX-512F/BW\n");
+    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && nuk < 16; it++) {
+        if (!(*it)->fn) continue;
+        if (mxfp8i_cpu_has((*it)->needs)) uks[nuk++] = *it;
+        else printf("test_gemm: SKIP %s: this CPU lacks its instructions (%s)\n", (*it)->name, (*it)->isa_name);
+    }
     int64_t kcs[] = {1, 2, 7, 31, 32, 33, 255, 256, 257, 600};
     int nrs[] = {1, 2, 15, 16, 17, 31, 32};
     int64_t ldcs[] = {32, 33, 47, 101};
@@ -86,12 +101,13 @@ static void test_ukernels(void) {
                         for (int64_t i = 0; i < kc * MXFP8I_NR; i++) b[i] = deq_value(kind == 1 ? 0 : kind);
                         if (kind == 2) { a[0] = -0.0f; b[1] = INFINITY; }
                         for (int64_t i = 0; i < MXFP8I_MR * ldc; i++) c1[i] = c2[i] = (i % 3) ? deq_value(0) : -0.0f;
-                        ref->fn(kc, a, b, c1, ldc, mr, nr, load);
+                        contract_f32(kc, a, b, c1, ldc, mr, nr, load);
                         uk->fn(kc, a, b, c2, ldc, mr, nr, load);
                         for (int64_t i = 0; i < MXFP8I_MR * ldc; i++)
                             if (!bits_eq(c1[i], c2[i]) && !(isnan(c1[i]) && isnan(c2[i]))) {
-                                FAIL("%s: kc %lld mr %d nr %d ldc %lld load %d kind %d: c[%lld] = %a, ref %a", uk->name,
-                                     (long long)kc, mr, nr, (long long)ldc, load, kind, (long long)i, c2[i], c1[i]);
+                                FAIL("%s: kc %lld mr %d nr %d ldc %lld load %d kind %d: c[%lld] = %a, contract %a",
+                                     uk->name, (long long)kc, mr, nr, (long long)ldc, load, kind, (long long)i, c2[i],
+                                     c1[i]);
                                 break;
                             }
                         free(a); free(b); free(c1); free(c2);
@@ -99,42 +115,11 @@ static void test_ukernels(void) {
     }
 }
 
-/* qdq of one row of K values with the reference group quantizer, 1x32 or wrapX groups (written from the header's
- * definition: in the (sub)tile at k0 of size P, S = P/4, group j = {k0 + s*S + 8j + q}). */
-static void qdq_row(const float *x, int64_t K, mxfp8_format f, mxfp8_scale_rule r, mxfp8_group_scheme grp, float *out) {
-    if (grp == MXFP8_GROUP_1X32) {
-        for (int64_t g = 0; g < K; g += 32) mxfp8i_qdq_group_ref(x + g, (int)(K - g < 32 ? K - g : 32), f, r, out + g);
-        return;
-    }
-    int64_t k0 = 0;
-    while (k0 < K) {
-        int64_t P = K - k0 >= 512 ? 512 : K - k0 >= 256 ? 256 : 128, S = P / 4;
-        for (int64_t j = 0; j < P / 32; j++) {
-            float xg[32], yg[32];
-            for (int s = 0; s < 4; s++)
-                for (int q = 0; q < 8; q++) xg[s * 8 + q] = x[k0 + s * S + 8 * j + q];
-            mxfp8i_qdq_group_ref(xg, 32, f, r, yg);
-            for (int s = 0; s < 4; s++)
-                for (int q = 0; q < 8; q++) out[k0 + s * S + 8 * j + q] = yg[s * 8 + q];
-        }
-        k0 += P;
-    }
-}
-
-/* Naive: C[m][n] = sum over k ascending of fmaf(qA[m][k], qB[n][k]), from +0, the quantization by the reference. */
+/* Naive: C = the oracle's block-scaled GEMM (tests/c/oracle/: its own quantizer, 1x32 or wrapX groups, and the fmaf
+ * chain over k ascending from +0). */
 static void naive_g(const float *A, const float *B, int64_t M, int64_t N, int64_t K, mxfp8_format f,
                     mxfp8_scale_rule r, mxfp8_group_scheme grp, float *C) {
-    float *qa = calloc((size_t)(M * K + 1), 4), *qb = calloc((size_t)(N * K + 1), 4);
-    for (int64_t m = 0; m < M; m++) qdq_row(A + m * K, K, f, r, grp, qa + m * K);
-    for (int64_t n = 0; n < N; n++) qdq_row(B + n * K, K, f, r, grp, qb + n * K);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n++) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc = fmaf(qa[m * K + k], qb[n * K + k], acc);
-            C[m * N + n] = acc;
-        }
-    free(qa);
-    free(qb);
+    orc_mx_gemm(A, B, M, N, K, (int)f, (int)r, (int)grp, C);
 }
 static void naive(const float *A, const float *B, int64_t M, int64_t N, int64_t K, mxfp8_format f, mxfp8_scale_rule r,
                   float *C) {
@@ -209,13 +194,18 @@ static void make_bops(const float *B, int64_t N, int64_t K, mxfp8_format f, bops
     o->x4 = calloc((size_t)(N * Kw + 1), 4);
     for (int64_t n = 0; n < N; n++) {
         for (int64_t k = 0; k < K; k++) o->bt[k * N + n] = B[n * K + k];
+        double *row = malloc(sizeof(double) * (size_t)K + 1);
+        uint8_t *srow = malloc((size_t)G + 1);
+        for (int64_t k = 0; k < K; k++) row[k] = B[n * K + k];
+        orc_quant_line(row, 1, K, (int)f, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32, o->codes + n * K, srow);
         for (int64_t g = 0; g < G; g++) {
-            int cnt = (int)(K - 32 * g < 32 ? K - 32 * g : 32);
-            uint8_t s = mxfp8i_quantize_group_ref(B + n * K + 32 * g, cnt, f, MXFP8_SCALE_NKI, o->codes + n * K + 32 * g);
+            uint8_t s = srow[g];
             o->sc_compact[n * G + g] = s;
             o->sc_unpacked[((g / 4) * 32 + g % 4) * N + n] = s;
             o->sc_swz[((n / 128) * (Cp / 4) + g / 4) * 512 + (n % 32) * 16 + ((n % 128) / 32) * 4 + g % 4] = s;
         }
+        free(row);
+        free(srow);
         for (int64_t k = 0; k < K; k++) {
             o->codes_t[k * N + n] = o->codes[n * K + k];
             o->x4[n * Kw + k / 4] |= (uint32_t)o->codes[n * K + k] << (8 * (k % 4));

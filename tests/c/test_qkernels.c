@@ -1,0 +1,326 @@
+/*
+ * test_qkernels.c -- every quantization kernel of the kernel registry (mxfp8i_qkernel_list(): the reference panels
+ * and the AVX-512 panels) against the tests' independent oracle (tests/c/oracle/), bit for bit: codes, scales, qdq
+ * values as F32/BF16/F16, the BF16/F16-inexact counts, dequantized values, and the bytes around the outputs left
+ * untouched. Every kernel the CPU supports runs, whatever MXFP8_ISA says (it chooses the library's path, not what is
+ * tested); a kernel whose instructions the CPU lacks is a counted skip with the reason printed.
+ * Data: all 65,536 BF16 and F16 values (sorted and shuffled), random FP32 values across every binade (NaN/Inf
+ * included), boundary groups (RCEIL's 1.75 boundary, exact ties, clamped exponents, subnormal amax), axis lengths 1,
+ * 31, 32, 33, 127, 129, 2432, rows and columns with odd leading dimensions, both formats, all three rules, 1x32 and
+ * wrapX; a strided panel that a SIMD kernel may decline (then it must write nothing); dequantization of random codes
+ * and scales (NaN codes, scale 0 and 255 included).
+ */
+#include <math.h>
+
+#include "kernels/qpanel.h"
+#include "kernels/registry.h"
+#include "oracle.h"
+#include "testutil.h"
+
+static const mxfp8_dtype OUT_DT[4] = {MXFP8_DTYPE_U8, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16};
+static const char *OUT_NAME[4] = {"codes", "f32", "bf16", "f16"};
+static const char *FMT_NAME[2] = {"e4m3", "e5m2"};
+static const char *RULE_NAME[3] = {"nki", "ocp", "rceil"};
+enum { SENT = 0x5A };
+
+static const mxfp8i_qkernel *g_kernels[8];
+static int g_nk, g_skips;
+
+/* The value of element i of a buffer of dtype dt, by the oracle's own decoders. */
+static double src_value(const void *buf, mxfp8_dtype dt, int64_t i) {
+    if (dt == MXFP8_DTYPE_F32) return (double)((const float *)buf)[i];
+    if (dt == MXFP8_DTYPE_BF16) return orc_bf16_value(((const uint16_t *)buf)[i]);
+    return orc_fp16_value(((const uint16_t *)buf)[i]);
+}
+
+/* The oracle's output of kind ok (1 F32, 2 BF16, 3 F16) for a code under scale s, as raw bits, and whether a
+ * BF16/F16 value differs from the exact FP32 one (the kernels' inexact count); memoized per (fmt, kind, s). */
+typedef struct expect_row {
+    int ready;
+    uint32_t bits[256];
+    uint8_t inexact[256];
+} expect_row;
+static const expect_row *expected_row(int fmt, int ok, int s) {
+    static expect_row rows[2][4][256];
+    expect_row *r = &rows[fmt][ok][s];
+    if (r->ready) return r;
+    for (int c = 0; c < 256; c++) {
+        const float f = orc_f32(orc_dequant((uint8_t)c, s, fmt));
+        uint16_t h = 0;
+        if (ok == 1) {
+            memcpy(&r->bits[c], &f, 4);
+            r->inexact[c] = 0;
+            continue;
+        }
+        h = ok == 2 ? orc_bf16_encode((double)f) : orc_fp16_encode((double)f);
+        r->bits[c] = h;
+        r->inexact[c] = !isnan(f) && (ok == 2 ? orc_bf16_value(h) : orc_fp16_value(h)) != (double)f;
+    }
+    r->ready = 1;
+    return r;
+}
+/* Store the oracle's output for a code under scale s at element `off` of an output of kind ok; returns the
+ * inexact flag. */
+static int put_expected(void *out, int ok, int64_t off, uint8_t code, int s, int fmt) {
+    if (ok == 0) {
+        ((uint8_t *)out)[off] = code;
+        return 0;
+    }
+    const expect_row *r = expected_row(fmt, ok, s);
+    if (ok == 1) memcpy((float *)out + off, &r->bits[code], 4);
+    else ((uint16_t *)out)[off] = (uint16_t)r->bits[code];
+    return r->inexact[code];
+}
+
+/* A panel of `lines` lines of K values; rows: element (l, k) at src[l*ld + k], cols: at src[k*ld + l]. */
+typedef struct qcase {
+    const void *src;
+    mxfp8_dtype dt;
+    int64_t lines, K, ld;
+    int cols;             /* 0 rows, 1 cols, 2 strided (rows with every other element: a SIMD kernel may decline) */
+    mxfp8_group_scheme group;
+    const char *what;
+} qcase;
+
+/* Element (l, k) of a panel of leading dimension ld in geometry cols (element stride 2 for the strided case). */
+static int64_t at(int cols, int64_t ld, int64_t l, int64_t k) {
+    return cols == 1 ? k * ld + l : cols == 2 ? l * ld + 2 * k : l * ld + k;
+}
+
+/* Source values (l*K + k) mod n of vals, in the case's geometry; padding never read is NaN-ish garbage. */
+static void *make_src(const void *vals, int64_t n, qcase *c) {
+    const size_t es = mxfp8_dtype_size(c->dt);
+    c->ld = c->cols == 1 ? c->lines + 3 : c->cols == 2 ? 2 * c->K + 5 : c->K + 5;
+    const int64_t size = (c->cols == 1 ? c->K : c->lines) * c->ld;
+    char *buf = tu_alloc((size_t)size * es);
+    memset(buf, 0x7F, (size_t)size * es);
+    for (int64_t l = 0; l < c->lines; l++)
+        for (int64_t k = 0; k < c->K; k++) {
+            int64_t i = (l * c->K + k) % n, off = at(c->cols, c->ld, l, k);
+            memcpy(buf + off * es, (const char *)vals + i * es, es);
+        }
+    c->src = buf;
+    return buf;
+}
+
+/* Report the first difference of two buffers of element size es. */
+static void report(const char *what, const char *part, const void *got, const void *want, size_t n, size_t es) {
+    const char *g = got, *w = want;
+    size_t i = 0;
+    while (i < n && !memcmp(g + i * es, w + i * es, es)) i++;
+    uint32_t a = 0, b = 0;
+    memcpy(&a, g + i * es, es);
+    memcpy(&b, w + i * es, es);
+    TU_CHECK(0, "%s: %s element %zu: got 0x%x, oracle 0x%x", what, part, i, a, b);
+}
+
+/* One kernel on one (case, fmt, rule, output kind) against the expected buffers. */
+static void run_quant(const mxfp8i_qkernel *qk, const qcase *c, int fmt, int rule, int ok, const char *eo,
+                      const uint8_t *es, int64_t einx, size_t osz, size_t ssz, int64_t ldo, int64_t ld_sc) {
+    const int cm = c->cols == 1;
+    char *o = tu_alloc(osz);
+    uint8_t *s = tu_alloc(ssz);
+    memset(o, SENT, osz);
+    memset(s, SENT, ssz);
+    mxfp8i_qpanel p = {c->src,         c->dt,          c->lines,       c->K,
+                       cm ? 1 : c->ld, cm ? c->ld : (c->cols == 2 ? 2 : 1),
+                       (mxfp8_format)fmt, (mxfp8_scale_rule)rule, c->group, o,
+                       OUT_DT[ok],     cm ? 1 : ldo,   cm ? ldo : 1,   s,
+                       cm ? 1 : ld_sc, cm ? ld_sc : 1};
+    char what[256];
+    snprintf(what, sizeof what, "%s %s %s %s %s", qk->name, c->what, FMT_NAME[fmt], RULE_NAME[rule], OUT_NAME[ok]);
+    int64_t r = qk->quantize(&p);
+    if (r < 0) {
+        int untouched = 1;
+        for (size_t i = 0; i < osz; i++) untouched &= o[i] == (char)SENT;
+        for (size_t i = 0; i < ssz; i++) untouched &= s[i] == SENT;
+        TU_CHECK(untouched, "%s: declined the panel but wrote to it", what);
+        TU_CHECK(c->cols == 2 && qk->isa_level > 0, "%s: declined a %s panel", what,
+                 c->cols == 2 ? "strided panel (the reference must take any geometry)" : "rows/cols");
+    } else {
+        TU_CHECK(r == einx, "%s: inexact count %lld, oracle %lld", what, (long long)r, (long long)einx);
+        if (memcmp(s, es, ssz)) report(what, "scales", s, es, ssz, 1);
+        size_t e = mxfp8_dtype_size(OUT_DT[ok]);
+        if (memcmp(o, eo, osz)) report(what, "out", o, eo, osz / e, e);
+    }
+    free(o);
+    free(s);
+}
+
+/* Every kernel on a case: every format, rule and output kind. */
+static void check_quant(qcase *c) {
+    const int cm = c->cols == 1;
+    const int64_t K = c->K, L = c->lines, G = (K + 31) / 32, rows = cm ? K : L, ldo = cm ? L + 1 : K + 2;
+    const int64_t sc_rows = cm ? G : L, ld_sc = cm ? L + 2 : G + 1;
+    const size_t ssz = (size_t)(sc_rows * ld_sc);
+    uint8_t *codes = tu_alloc((size_t)(L * K)), *sc = tu_alloc((size_t)(L * G)), *es = tu_alloc(ssz);
+    double *x = tu_alloc(sizeof(double) * (size_t)K);
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (int rule = 0; rule < 3; rule++) {
+            for (int64_t l = 0; l < L; l++) {
+                for (int64_t k = 0; k < K; k++) x[k] = src_value(c->src, c->dt, at(c->cols, c->ld, l, k));
+                orc_quant_line(x, 1, K, fmt, rule, (int)c->group, codes + l * K, sc + l * G);
+            }
+            memset(es, SENT, ssz);
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t g = 0; g < G; g++) es[cm ? g * ld_sc + l : l * ld_sc + g] = sc[l * G + g];
+            for (int ok = 0; ok < 4; ok++) {
+                const size_t osz = (size_t)(rows * ldo) * mxfp8_dtype_size(OUT_DT[ok]);
+                char *eo = tu_alloc(osz);
+                memset(eo, SENT, osz);
+                int64_t einx = 0, idx[32];
+                for (int64_t l = 0; l < L; l++)
+                    for (int64_t g = 0; g < G; g++) {
+                        int n = orc_group_members(K, (int)c->group, g, idx);
+                        for (int i = 0; i < n; i++)
+                            einx += put_expected(eo, ok, cm ? idx[i] * ldo + l : l * ldo + idx[i], codes[l * K + idx[i]],
+                                                 sc[l * G + g], fmt);
+                    }
+                for (int q = 0; q < g_nk; q++) run_quant(g_kernels[q], c, fmt, rule, ok, eo, es, einx, osz, ssz, ldo, ld_sc);
+                free(eo);
+            }
+        }
+    free(codes), free(sc), free(es), free(x);
+}
+
+static void quant_case(const void *vals, int64_t n, mxfp8_dtype dt, int64_t lines, int64_t K, int cols,
+                       mxfp8_group_scheme group, const char *what) {
+    char name[160];
+    snprintf(name, sizeof name, "%s %s K=%lld lines=%lld", what, cols == 1 ? "cols" : cols ? "strided" : "rows",
+             (long long)K, (long long)lines);
+    qcase c = {NULL, dt, lines, K, 0, cols, group, name};
+    void *buf = make_src(vals, n, &c);
+    check_quant(&c);
+    free(buf);
+}
+
+/* Dequantization of random codes and scales (NaN codes, scales 0 and 255, ordinary scales). */
+static void check_dequant(int64_t lines, int64_t K, int cols, mxfp8_group_scheme group, tu_rng *rng) {
+    const int64_t G = (K + 31) / 32, rows = cols ? K : lines, ldc = cols ? lines + 1 : K + 3;
+    const int64_t sc_rows = cols ? G : lines, ld_sc = cols ? lines : G;
+    uint8_t *codes = tu_alloc((size_t)(rows * ldc)), *sc = tu_alloc((size_t)(sc_rows * ld_sc));
+    for (int64_t i = 0; i < rows * ldc; i++) codes[i] = (uint8_t)tu_next(rng);
+    for (int64_t i = 0; i < sc_rows * ld_sc; i++) {
+        uint64_t r = tu_next(rng);
+        sc[i] = (r & 7) == 0 ? (uint8_t)(r >> 8) : (r & 7) == 1 ? (uint8_t)(r >> 8 & 1 ? 0 : 255)
+                                                                : (uint8_t)(120 + (r >> 8) % 16);
+    }
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (int ok = 1; ok < 4; ok++) {
+            const size_t e = mxfp8_dtype_size(OUT_DT[ok]), osz = (size_t)(rows * ldc) * e;
+            char *eo = tu_alloc(osz), *o = tu_alloc(osz);
+            memset(eo, 0x33, osz);
+            int64_t einx = 0, idx[32];
+            for (int64_t l = 0; l < lines; l++)
+                for (int64_t g = 0; g < G; g++) {
+                    int n = orc_group_members(K, (int)group, g, idx);
+                    for (int i = 0; i < n; i++) {
+                        int64_t off = cols ? idx[i] * ldc + l : l * ldc + idx[i];
+                        einx += put_expected(eo, ok, off, codes[off], sc[cols ? g * ld_sc + l : l * ld_sc + g], fmt);
+                    }
+                }
+            for (int q = 0; q < g_nk; q++) {
+                const mxfp8i_qkernel *qk = g_kernels[q];
+                memset(o, 0x33, osz);
+                mxfp8i_dqpanel p = {codes, (mxfp8_format)fmt, lines, K, cols ? 1 : ldc, cols ? ldc : 1, sc,
+                                    cols ? 1 : ld_sc, cols ? ld_sc : 1, group, o, OUT_DT[ok], cols ? 1 : ldc,
+                                    cols ? ldc : 1};
+                char what[200];
+                snprintf(what, sizeof what, "%s dequantize %s %s %s group %d lines %lld K %lld", qk->name,
+                         cols ? "cols" : "rows", FMT_NAME[fmt], OUT_NAME[ok], (int)group, (long long)lines, (long long)K);
+                int64_t r = qk->dequantize(&p);
+                TU_CHECK(r == einx, "%s: inexact count %lld, oracle %lld", what, (long long)r, (long long)einx);
+                if (memcmp(o, eo, osz)) report(what, "out", o, eo, osz / e, e);
+            }
+            free(eo), free(o);
+        }
+    free(codes), free(sc);
+}
+
+/* Boundary groups: amax with a fraction at the RCEIL boundary (1.75 = 0x600000 and its neighbours) or other edges,
+ * exponents across the whole FP32 range (the clamps at -127/+127 included, subnormal amax), and elements with few
+ * significant bits placed 0..14 binades below amax, which lands them on exact ties of the FP8 grid. */
+static void fill_edge_f32(float *x, int64_t n, tu_rng *rng) {
+    static const uint32_t fr[] = {0,        0x600000, 0x600001, 0x5FFFFF, 0x7FFFFF, 0x400000,
+                                  0x700000, 0x780000, 0x7C0000, 0x100000, 0x000001, 0x200000};
+    const int nfr = (int)(sizeof fr / sizeof fr[0]);
+    int E = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t r = tu_next(rng);
+        if (i % 32 == 0) E = (int)(tu_next(rng) % 280) - 150;
+        if (i % 32 == (int64_t)(r >> 60) % 32 || i % 32 == 0) {
+            int e = E < -126 ? -126 : E > 127 ? 127 : E;
+            uint32_t u = ((uint32_t)(e + 127) << 23) | fr[(r >> 8) % nfr];
+            if (E < -126) u = fr[(r >> 8) % nfr] >> ((-126 - E) % 23); /* subnormal amax */
+            x[i] = tu_bits_f32(u | ((uint32_t)(r & 1) << 31));
+        } else {
+            int d = (int)((r >> 4) % 15);
+            uint32_t man = (uint32_t)(r >> 32) & 0x7E0000u; /* <= 6 significant bits */
+            x[i] = (r & 2 ? -1.0f : 1.0f) * ldexpf(1.0f + (float)man / 8388608.0f, E - d < -149 ? -149 : E - d);
+        }
+    }
+}
+
+static void shuffle_u16(uint16_t *v, int64_t n, tu_rng *rng) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(tu_next(rng) % (uint64_t)(i + 1));
+        uint16_t t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+    }
+}
+
+static void test_all_kernels(void) {
+    tu_rng rng = {12345};
+    static const int64_t Ks[] = {1, 31, 32, 33, 127, 129, 2432}, Kw[] = {128, 256, 384, 640, 2432};
+    uint16_t *all = tu_alloc(65536 * 2), *shuf = tu_alloc(65536 * 2);
+    for (int i = 0; i < 65536; i++) all[i] = shuf[i] = (uint16_t)i;
+    shuffle_u16(shuf, 65536, &rng);
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+        int64_t K = Ks[ki], lines = (65536 + K - 1) / K;
+        for (int cols = 0; cols < 2; cols++) {
+            quant_case(all, 65536, MXFP8_DTYPE_BF16, lines, K, cols, MXFP8_GROUP_1X32, "bf16 all values sorted");
+            quant_case(shuf, 65536, MXFP8_DTYPE_BF16, lines, K, cols, MXFP8_GROUP_1X32, "bf16 all values shuffled");
+            quant_case(shuf, 65536, MXFP8_DTYPE_F16, lines, K, cols, MXFP8_GROUP_1X32, "f16 all values shuffled");
+        }
+    }
+    const int64_t nf = 1 << 18;
+    float *xf = tu_alloc((size_t)nf * 4), *xe = tu_alloc((size_t)nf * 4);
+    tu_fill_random_f32(xf, nf, &rng);
+    fill_edge_f32(xe, nf, &rng);
+    for (int cols = 0; cols < 2; cols++) {
+        quant_case(xf, nf, MXFP8_DTYPE_F32, nf / 32, 32, cols, MXFP8_GROUP_1X32, "f32 random");
+        quant_case(xf, nf, MXFP8_DTYPE_F32, nf / 2432 + 1, 2432, cols, MXFP8_GROUP_1X32, "f32 random");
+        quant_case(xe, nf, MXFP8_DTYPE_F32, nf / 64, 64, cols, MXFP8_GROUP_1X32, "f32 edge groups");
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) /* short lengths, few lines: tails across lines */
+            quant_case(xf + 1000, 37 * Ks[ki], MXFP8_DTYPE_F32, 37, Ks[ki], cols, MXFP8_GROUP_1X32, "f32 random");
+        for (size_t ki = 0; ki < sizeof Kw / sizeof Kw[0]; ki++) {
+            quant_case(xf, 45 * Kw[ki], MXFP8_DTYPE_F32, 45, Kw[ki], cols, MXFP8_GROUP_WRAPX, "wrapX f32");
+            quant_case(shuf, 33 * Kw[ki] < 65536 ? 33 * Kw[ki] : 65536, MXFP8_DTYPE_BF16, 33, Kw[ki], cols,
+                       MXFP8_GROUP_WRAPX, "wrapX bf16");
+        }
+    }
+    quant_case(xe, nf, MXFP8_DTYPE_F32, 40, 100, 2, MXFP8_GROUP_1X32, "f32 edge groups");
+    quant_case(shuf, 65536, MXFP8_DTYPE_BF16, 20, 256, 2, MXFP8_GROUP_WRAPX, "wrapX bf16");
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+        for (int cols = 0; cols < 2; cols++) check_dequant(77, Ks[ki], cols, MXFP8_GROUP_1X32, &rng);
+    for (size_t ki = 0; ki < sizeof Kw / sizeof Kw[0]; ki++)
+        for (int cols = 0; cols < 2; cols++) check_dequant(41, Kw[ki], cols, MXFP8_GROUP_WRAPX, &rng);
+    free(xf), free(xe), free(all), free(shuf);
+}
+
+int main(void) {
+    for (const mxfp8i_qkernel *const *it = mxfp8i_qkernel_list(); *it && g_nk < 8; it++) {
+        if (!mxfp8i_cpu_has((*it)->needs)) {
+            printf("test_qkernels: SKIP %s: this CPU lacks its instructions (%s)\n", (*it)->name, (*it)->isa_name);
+            g_skips++;
+            continue;
+        }
+        g_kernels[g_nk++] = *it;
+        printf("test_qkernels: %s against the oracle\n", (*it)->name);
+    }
+    TU_CHECK(g_nk >= 1 && g_kernels[g_nk - 1]->isa_level == 0, "the reference kernel must be in the list");
+    test_all_kernels();
+    if (g_skips) printf("test_qkernels: %d kernel(s) skipped for absent CPU features\n", g_skips);
+    return tu_finish("test_qkernels");
+}
