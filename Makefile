@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CTEST := ctest --test-dir $(BUILD) --output-on-failure
 PYTEST := $(PY) -m pytest tests/python -q -p no:cacheprovider
 
-.PHONY: all setup build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
+.PHONY: all setup build python test test-c test-python test-sanitize test-fuzz fuzz mutants run bench clean
 
 all: build
 
@@ -45,6 +45,11 @@ fuzz: setup
 test-fuzz: fuzz
 
 test: test-c test-python test-sanitize test-fuzz
+
+# The mutation check (not part of `make test`: it rebuilds once per mutant; about a minute or two each). MUTANTS_ARGS
+# passes options / mutant ids to scripts/mutants.py (e.g. MUTANTS_ARGS="--fast moe-clamp-mask-lower").
+mutants: setup
+	JOBS=$(JOBS) VENV=$(VENV) scripts/mutants.sh $(MUTANTS_ARGS)
 
 run: build
 	$(BUILD)/mxfp8 moe-bwd
