@@ -119,7 +119,8 @@ static void test_bf16_fp16(void) {
     TU_CHECK(mxfp8_fp32_to_fp16(ldexpf(1, -25)) == 0x0000 && orc_fp16_encode(ldexp(1, -25)) == 0, "fp16 2^-25 -> 0");
     TU_CHECK(mxfp8_fp32_to_fp16(ldexpf(3, -26)) == 0x0001 && orc_fp16_encode(ldexp(3, -26)) == 1, "fp16 1.5*2^-25");
     TU_CHECK(orc_bf16_encode(3.4028234663852886e38) == 0x7F80 && orc_bf16_encode(1.0 + 0x1p-8) == 0x3F80 &&
-                 orc_bf16_encode(1.0 + 0x1.8p-8) == 0x3F81,
+                 orc_bf16_encode(1.0 + 0x1.8p-8) == 0x3F81 && orc_bf16_encode(0.0) == 0 &&
+                 orc_bf16_encode(-0.0) == 0x8000 && orc_fp16_encode(-0.0) == 0x8000 && orc_bf16_encode(-NAN) == 0xFFC0,
              "bf16 oracle landmarks");
 }
 

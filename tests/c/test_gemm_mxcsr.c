@@ -5,8 +5,8 @@
  * around 2^-70 (their products, ~2^-140, are FP32 subnormals that FTZ would flush) and ordinary groups (whose sums
  * round differently toward zero or upward). A negative control shows the data is sensitive: the bare FP32
  * microkernel, called without the driver's guard, gives different bits under FTZ/DAZ and under round-toward-zero.
- * Oracle: the same call under the IEEE default MXCSR (the library's contract is the IEEE FMA sequence, which
- * test_gemm checks against a naive loop).
+ * Oracle: the same call under the IEEE default MXCSR, whose F32 result must equal the tests' independent oracle
+ * (tests/c/oracle/: its own quantizer and the IEEE fmaf chain).
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +17,7 @@
 #include "kernels/avx512/avx512.h"
 #include "kernels/ref/ref.h"
 #include "kernels/registry.h"
+#include "oracle.h"
 #include "testutil.h"
 
 #if defined(__x86_64__)
@@ -72,6 +73,8 @@ static void test_gemm_modes(void) {
     for (int64_t i = 0; i < M * N; i++) /* accumulate starts from subnormal, tiny and ordinary values */
         c0[i] = i % 3 == 0 ? ldexpf(1.0f + (float)(i % 7), -140) : i % 3 == 1 ? ldexpf(1.0f, -120) : 0.5f;
     void *zero = calloc((size_t)(M * N), 4), *ref = tu_alloc((size_t)(M * N) * 4), *got = tu_alloc((size_t)(M * N) * 4);
+    float *orc = tu_alloc((size_t)(M * N) * 4); /* the oracle of the F32 output under the IEEE defaults */
+    orc_mx_gemm(A, B, M, N, K, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32, orc);
     /* the registry's choice, then every runtime kernel this CPU supports (whatever MXFP8_ISA says) */
     const mxfp8i_ukernel *kernels[16] = {NULL};
     const char *kname[16] = {"selected"};
@@ -88,6 +91,9 @@ static void test_gemm_modes(void) {
                 int acc = v == 3;
                 const void *init = acc ? (const void *)c0 : zero;
                 run(A, B, M, N, K, cd, acc, init, ref, 0);
+                if (v == 0)
+                    TU_CHECK(!memcmp(ref, orc, (size_t)(M * N) * 4), "%s kernel, %d thread(s): differs from the oracle",
+                             kname[kk], nt);
                 for (size_t m = 0; m < sizeof k_modes / sizeof k_modes[0]; m++) {
                     int changed = run(A, B, M, N, K, cd, acc, init, got, k_modes[m]);
                     TU_CHECK(!changed, "%s kernel, %d thread(s): MXCSR mode 0x%x was not restored", kname[kk], nt,
@@ -104,7 +110,7 @@ static void test_gemm_modes(void) {
     }
     mxfp8i_force_ukernel(NULL);
     mxfp8_set_num_threads(0);
-    free(A), free(B), free(c0), free(zero), free(ref), free(got);
+    free(A), free(B), free(c0), free(zero), free(ref), free(got), free(orc);
 }
 
 /* Negative control: the bare FP32 microkernel follows MXCSR, so the guard above is what keeps results fixed. */
