@@ -62,6 +62,11 @@ static float deq_value(int kind) {
 }
 
 static int bits_eq(float a, float b) { return memcmp(&a, &b, 4) == 0; }
+static uint32_t f32_bits(float a) {
+    uint32_t u;
+    memcpy(&u, &a, 4);
+    return u;
+}
 
 /* The F32-panel microkernel contract (src/kernels/ukernel.h), written here: for i < mr, j < nr, acc = load_c ?
  * c[i*ldc + j] : +0, then acc = fmaf(a[k*MR + i], b[k*NR + j], acc) for k ascending; nothing else is written. */
@@ -317,9 +322,9 @@ static void test_gemm_vs_naive(void) {
                     mxfp8_tensor cb = mxfp8_tensor_make(Cb, MXFP8_DTYPE_BF16, 2, sc);
                     st = mxfp8_gemm(&oa, &ob, &cfg, 0, &cb);
                     for (int64_t i = 0; i < M * N && !st; i++)
-                        if (Cb[i] != mxfp8_fp32_to_bf16(C0[i])) {
+                        if (Cb[i] != orc_bf16_encode((double)C0[i])) {
                             FAIL("bf16 output %s variant %d: C[%lld] = %04x, want %04x", kname, v, (long long)i, Cb[i],
-                                 mxfp8_fp32_to_bf16(C0[i]));
+                                 orc_bf16_encode((double)C0[i]));
                             break;
                         }
                     mxfp8i_force_ukernel(NULL);
@@ -329,6 +334,43 @@ static void test_gemm_vs_naive(void) {
         }
         mxfp8_set_num_threads(0);
         free(A); free(B); free(C0); free(C); free(Cb);
+    }
+}
+
+/* BF16 outputs at exact ties of the BF16 grid (sums such as 1 + 2^-8, exact in FP32), on every usable kernel:
+ * round to nearest even, both directions, both signs (the random data of test_gemm_vs_naive rarely ties). */
+static void test_bf16_ties(void) {
+    enum { M = 6, N = 3, K = 2 };
+    const float A[M * K] = {1, 0x1p-8f, 1, 0x3p-8f, -1, -0x1p-8f, 3, 0x1p-7f, 1, 0x1p-9f, 0.5f, 0x1p-8f};
+    const float B[N * K] = {1, 1, 2, 2, 1, 0};
+    float C0[M * N];
+    uint16_t Cb[M * N];
+    orc_mx_gemm(A, B, M, N, K, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32, C0);
+    int ties = 0;
+    for (int i = 0; i < M * N; i++) ties += (f32_bits(C0[i]) & 0xFFFF) == 0x8000;
+    if (ties < 6) FAIL("bf16 ties: only %d of the oracle's sums are BF16 ties", ties);
+    const mxfp8i_ukernel *kernels[16];
+    const int nk = gemm_kernels(kernels);
+    int64_t sa[2] = {M, K}, sb[2] = {N, K}, sc[2] = {M, N};
+    mxfp8_operand oa = {0}, ob = {0};
+    oa.values = mxfp8_tensor_make((void *)A, MXFP8_DTYPE_F32, 2, sa);
+    ob.values = mxfp8_tensor_make((void *)B, MXFP8_DTYPE_F32, 2, sb);
+    mxfp8_matmul_config cfg;
+    mxfp8_matmul_config_init(&cfg);
+    cfg.float8_dtype = MXFP8_FMT_E4M3;
+    for (int kk = 0; kk < nk; kk++) {
+        mxfp8i_force_ukernel(kernels[kk]);
+        mxfp8_tensor c = mxfp8_tensor_make(Cb, MXFP8_DTYPE_BF16, 2, sc);
+        mxfp8_status st = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
+        const char *kname = mxfp8i_gemm_ukernel()->name;
+        mxfp8i_force_ukernel(NULL);
+        if (st) { FAIL("bf16 ties (%s): status %d %s", kname, st, mxfp8_last_error_message()); continue; }
+        for (int i = 0; i < M * N; i++)
+            if (Cb[i] != orc_bf16_encode((double)C0[i])) {
+                FAIL("bf16 ties %s: C[%d] = %04x, oracle %04x (sum %a)", kname, i, Cb[i],
+                     orc_bf16_encode((double)C0[i]), C0[i]);
+                break;
+            }
     }
 }
 
@@ -536,6 +578,7 @@ int main(void) {
     test_ukernels();
     test_gemm_vs_naive();
     test_gemm_wrapx();
+    test_bf16_ties();
     test_generic_slot();
     test_errors();
     test_backward();

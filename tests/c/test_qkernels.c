@@ -172,11 +172,13 @@ static void check_quant(qcase *c) {
                 for (int64_t l = 0; l < L; l++)
                     for (int64_t g = 0; g < G; g++) {
                         int n = orc_group_members(K, (int)c->group, g, idx);
-                        for (int i = 0; i < n; i++)
-                            einx += put_expected(eo, ok, cm ? idx[i] * ldo + l : l * ldo + idx[i], codes[l * K + idx[i]],
-                                                 sc[l * G + g], fmt);
+                        for (int i = 0; i < n; i++) {
+                            const int64_t off = cm ? idx[i] * ldo + l : l * ldo + idx[i];
+                            einx += put_expected(eo, ok, off, codes[l * K + idx[i]], sc[l * G + g], fmt);
+                        }
                     }
-                for (int q = 0; q < g_nk; q++) run_quant(g_kernels[q], c, fmt, rule, ok, eo, es, einx, osz, ssz, ldo, ld_sc);
+                for (int q = 0; q < g_nk; q++)
+                    run_quant(g_kernels[q], c, fmt, rule, ok, eo, es, einx, osz, ssz, ldo, ld_sc);
                 free(eo);
             }
         }
@@ -227,7 +229,8 @@ static void check_dequant(int64_t lines, int64_t K, int cols, mxfp8_group_scheme
                                     cols ? ldc : 1};
                 char what[200];
                 snprintf(what, sizeof what, "%s dequantize %s %s %s group %d lines %lld K %lld", qk->name,
-                         cols ? "cols" : "rows", FMT_NAME[fmt], OUT_NAME[ok], (int)group, (long long)lines, (long long)K);
+                         cols ? "cols" : "rows", FMT_NAME[fmt], OUT_NAME[ok], (int)group, (long long)lines,
+                         (long long)K);
                 int64_t r = qk->dequantize(&p);
                 TU_CHECK(r == einx, "%s: inexact count %lld, oracle %lld", what, (long long)r, (long long)einx);
                 if (memcmp(o, eo, osz)) report(what, "out", o, eo, osz / e, e);
