@@ -50,7 +50,8 @@ class _Config(ctypes.Structure):
                                                "tiles_in_load_n")] + \
                [(n, ctypes.c_int) for n in ("block_loop_order", "tile_loop_order", "float8_dtype",
                                              "enable_scale_packing", "run_with_lnc2", "lnc_2_shard_rhs",
-                                             "spill_reload", "quant_scheme", "scale_rule")]
+                                             "spill_reload", "quant_scheme", "scale_rule")] + \
+               [("workspace", ctypes.c_void_p)]
 
 
 class _BwdArgs(ctypes.Structure):
@@ -62,7 +63,8 @@ class _BwdArgs(ctypes.Structure):
                 ("output_grad_scales", _lib.Tensor), ("weight_scales", _lib.Tensor), ("input_scales", _lib.Tensor),
                 ("use_scale_packing", ctypes.c_int), ("scale_layout", ctypes.c_int), ("spill_reload", ctypes.c_int),
                 ("output_grad_is_swizzled", ctypes.c_int), ("weights_is_swizzled", ctypes.c_int),
-                ("input_is_swizzled", ctypes.c_int), ("scale_rule", ctypes.c_int), ("quant_scheme", ctypes.c_int)]
+                ("input_is_swizzled", ctypes.c_int), ("scale_rule", ctypes.c_int), ("quant_scheme", ctypes.c_int),
+                ("workspace", ctypes.c_void_p)]
 
 
 class _CompareResult(ctypes.Structure):

@@ -74,7 +74,7 @@ class _FwdArgs(ctypes.Structure):
                 ("down_proj_weight", _T), ("token_position_to_id", _T), ("block_to_expert", _T),
                 ("block_size", ctypes.c_int64), ("gate_and_up_proj_bias", _T), ("down_proj_bias", _T),
                 ("config", ctypes.POINTER(_MoeConfig)), ("gate_up_weight_scales", _T), ("down_weight_scales", _T),
-                ("num_valid_tokens", _T)]
+                ("num_valid_tokens", _T), ("workspace", ctypes.c_void_p)]
 
 
 class _FwdOutputs(ctypes.Structure):
@@ -89,7 +89,8 @@ class _BwdArgs(ctypes.Structure):
                 ("intermediate_checkpoint_T", _T), ("scaled_intermediate_checkpoint_T", _T),
                 ("down_proj_act_checkpoint", _T), ("down_proj_output_checkpoint", _T),
                 ("gate_and_up_proj_bias", _T), ("down_proj_bias", _T), ("config", ctypes.POINTER(_MoeConfig)),
-                ("gate_up_weight_scales", _T), ("down_weight_scales", _T), ("num_valid_tokens", _T)]
+                ("gate_up_weight_scales", _T), ("down_weight_scales", _T), ("num_valid_tokens", _T),
+                ("workspace", ctypes.c_void_p)]
 
 
 _GRAD_NAMES = ("hidden_states_grad", "expert_affinities_masked_grad", "gate_up_proj_weight_grad",

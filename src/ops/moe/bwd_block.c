@@ -80,7 +80,7 @@ static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t e, int64_t L) {
     const int64_t H = p->H, I = p->I;
     mxfp8i_gop A = mxfp8i_gop_hp(w->onH ? w->D : w->dyb, MXFP8_DTYPE_F32, L, H, H, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_H);
-    mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.data); /* W2[e]'s packed panels serve all of e's blocks (slot 0) */
+    mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data); /* W2[e]'s packed panels serve all of e's blocks (slot 0) */
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, w->dI, I));
     if (w->onH && !w->args->down_proj_output_checkpoint.data) {
         mxfp8i_gop Ai = mxfp8i_gop_hp(w->inter, MXFP8_DTYPE_F32, L, I, I, 1);
@@ -151,7 +151,7 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int
     const int64_t H = p->H, I2 = 2 * p->I;
     mxfp8i_gop A = mxfp8i_gop_hp(w->dgu, MXFP8_DTYPE_F32, L, I2, I2, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_2I);
-    mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
+    mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, w->dxb, H));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
