@@ -173,6 +173,9 @@ def load(path, with_metadata=False):
     Raises
     ------
     ValueError naming the file and the problem for a malformed file; OSError when it cannot be read.
+
+    Without mxfp8: help(mxfp8.tensorfile) shows how to read these files with the safetensors package and ml_dtypes
+    (safetensors.numpy.load_file alone cannot read BF16 / FP8 tensors).
     """
     path = os.fspath(path)
     with open(path, "rb") as f:

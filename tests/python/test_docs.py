@@ -5,6 +5,7 @@ tags of the C header, paths of the source tree).
 
 import importlib
 import inspect
+import os
 import pkgutil
 import re
 
@@ -19,6 +20,8 @@ JARGON = re.compile(r"\bissue\s*\d|\bseed\b|\[NKI-[A-Z]\]|include/|\.md\b|\bupst
 
 def _modules():
     for info in pkgutil.iter_modules(mxfp8.__path__):
+        if not (info.ispkg or os.path.isfile(os.path.join(info.module_finder.path, info.name + ".py"))):
+            continue  # the package's own libmxfp8.so, not a Python module
         try:
             yield importlib.import_module(f"mxfp8.{info.name}")
         except ImportError as e:

@@ -47,6 +47,8 @@ def mirrors():
     import without optional dependencies)."""
     out = {}
     for info in pkgutil.iter_modules(mxfp8.__path__):
+        if not (info.ispkg or os.path.isfile(os.path.join(info.module_finder.path, info.name + ".py"))):
+            continue  # the package's own libmxfp8.so, not a Python module
         try:
             mod = importlib.import_module(f"mxfp8.{info.name}")
         except ImportError as e:
