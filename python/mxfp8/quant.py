@@ -269,9 +269,12 @@ def unswizzle_nki(x):
 
 def info():
     """Facts about the loaded library, as a dict: "version" (str), "library" (path of the shared library),
-    "isa" ("scalar" | "avx512" | "amx": the kernels in use, after MXFP8_ISA and the CPU checks), "isa_reason" (why),
-    "num_threads" (threads a call uses) and the CPU features "has_avx512f", "has_avx512bw", "has_avx512vl",
-    "has_avx512_bf16", "has_amx_tile", "has_amx_bf16", "amx_permitted" (bools)."""
+    "isa" ("scalar" | "avx512" | "amx": the ISA level in use, after MXFP8_ISA and the CPU checks), "isa_reason"
+    (why), "num_threads" (threads a call uses), the CPU features "has_avx512f", "has_avx512bw", "has_avx512vl",
+    "has_avx512_bf16", "has_amx_tile", "has_amx_bf16", "amx_permitted" (bools), and "kernels": for each slot
+    ("gemm", "quantize", "dequantize") a dict with "kernel" (the kernel in use), "isa" (its instructions),
+    "self_test" (bool: it passed its start-up self-test) and "note" (why a faster kernel of this CPU is not in
+    use, or "")."""
     inf = _lib.Info()
     _lib.call("mxfp8_get_info", _lib.ref(inf))
     ver = _lib.function("mxfp8_version_string")()
@@ -288,6 +291,11 @@ def info():
         "has_amx_tile": bool(inf.has_amx_tile),
         "has_amx_bf16": bool(inf.has_amx_bf16),
         "amx_permitted": bool(inf.amx_permitted),
+        "kernels": {
+            k.slot.decode(): {"kernel": k.kernel.decode(), "isa": k.isa.decode(), "self_test": bool(k.self_test),
+                              "note": k.note.decode() if k.note else ""}
+            for k in inf.kernels
+        },
     }
 
 

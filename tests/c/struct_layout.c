@@ -37,11 +37,15 @@ int main(void) {
     BEGIN(mxfp8_quant_params);
     F(mxfp8_quant_params, fmt); F(mxfp8_quant_params, rule); F(mxfp8_quant_params, group);
     END(mxfp8_quant_params);
+    BEGIN(mxfp8_kernel_info);
+    F(mxfp8_kernel_info, slot); F(mxfp8_kernel_info, kernel); F(mxfp8_kernel_info, isa);
+    F(mxfp8_kernel_info, self_test); F(mxfp8_kernel_info, note);
+    END(mxfp8_kernel_info);
     BEGIN(mxfp8_info);
     F(mxfp8_info, has_avx512f); F(mxfp8_info, has_avx512bw); F(mxfp8_info, has_avx512vl);
     F(mxfp8_info, has_avx512_bf16); F(mxfp8_info, has_amx_tile); F(mxfp8_info, has_amx_bf16);
     F(mxfp8_info, amx_permitted); F(mxfp8_info, isa); F(mxfp8_info, isa_name); F(mxfp8_info, isa_reason);
-    F(mxfp8_info, num_threads);
+    F(mxfp8_info, num_threads); F(mxfp8_info, kernels);
     END(mxfp8_info);
     BEGIN(mxfp8_operand);
     F(mxfp8_operand, values); F(mxfp8_operand, scales); F(mxfp8_operand, scale_layout); F(mxfp8_operand, swizzled);
