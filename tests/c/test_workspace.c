@@ -1,14 +1,16 @@
 /*
  * test_workspace.c -- the heap workspace of each entry point stays within the bound documented in include/mxfp8.h,
- * section "Workspace and memory" (issue 6, item 5).
+ * section "Workspace and memory".
  *
- * This executable defines malloc/calloc/realloc/free/aligned_alloc/posix_memalign/memalign itself (they take
- * precedence over libc's for the whole process, the statically linked library included) and forwards them to
- * glibc's __libc_* functions, keeping the live and peak byte counts. Each entry point is called once to warm up
- * (OpenMP creates its thread pool on first use), then measured: peak live bytes during the call minus the live
- * bytes before it, and the live bytes after it must equal those before (no leak). Skipped (77) in sanitizer builds,
- * whose allocators cannot be replaced this way.
+ * The executable is linked with --wrap=malloc, calloc, realloc, free, aligned_alloc, posix_memalign and memalign
+ * (CMakeLists.txt): every allocation call of its own objects -- this file and the statically linked library --
+ * goes to the __wrap_* functions below, which forward to the real allocator (glibc's, or the sanitizer's in a
+ * sanitizer build: the test runs there too, with the sanitizer checking every error path) and keep the live and
+ * peak byte counts. The OpenMP runtime's own bookkeeping is not counted (the bounds allow for it). Each entry point
+ * is called once to warm up, then measured: peak live bytes during the call minus the live bytes before it, and the
+ * live bytes after it must equal those before (no leak).
  */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,22 +18,21 @@
 
 #include "testutil.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define WS_SKIP 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define WS_SKIP 1
-#endif
-#endif
-
-#ifndef WS_SKIP
-#include <stdatomic.h>
-/* ---- a counting allocator over glibc's ---- */
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void __libc_free(void *);
-extern void *__libc_memalign(size_t, size_t);
+/* ---- a counting allocator over the real one ---- */
+void *__real_malloc(size_t);
+void *__real_calloc(size_t, size_t);
+void *__real_realloc(void *, size_t);
+void __real_free(void *);
+void *__real_aligned_alloc(size_t, size_t);
+int __real_posix_memalign(void **, size_t, size_t);
+void *__real_memalign(size_t, size_t);
+void *__wrap_malloc(size_t);
+void *__wrap_calloc(size_t, size_t);
+void *__wrap_realloc(void *, size_t);
+void __wrap_free(void *);
+void *__wrap_aligned_alloc(size_t, size_t);
+int __wrap_posix_memalign(void **, size_t, size_t);
+void *__wrap_memalign(size_t, size_t);
 
 #define WS_SLOTS (1 << 16) /* open addressing table: pointer -> size */
 static void *ws_ptr[WS_SLOTS];
@@ -39,6 +40,7 @@ static size_t ws_size[WS_SLOTS];
 static atomic_flag ws_lock = ATOMIC_FLAG_INIT;
 static int64_t ws_live, ws_peak;
 static int ws_overflow;
+static atomic_llong ws_calls; /* allocation calls seen (proves the wrapping is in effect) */
 
 static void lock(void) {
     while (atomic_flag_test_and_set_explicit(&ws_lock, memory_order_acquire)) {
@@ -49,6 +51,7 @@ static size_t slot_of(void *p) { return (size_t)(((uintptr_t)p >> 4) * 0x9E3779B
 
 static void track(void *p, size_t n) {
     if (!p) return;
+    atomic_fetch_add(&ws_calls, 1);
     lock();
     size_t s = slot_of(p);
     for (size_t k = 0; k < WS_SLOTS; k++, s = (s + 1) & (WS_SLOTS - 1))
@@ -76,58 +79,54 @@ static void untrack(void *p) {
     unlock();
 }
 
-/* Allocation failure injection: with ws_fail_at = k > 0, the k-th allocation requested from this executable's own
- * code (the statically linked library included; not the OpenMP runtime, which aborts on failure) returns NULL. */
-extern char __executable_start, etext;
+/* Allocation failure injection: with ws_fail_at = k > 0, the k-th allocation call (of this executable's objects:
+ * the library; not the OpenMP runtime, which aborts on failure and is not wrapped) returns NULL. */
 static atomic_llong ws_fail_at;
-static int inject(const void *ra) {
+static int inject(void) {
     if (atomic_load(&ws_fail_at) <= 0) return 0;
-    if ((const char *)ra < &__executable_start || (const char *)ra >= &etext) return 0;
     return atomic_fetch_sub(&ws_fail_at, 1) == 1;
 }
 
-void *malloc(size_t n) {
-    if (inject(__builtin_return_address(0))) return NULL;
-    void *p = __libc_malloc(n);
+void *__wrap_malloc(size_t n) {
+    if (inject()) return NULL;
+    void *p = __real_malloc(n);
     track(p, n);
     return p;
 }
-void *calloc(size_t a, size_t b) {
-    if (inject(__builtin_return_address(0))) return NULL;
-    void *p = __libc_calloc(a, b);
+void *__wrap_calloc(size_t a, size_t b) {
+    if (inject()) return NULL;
+    void *p = __real_calloc(a, b);
     track(p, a * b);
     return p;
 }
-void *realloc(void *q, size_t n) {
+void *__wrap_realloc(void *q, size_t n) {
     untrack(q);
-    void *p = __libc_realloc(q, n);
+    void *p = __real_realloc(q, n);
     if (p) track(p, n);
     else if (q && n) track(q, 0); /* failed: q is still allocated (size lost; never happens in these tests) */
     return p;
 }
-void free(void *p) {
+void __wrap_free(void *p) {
     untrack(p);
-    __libc_free(p);
+    __real_free(p);
 }
-static void *memalign_tracked(size_t a, size_t n) {
-    void *p = __libc_memalign(a, n);
+void *__wrap_memalign(size_t a, size_t n) {
+    if (inject()) return NULL;
+    void *p = __real_memalign(a, n);
     track(p, n);
     return p;
 }
-void *memalign(size_t a, size_t n) {
-    if (inject(__builtin_return_address(0))) return NULL;
-    return memalign_tracked(a, n);
+void *__wrap_aligned_alloc(size_t a, size_t n) {
+    if (inject()) return NULL;
+    void *p = __real_aligned_alloc(a, n);
+    track(p, n);
+    return p;
 }
-void *aligned_alloc(size_t a, size_t n) {
-    if (inject(__builtin_return_address(0))) return NULL;
-    return memalign_tracked(a, n);
-}
-int posix_memalign(void **out, size_t a, size_t n) {
-    if (inject(__builtin_return_address(0))) return 12; /* ENOMEM */
-    void *p = memalign_tracked(a, n);
-    if (!p) return 12; /* ENOMEM */
-    *out = p;
-    return 0;
+int __wrap_posix_memalign(void **out, size_t a, size_t n) {
+    if (inject()) return 12; /* ENOMEM */
+    int rc = __real_posix_memalign(out, a, n);
+    if (rc == 0) track(*out, n);
+    return rc;
 }
 
 typedef struct ws_mark {
@@ -378,11 +377,6 @@ int main(void) {
     test_matmul_backward();
     test_moe_backward();
     TU_CHECK(!ws_overflow, "the allocation table overflowed");
+    TU_CHECK(atomic_load(&ws_calls) > 0, "no allocation was counted: link with --wrap=malloc etc. (CMakeLists.txt)");
     return tu_finish("test_workspace");
 }
-#else
-int main(void) {
-    printf("test_workspace: skipped in sanitizer builds (their allocators cannot be replaced)\n");
-    return TU_SKIP;
-}
-#endif
