@@ -391,6 +391,9 @@ _SIGNATURES = {
     "mxfp8_moe_config_init": (None, [_P]),
     "mxfp8_moe_forward": (_I, [_P, _P]),
     "mxfp8_moe_backward": (_I, [_P, _P]),
+    "mxfp8_workspace_create": (_I, [_P]),
+    "mxfp8_workspace_destroy": (None, [ctypes.c_void_p]),
+    "mxfp8_workspace_bytes": (ctypes.c_size_t, [ctypes.c_void_p]),
 }
 
 
@@ -474,3 +477,31 @@ def call(name, *args):
 def ref(x):
     """ctypes.byref(x) (shorthand for passing a view or struct)."""
     return ctypes.byref(x)
+
+
+# ---- scratch memory: one library workspace per Python thread ----
+class _Workspace:
+    """Owns one mxfp8_workspace (the library's reusable scratch memory); freed with the object."""
+
+    def __init__(self):
+        h = ctypes.c_void_p()
+        call("mxfp8_workspace_create", ctypes.byref(h))
+        self.handle = h.value
+        self._destroy = function("mxfp8_workspace_destroy")
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            self._destroy(self.handle)
+            self.handle = None
+
+
+_tls = threading.local()
+
+
+def workspace():
+    """The calling thread's workspace handle (a void pointer value), created on first use: repeated calls of the
+    GEMM, matmul and MoE functions on one thread then reuse their scratch memory instead of allocating it."""
+    ws = getattr(_tls, "ws", None)
+    if ws is None:
+        ws = _tls.ws = _Workspace()
+    return ws.handle

@@ -296,6 +296,7 @@ def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_con
     wg = _lib.empty((N, K), out_code)
     a = _BwdArgs()
     _lib.function("mxfp8_matmul_bwd_args_init")(ctypes.byref(a))
+    a.workspace = _lib.workspace()
     a.output_grad = _lib.view(dy)
     a.weights = _lib.view(w)
     a.input_activation = _lib.view(x)
@@ -400,6 +401,7 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
         o.swizzled = int(bool(swz))
         ops.append((o, v, arr))
     vy = _lib.view(y)
+    c.workspace = _lib.workspace()
     _lib.call("mxfp8_matmul", ctypes.byref(ops[0][0]), ctypes.byref(ops[1][0]), ctypes.byref(c), ctypes.byref(vy))
     return y
 

@@ -304,7 +304,9 @@ def _put(struct, name, view):
 def _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                  token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
                  down_weight_scales, num_valid_tokens):
-    """Fill the fields the forward and backward argument structs share (same names in both)."""
+    """Fill the fields the forward and backward argument structs share (same names in both), and the calling
+    thread's workspace (scratch memory reused across calls)."""
+    a.workspace = _lib.workspace()
     tp, be = _routing(token_position_to_id, block_to_expert)
     for name, v in (("hidden_states", _lib.view(_arr(hidden_states, "hidden_states"))),
                     ("expert_affinities_masked", _lib.view(_arr(expert_affinities_masked,

@@ -59,6 +59,7 @@ int main(void) {
     F(mxfp8_matmul_config, float8_dtype); F(mxfp8_matmul_config, enable_scale_packing);
     F(mxfp8_matmul_config, run_with_lnc2); F(mxfp8_matmul_config, lnc_2_shard_rhs);
     F(mxfp8_matmul_config, spill_reload); F(mxfp8_matmul_config, quant_scheme); F(mxfp8_matmul_config, scale_rule);
+    F(mxfp8_matmul_config, workspace);
     END(mxfp8_matmul_config);
     BEGIN(mxfp8_matmul_bwd_args);
     F(mxfp8_matmul_bwd_args, output_grad); F(mxfp8_matmul_bwd_args, weights);
@@ -71,7 +72,7 @@ int main(void) {
     F(mxfp8_matmul_bwd_args, scale_layout); F(mxfp8_matmul_bwd_args, spill_reload);
     F(mxfp8_matmul_bwd_args, output_grad_is_swizzled); F(mxfp8_matmul_bwd_args, weights_is_swizzled);
     F(mxfp8_matmul_bwd_args, input_is_swizzled); F(mxfp8_matmul_bwd_args, scale_rule);
-    F(mxfp8_matmul_bwd_args, quant_scheme);
+    F(mxfp8_matmul_bwd_args, quant_scheme); F(mxfp8_matmul_bwd_args, workspace);
     END(mxfp8_matmul_bwd_args);
     BEGIN(mxfp8_moe_config);
     F(mxfp8_moe_config, compute_dtype); F(mxfp8_moe_config, quant_dtype); F(mxfp8_moe_config, scale_rule);
@@ -92,7 +93,7 @@ int main(void) {
     F(mxfp8_moe_fwd_args, block_size); F(mxfp8_moe_fwd_args, gate_and_up_proj_bias);
     F(mxfp8_moe_fwd_args, down_proj_bias); F(mxfp8_moe_fwd_args, config);
     F(mxfp8_moe_fwd_args, gate_up_weight_scales); F(mxfp8_moe_fwd_args, down_weight_scales);
-    F(mxfp8_moe_fwd_args, num_valid_tokens);
+    F(mxfp8_moe_fwd_args, num_valid_tokens); F(mxfp8_moe_fwd_args, workspace);
     END(mxfp8_moe_fwd_args);
     BEGIN(mxfp8_moe_fwd_outputs);
     F(mxfp8_moe_fwd_outputs, output); F(mxfp8_moe_fwd_outputs, gate_up_proj_act_checkpoint_T);
@@ -110,6 +111,7 @@ int main(void) {
     F(mxfp8_moe_bwd_args, gate_and_up_proj_bias); F(mxfp8_moe_bwd_args, down_proj_bias);
     F(mxfp8_moe_bwd_args, config); F(mxfp8_moe_bwd_args, gate_up_weight_scales);
     F(mxfp8_moe_bwd_args, down_weight_scales); F(mxfp8_moe_bwd_args, num_valid_tokens);
+    F(mxfp8_moe_bwd_args, workspace);
     END(mxfp8_moe_bwd_args);
     BEGIN(mxfp8_moe_bwd_grads);
     F(mxfp8_moe_bwd_grads, hidden_states_grad); F(mxfp8_moe_bwd_grads, expert_affinities_masked_grad);

@@ -370,12 +370,124 @@ static void test_moe_backward(void) {
     free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(dx), free(da), free(dw1), free(dw2);
 }
 
+/* ---- a reusable workspace: repeated calls allocate nothing, results are the same bits ---- */
+static int64_t calls_now(void) { return (int64_t)atomic_load(&ws_calls); }
+
+static void test_reuse(void) {
+    enum { M = 96, N = 160, K = 70, T = 40, H = 64, I = 32, E = 3, B = 8 };
+    mxfp8_workspace *ws = NULL;
+    TU_CHECK(mxfp8_workspace_create(&ws) == MXFP8_OK && ws, "workspace_create");
+    TU_CHECK(mxfp8_workspace_bytes(ws) == 0 && mxfp8_workspace_bytes(NULL) == 0, "a new workspace holds nothing");
+    /* matmul backward */
+    float *dy = frand(M * N, 21), *w = frand(N * K, 22), *x = frand(M * K, 23);
+    uint16_t *dx0 = tu_alloc(M * K * 2), *dw0 = tu_alloc(N * K * 2), *dx = tu_alloc(M * K * 2), *dw = tu_alloc(N * K * 2);
+    mxfp8_matmul_bwd_args a;
+    mxfp8_matmul_bwd_args_init(&a);
+    a.output_grad = mxfp8_tensor_make(dy, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, N});
+    a.weights = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, (const int64_t[]){N, K});
+    a.input_activation = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, K});
+    mxfp8_tensor tdx0 = mxfp8_tensor_make(dx0, MXFP8_DTYPE_BF16, 2, (const int64_t[]){M, K});
+    mxfp8_tensor tdw0 = mxfp8_tensor_make(dw0, MXFP8_DTYPE_BF16, 2, (const int64_t[]){N, K});
+    mxfp8_tensor tdx = mxfp8_tensor_make(dx, MXFP8_DTYPE_BF16, 2, (const int64_t[]){M, K});
+    mxfp8_tensor tdw = mxfp8_tensor_make(dw, MXFP8_DTYPE_BF16, 2, (const int64_t[]){N, K});
+    /* MoE forward and backward (routing as test_moe_backward builds it) */
+    int32_t ids[T * 2];
+    float wts[T * 2];
+    for (int t = 0; t < T; t++) ids[2 * t] = t % E, ids[2 * t + 1] = (t + 1) % E, wts[2 * t] = 0.6f, wts[2 * t + 1] = 0.4f;
+    int64_t Nb = 0;
+    mxfp8_moe_num_blocks(T, 2, E, B, &Nb);
+    int32_t *tok = tu_alloc((size_t)(Nb * B) * 4), *b2e = tu_alloc((size_t)Nb * 4);
+    float *af = tu_alloc(T * E * 4);
+    mxfp8_tensor ti = mxfp8_tensor_make(ids, MXFP8_DTYPE_I32, 2, (const int64_t[]){T, 2});
+    mxfp8_tensor tw = mxfp8_tensor_make(wts, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, 2});
+    mxfp8_tensor tp = mxfp8_tensor_make(tok, MXFP8_DTYPE_I32, 1, (const int64_t[]){Nb * B});
+    mxfp8_tensor be = mxfp8_tensor_make(b2e, MXFP8_DTYPE_I32, 1, (const int64_t[]){Nb});
+    mxfp8_tensor ta = mxfp8_tensor_make(af, MXFP8_DTYPE_F32, 2, (const int64_t[]){T * E, 1});
+    TU_CHECK(mxfp8_moe_route(&ti, &tw, E, B, -1, &tp, &be, &ta) == MXFP8_OK, "route");
+    float *mx = frand(T * H, 24), *w1 = frand(E * H * 2 * I, 25), *w2 = frand(E * I * H, 26), *mdy = frand(T * H, 27);
+    mxfp8_moe_bwd_args ba;
+    mxfp8_moe_bwd_args_init(&ba);
+    ba.hidden_states = mxfp8_tensor_make(mx, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    ba.expert_affinities_masked = ta;
+    ba.gate_up_proj_weight = mxfp8_tensor_make(w1, MXFP8_DTYPE_F32, 4, (const int64_t[]){E, H, 2, I});
+    ba.down_proj_weight = mxfp8_tensor_make(w2, MXFP8_DTYPE_F32, 3, (const int64_t[]){E, I, H});
+    ba.token_position_to_id = tp;
+    ba.block_to_expert = be;
+    ba.output_hidden_states_grad = mxfp8_tensor_make(mdy, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    ba.block_size = B;
+    enum { NG = T * H + T * E + E * H * 2 * I + E * I * H };
+    float *g0 = tu_alloc(NG * 4), *g1 = tu_alloc(NG * 4);
+    mxfp8_moe_bwd_grads bg[2];
+    float *gb[2] = {g0, g1};
+    for (int v = 0; v < 2; v++) {
+        memset(&bg[v], 0, sizeof bg[v]);
+        bg[v].hidden_states_grad = mxfp8_tensor_make(gb[v], MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+        bg[v].expert_affinities_masked_grad =
+            mxfp8_tensor_make(gb[v] + T * H, MXFP8_DTYPE_F32, 2, (const int64_t[]){T * E, 1});
+        bg[v].gate_up_proj_weight_grad =
+            mxfp8_tensor_make(gb[v] + T * H + T * E, MXFP8_DTYPE_F32, 4, (const int64_t[]){E, H, 2, I});
+        bg[v].down_proj_weight_grad =
+            mxfp8_tensor_make(gb[v] + T * H + T * E + E * H * 2 * I, MXFP8_DTYPE_F32, 3, (const int64_t[]){E, I, H});
+    }
+    float *y0 = tu_alloc(T * H * 4), *y1 = tu_alloc(T * H * 4);
+    mxfp8_moe_fwd_args fa;
+    mxfp8_moe_fwd_args_init(&fa);
+    fa.hidden_states = ba.hidden_states;
+    fa.expert_affinities_masked = ta;
+    fa.gate_up_proj_weight = ba.gate_up_proj_weight;
+    fa.down_proj_weight = ba.down_proj_weight;
+    fa.token_position_to_id = tp;
+    fa.block_to_expert = be;
+    fa.block_size = B;
+    mxfp8_moe_fwd_outputs fo0, fo1;
+    memset(&fo0, 0, sizeof fo0);
+    memset(&fo1, 0, sizeof fo1);
+    fo0.output = mxfp8_tensor_make(y0, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    fo1.output = mxfp8_tensor_make(y1, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    for (int nt = 1; nt <= 2; nt++) {
+        mxfp8_set_num_threads(nt);
+        /* without a workspace: the reference bits */
+        a.workspace = NULL, ba.workspace = NULL, fa.workspace = NULL;
+        TU_CHECK(mxfp8_matmul_backward(&a, &tdx0, &tdw0) == MXFP8_OK, "matmul_backward");
+        TU_CHECK(mxfp8_moe_backward(&ba, &bg[0]) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
+        TU_CHECK(mxfp8_moe_forward(&fa, &fo0) == MXFP8_OK, "moe_forward");
+        /* with one: a first call of each grows it, the repeated calls allocate nothing */
+        a.workspace = ws, ba.workspace = ws, fa.workspace = ws;
+        mxfp8_matmul_backward(&a, &tdx, &tdw);
+        mxfp8_moe_backward(&ba, &bg[1]);
+        mxfp8_moe_forward(&fa, &fo1);
+        size_t held = mxfp8_workspace_bytes(ws);
+        for (int rep = 0; rep < 3; rep++) {
+            int64_t c0 = calls_now();
+            TU_CHECK(mxfp8_matmul_backward(&a, &tdx, &tdw) == MXFP8_OK, "matmul_backward with a workspace");
+            TU_CHECK(mxfp8_moe_backward(&ba, &bg[1]) == MXFP8_OK, "moe_backward with a workspace");
+            TU_CHECK(mxfp8_moe_forward(&fa, &fo1) == MXFP8_OK, "moe_forward with a workspace");
+            int64_t c1 = calls_now();
+            TU_CHECK(c1 == c0, "%d thread(s), repeat %d: %lld allocations with a warm workspace", nt, rep,
+                     (long long)(c1 - c0));
+        }
+        TU_CHECK(mxfp8_workspace_bytes(ws) == held && held > 0, "the workspace grew on repeated calls");
+        TU_CHECK(!memcmp(dx, dx0, M * K * 2) && !memcmp(dw, dw0, N * K * 2), "%d thread(s): matmul backward differs "
+                 "with a workspace", nt);
+        TU_CHECK(!memcmp(g0, g1, NG * 4), "%d thread(s): moe backward differs with a workspace", nt);
+        TU_CHECK(!memcmp(y0, y1, T * H * 4), "%d thread(s): moe forward differs with a workspace", nt);
+        printf("  workspace reuse, %d thread(s): %zu bytes held, repeated calls allocate nothing, same bits\n", nt,
+               held);
+    }
+    mxfp8_set_num_threads(0);
+    mxfp8_workspace_destroy(ws);
+    mxfp8_workspace_destroy(NULL);
+    free(dy), free(w), free(x), free(dx0), free(dw0), free(dx), free(dw), free(tok), free(b2e), free(af);
+    free(mx), free(w1), free(w2), free(mdy), free(g0), free(g1), free(y0), free(y1);
+}
+
 int main(void) {
     printf("test_workspace: peak heap workspace of each entry point vs the documented bound\n");
     test_quantize();
     test_gemm();
     test_matmul_backward();
     test_moe_backward();
+    test_reuse();
     TU_CHECK(!ws_overflow, "the allocation table overflowed");
     TU_CHECK(atomic_load(&ws_calls) > 0, "no allocation was counted: link with --wrap=malloc etc. (CMakeLists.txt)");
     return tu_finish("test_workspace");
