@@ -33,6 +33,7 @@ struct gemm_ctx {
     const mxfp8i_gop *a, *b;
     const mxfp8_matmul_config *cfg;
     const mxfp8i_ukernel *uk;
+    mxfp8i_to_bf16_fn to_bf16;    /* the registry's FP32 -> BF16 rounding (epilogue) */
     int accumulate;
     const mxfp8_tensor *c;
     int64_t M, N, K, MCb, NCb, MB, NB, ldcb;
@@ -66,6 +67,27 @@ static int cols_f32(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_
     return 1;
 }
 
+/* A high-precision operand in 1x32 groups, rows or columns geometry: quantized into BF16 values and their scales,
+ * then packed from those (the kernel's pack_q: half the bytes of the FP32 route, chunk facts from the scales).
+ * Returns 0, writing nothing into the panel, when the operand does not qualify or a value is not exact in BF16
+ * (then the FP32 route runs). */
+static int pack_q(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, int rows, int w,
+                  void *panel) {
+    const mxfp8_matmul_config *cfg = x->cfg;
+    if (rows <= 0 || op->prequant || op->swizzled || cfg->quant_scheme != MXFP8_GROUP_1X32) return 0;
+    const int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
+    const int cm = op->s1 != 1;
+    if (cm && (op->s0 != 1 || op->s1 <= 0)) return 0;
+    uint16_t *q = (uint16_t *)T_SCRATCH(x, tid);
+    uint8_t *sc = (uint8_t *)(T_TMP(x, tid) + K);
+    const char *base = op->data + r0 * op->s0 * (int64_t)mxfp8_dtype_size(op->dtype);
+    mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, op->s1, cfg->float8_dtype, cfg->scale_rule,
+                       MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, cm ? 1 : K, cm ? w : 1, sc, cm ? 1 : G, cm ? w : 1};
+    if (mxfp8i_quantize_panel(&p) != 0) return 0;
+    x->uk->pack_q(is_b, q, cm ? w : K, cm, rows, K, sc, cm ? 1 : G, cm ? w : 1, (int)cfg->float8_dtype, panel);
+    return 1;
+}
+
 /* Pack rows [r0, r0 + w) of op over all of K into one panel of the kernel's format. */
 static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, void *panel) {
     const mxfp8_matmul_config *cfg = x->cfg;
@@ -79,6 +101,7 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
         return;
     }
     int rows = (int)(op->R - r0 < w ? op->R - r0 : w);
+    if (uk->pack_q && pack_q(x, tid, op, is_b, r0, rows, w, panel)) return;
     if (uk->pack_cm && cols_f32(op, cfg, r0, rows, T_SCRATCH(x, tid), w)) {
         uk->pack_cm(is_b, T_SCRATCH(x, tid), w, rows, K, panel);
         return;
@@ -114,8 +137,7 @@ static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1,
                 for (int64_t n = 0; n < nn; n++) dst[n * cs1] = src[n];
         } else if (c->dtype == MXFP8_DTYPE_BF16) {
             uint16_t *dst = (uint16_t *)c->data + m * cs0 + n0 * cs1;
-            if (cs1 == 1)
-                for (int64_t n = 0; n < nn; n++) dst[n] = mxfp8i_fp32_to_bf16(src[n]);
+            if (cs1 == 1) x->to_bf16(src, x->ldcb, dst, cs0, 1, nn);
             else
                 for (int64_t n = 0; n < nn; n++) dst[n * cs1] = mxfp8i_fp32_to_bf16(src[n]);
         } else {
@@ -358,6 +380,7 @@ static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const 
     gemm_ctx x;
     memset(&x, 0, sizeof x);
     x.uk = mxfp8i_gemm_ukernel();
+    x.to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
     mxfp8i_gemm_resolve(config, x.uk, M, N, K, nt, &cfg);
     x.a = a;
     x.b = b;
