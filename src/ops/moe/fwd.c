@@ -99,7 +99,8 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
         aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
-        for (int64_t h = 0; h < H; h++) xb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p->X, tok[q], h) : 0.0f;
+        if (tok[q] >= 0) mxfp8i_moe_row_f32(&p->X, tok[q], H, xb + q * H);
+        else memset(xb + q * H, 0, (size_t)H * sizeof(float));
     }
     /* GEMM 1: GU = X_blk @ W1[e], contraction H (W1[e]'s packed panels kept in keyed slot 0) */
     mxfp8i_gop A = mxfp8i_gop_hp(xb, MXFP8_DTYPE_F32, L, H, H, 1);

@@ -66,6 +66,19 @@ static inline int64_t mxfp8i_moe_vec_off(const mxfp8_tensor *t, int64_t i) { ret
 static inline float mxfp8i_moe_ld2(const mxfp8_tensor *t, int64_t r, int64_t c) {
     return mxfp8i_load_f32(t->data, t->dtype, r * t->strides[0] + c * t->strides[1]);
 }
+/** Row r of a 2-D F32/BF16/F16 view as FP32 into out[0..n) (exact; vectorizable for unit-stride rows). */
+static inline void mxfp8i_moe_row_f32(const mxfp8_tensor *t, int64_t r, int64_t n, float *out) {
+    const int64_t s1 = t->strides[1], base = r * t->strides[0];
+    if (s1 == 1 && t->dtype == MXFP8_DTYPE_BF16) {
+        const uint16_t *p = (const uint16_t *)t->data + base;
+        uint32_t *o = (uint32_t *)out;
+        for (int64_t h = 0; h < n; h++) o[h] = (uint32_t)p[h] << 16;
+    } else if (s1 == 1 && t->dtype == MXFP8_DTYPE_F32) {
+        memcpy(out, (const float *)t->data + base, (size_t)n * sizeof(float));
+    } else {
+        for (int64_t h = 0; h < n; h++) out[h] = mxfp8i_load_f32(t->data, t->dtype, base + h * s1);
+    }
+}
 /** Affinity a[t*E + e] as float. */
 static inline float mxfp8i_moe_aff(const mxfp8i_moe *p, int64_t t, int64_t e) {
     return mxfp8i_load_f32(p->a.data, p->a.dtype, mxfp8i_moe_vec_off(&p->a, t * p->E + e));
