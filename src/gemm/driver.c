@@ -193,23 +193,33 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
 
 static void thread_body(const gemm_ctx *x, int tid, int nt) {
     const mxfp8i_ukernel *uk = x->uk;
-    /* 1-2: packing of B (and A with spill_reload), panels split between threads. */
+    int shard_n = x->cfg->lnc_2_shard_rhs != 0;
+    int64_t nsh = shard_n ? x->NB : x->MB, nother = shard_n ? x->MB : x->NB;
+    int64_t s0 = nsh * tid / nt, s1 = nsh * (tid + 1) / nt;
+    /* 1-2: packing of B (and A with spill_reload). Threads split along N whose block columns start on panel
+     * boundaries pack only the panels of their own columns and need no barrier; otherwise the panels are split
+     * between threads round-robin and every thread waits for all of them. */
     int64_t npb = mxfp8i_ceil_div(x->N, uk->nr);
-    if (!x->b_ready)
-        for (int64_t p = tid; p < npb; p += nt) pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+    int own_b = shard_n && !x->Ap && x->NCb % uk->nr == 0;
+    if (!x->b_ready) {
+        if (own_b) {
+            int64_t p1 = mxfp8i_ceil_div(s1 * x->NCb, uk->nr);
+            for (int64_t p = s0 * x->NCb / uk->nr; p < p1 && p < npb; p++)
+                pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+        } else {
+            for (int64_t p = tid; p < npb; p += nt) pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+        }
+    }
     if (x->Ap) {
         int64_t npa = mxfp8i_ceil_div(x->M, uk->mr);
         for (int64_t p = tid; p < npa; p += nt) pack_panel(x, tid, x->a, 0, p * uk->mr, x->Ap + p * x->pa_stride);
     }
 #ifdef _OPENMP
-    if (nt > 1) {
+    if (nt > 1 && !own_b) {
 #pragma omp barrier
     }
 #endif
     /* 3: this thread's share of blocks along the shard axis. */
-    int shard_n = x->cfg->lnc_2_shard_rhs != 0;
-    int64_t nsh = shard_n ? x->NB : x->MB, nother = shard_n ? x->MB : x->NB;
-    int64_t s0 = nsh * tid / nt, s1 = nsh * (tid + 1) / nt;
     int d[3];
     loop_dims(x->cfg->block_loop_order, d);
     int m_first = 1;
