@@ -611,10 +611,11 @@ typedef struct mxfp8_moe_config {
     int bias;                            /**< the layer has biases b1, b2; bias grads are returned */
     /* Hardware-only knobs of the NKI page (see "Hardware-only knobs" at the top): validated, no effect. */
     int shard_option;                    /**< SHARD_ON_FREE = 0 (default), SHARD_ON_BLOCK = 1, SHARD_ON_INTERMEDIATE = 2 */
-    int p3_transpose_mode, p4_transpose_mode;                                      /**< 0 or 1 */
-    int hidden_states_swizzle_mode, output_grad_swizzle_mode, weight_swizzle_mode; /**< 0 or 1 */
-    int skip_weight;                     /**< SkipMode.skip_weight, 0 or 1 */
-    int use_fast_dma;                    /**< 0 or 1 */
+    int p3_transpose_mode, p4_transpose_mode;   /**< TransposeMode: 0 NC, 1 PE, 2 DMA (else INVALID_ARGUMENT) */
+    int hidden_states_swizzle_mode, output_grad_swizzle_mode,
+        weight_swizzle_mode;                    /**< SwizzleMode: 0 PE, 1 DGT, 2 DMA (else INVALID_ARGUMENT) */
+    int skip_weight;                     /**< SkipMode.skip_weight, 0 or 1 (else INVALID_ARGUMENT) */
+    int use_fast_dma;                    /**< 0 or 1 (else INVALID_ARGUMENT) */
 } mxfp8_moe_config;
 
 /** Defaults of MXFP8MOEBwdConfig(): BF16 compute, E4M3, NKI rule, SiLU, SHARD_ON_FREE, AFFINITY_ON_I, phase configs
@@ -741,8 +742,10 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     (forward: output; backward: dX); the backward runs expert-major and keeps dW1, dW2 of the current expert in
  *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert into a staging copy
  *     of the output's dtype, (E - 1) 3 H I s for dW1, dW2 of elements of s bytes (the last expert is stored
- *     directly: no output is written before the last GEMM); FP64 sums 8 (T E + 2 E I + E H), one expert's
- *     weights in FP32 and quantized (<= 16 H I), per-block buffers 4 B' (8 H + 12 I), the routing table
+ *     directly: no output is written before the last GEMM); FP64 sums 8 (T E + 2 E I + E H), at most one
+ *     expert's weights in FP32 (<= 12 H I; only for pre-quantized weights contracted along an axis other than the
+ *     one they were quantized along, or W1 views whose (2, I) axes are not one 2I axis: high-precision weights
+ *     are read in place), per-block buffers 4 B' (8 H + 12 I), the routing table
  *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP;
  *     the backward also keeps the current expert's packed weights for Phases 1 and 2 (the B operands above:
  *     4 H (I + 32) + 8 I (H + 32)), reused by all of the expert's blocks.
