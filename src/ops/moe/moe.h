@@ -165,6 +165,18 @@ static inline double mxfp8i_moe_dact_d(mxfp8_activation act, double g) {
     }
 }
 
+/** The elementwise work of one real position (act.c), the same FP32 expressions as mxfp8i_moe_act, _dact and
+ *  _clamp_pass element by element (bitwise equal), in loops the compiler vectorizes.
+ *  Forward row: with gu (GEMM 1's row [2I]) g = clamp(gu[:I] + b1[:I]), u = clamp(gu[I:] + b1[I:]) (else g, u are
+ *  given); act = act(g) unless act_given; inter = act * u unless inter_given; S = aq * inter when S is not NULL; sg,
+ *  when not NULL, receives sigmoid(c g) of the SiLU / Swish activations (untouched otherwise).
+ *  Backward row: dgu [2I] = [dIv * u * act'(g) * pass(g) | dIv * act * pass(u)] with dIv = aq * dI (scale) or dI;
+ *  act'(g) from sg (the forward row's sigmoid) when not NULL. */
+void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, const float *b1, float *g, float *u,
+                        float *act, int act_given, float *inter, int inter_given, float *S, float aq, float *sg);
+void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, float aq, int scale, const float *g,
+                        const float *u, const float *act, const float *sg, float *dgu);
+
 /** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */
 mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,
                                           int allow_f64);
