@@ -52,9 +52,9 @@ def parse_list(path):
                 cur = {"id": m.group(1), "file": m.group(2), "line": ln, "needs": ""}
                 muts.append(cur)
                 continue
-            m = re.match(r"^(why|old|new|needs): ?(.*)$", line)
+            m = re.match(r"^(why|in|old|new|needs): ?(.*)$", line)
             if not m or cur is None:
-                raise ListError(f"{path}:{ln}: expected '[id] file' or 'why:/old:/new:/needs:', got {line!r}")
+                raise ListError(f"{path}:{ln}: expected '[id] file' or 'why:/in:/old:/new:/needs:', got {line!r}")
             cur[m.group(1)] = m.group(2)
     ids = set()
     for mu in muts:
@@ -69,18 +69,45 @@ def parse_list(path):
     return muts
 
 
+def region(text, mu):
+    """(start, end) of the part of a file's text where the mutant's old text is looked for: the whole file, or, with
+    `in:`, from the one occurrence of that text to the end of the definition it opens (the next line starting with
+    '}'). Raises ListError when the `in:` text is missing or not unique."""
+    if not mu.get("in"):
+        return 0, len(text)
+    n = text.count(mu["in"])
+    if n != 1:
+        raise ListError(f"{mu['id']}: the 'in:' text occurs {n} times in {mu['file']} (must be exactly once): "
+                        f"{mu['in']!r}")
+    start = text.index(mu["in"])
+    end = text.find("\n}", start)
+    return start, len(text) if end < 0 else end + 2
+
+
+def apply(text, mu):
+    """The file's text with the mutant applied (ListError unless its old text occurs exactly once where looked)."""
+    start, end = region(text, mu)
+    n = text.count(mu["old"], start, end)
+    if n != 1:
+        where = f"the definition opened by {mu['in']!r} in " if mu.get("in") else ""
+        raise ListError(f"{mu['id']}: the original text occurs {n} times in {where}{mu['file']} (must be exactly "
+                        f"once): {mu['old']!r}")
+    i = text.index(mu["old"], start, end)
+    return text[:i] + mu["new"] + text[i + len(mu["old"]):]
+
+
 def check_texts(muts, tree):
-    """Every old text occurs exactly once in its file (in `tree`); returns the list of problems."""
+    """Every old text occurs exactly once in its file or `in:` definition (in `tree`); returns the problems."""
     bad = []
     for mu in muts:
         p = os.path.join(tree, mu["file"])
         if not os.path.isfile(p):
             bad.append(f"{mu['id']}: file {mu['file']} does not exist")
             continue
-        n = open(p, encoding="utf-8").read().count(mu["old"])
-        if n != 1:
-            bad.append(f"{mu['id']}: the original text occurs {n} times in {mu['file']} (must be exactly once): "
-                       f"{mu['old']!r}")
+        try:
+            apply(open(p, encoding="utf-8").read(), mu)
+        except ListError as e:
+            bad.append(str(e))
     return bad
 
 
@@ -152,8 +179,8 @@ def ctest_failures(tree, isa, jobs, timeout):
         for line in open(log, encoding="utf-8"):
             if ":" in line:
                 names.append(line.strip().split(":", 1)[1] + (f"[{isa}]" if isa else ""))
-    if rc != 0 and not names:
-        names.append("ctest" + (f"[{isa}]" if isa else ""))
+    if rc != 0 and not names:  # e.g. a test that could not start
+        names.append("ctest(exit %d)" % rc + (f"[{isa}]" if isa else ""))
     return names, out
 
 
@@ -171,7 +198,9 @@ def pytest_failures(tree, py, timeout):
         if m:
             files[m.group(1)] = files.get(m.group(1), 0) + 1
     names = [f"{os.path.basename(f)}({n})" for f, n in sorted(files.items())]
-    if rc not in (0, 1) or (rc == 1 and not names):  # errors in collection, usage, internal errors
+    if rc < 0:  # the library crashed the interpreter
+        names.append(f"pytest(crashed: signal {-rc})")
+    elif rc not in (0, 1) or (rc == 1 and not names):  # errors in collection, usage, internal errors
         names.append(f"pytest(exit {rc})")
     return names, out
 
@@ -281,7 +310,7 @@ def mutate_all(tree, muts, args, py):
             continue
         path = os.path.join(tree, m["file"])
         orig = open(path, encoding="utf-8").read()
-        open(path, "w", encoding="utf-8").write(orig.replace(m["old"], m["new"], 1))
+        open(path, "w", encoding="utf-8").write(apply(orig, m))
         try:
             rc, out = build(tree, args.jobs)
             if rc != 0:

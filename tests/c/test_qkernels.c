@@ -8,7 +8,8 @@
  * included), boundary groups (RCEIL's 1.75 boundary, exact ties, clamped exponents, subnormal amax), axis lengths 1,
  * 31, 32, 33, 127, 129, 2432, rows and columns with odd leading dimensions, both formats, all three rules, 1x32 and
  * wrapX; a strided panel that a SIMD kernel may decline (then it must write nothing); dequantization of random codes
- * and scales (NaN codes, scale 0 and 255 included).
+ * and scales (NaN codes, scale 0 and 255 included); the FP32 -> BF16 rounding of the GEMM epilogue that comes with
+ * each kernel.
  */
 #include <math.h>
 
@@ -240,6 +241,51 @@ static void check_dequant(int64_t lines, int64_t K, int cols, mxfp8_group_scheme
     free(codes), free(sc);
 }
 
+/* The FP32 -> BF16 rounding of the GEMM epilogue (the kernels' to_bf16): RNE against the oracle's nearest-code
+ * search on random bits (every binade, NaN with payloads, Inf, subnormals) and exact ties of the BF16 grid, for
+ * tails of every length and an odd leading dimension; NaN must stay a quiet NaN with its sign; nothing outside the
+ * rows x n block may be written. */
+static void check_to_bf16(tu_rng *rng) {
+    enum { ROWS = 37, N = 53, LDS = 61, LDD = 59 };
+    float *src = tu_alloc(sizeof(float) * ROWS * LDS);
+    uint16_t *got = tu_alloc(2 * ROWS * LDD);
+    for (int i = 0; i < ROWS * LDS; i++) {
+        uint64_t r = tu_next(rng);
+        uint32_t u = (uint32_t)r;
+        if ((r >> 40) % 3 == 0) u = (u & 0xFFFF0000u) | 0x8000u;        /* an exact tie */
+        else if ((r >> 40) % 3 == 1) u = (u & 0xFFFF0000u) | ((u & 1) ? 0x7FFFu : 0x8001u); /* just beside one */
+        src[i] = tu_bits_f32(u);
+    }
+    for (int q = 0; q < g_nk; q++) {
+        const mxfp8i_qkernel *qk = g_kernels[q];
+        for (int64_t n = 1; n <= N; n += n < 20 ? 1 : 11) {
+            memset(got, 0xA5, 2 * ROWS * LDD);
+            qk->to_bf16(src, LDS, got, LDD, ROWS, n);
+            int64_t bad = 0, outside = 0;
+            for (int r = 0; r < ROWS; r++)
+                for (int j = 0; j < LDD; j++) {
+                    const uint16_t h = got[r * LDD + j];
+                    if (j >= n) {
+                        outside += h != 0xA5A5;
+                        continue;
+                    }
+                    const float x = src[r * LDS + j];
+                    if (isnan(x)) {
+                        bad += !isnan(orc_bf16_value(h)) || !(h & 0x40) || (h >> 15) != (tu_f32_bits(x) >> 31);
+                        continue;
+                    }
+                    if (h != orc_bf16_encode((double)x) && bad++ < 3)
+                        TU_CHECK(0, "%s to_bf16 of %a (0x%08x): 0x%04x, oracle 0x%04x", qk->name, x, tu_f32_bits(x), h,
+                                 orc_bf16_encode((double)x));
+                }
+            TU_CHECK(bad == 0 && outside == 0, "%s to_bf16, n = %lld: %lld values differ from the oracle, %lld written "
+                     "outside the block", qk->name, (long long)n, (long long)bad, (long long)outside);
+        }
+    }
+    free(src);
+    free(got);
+}
+
 /* Boundary groups: amax with a fraction at the RCEIL boundary (1.75 = 0x600000 and its neighbours) or other edges,
  * exponents across the whole FP32 range (the clamps at -127/+127 included, subnormal amax), and elements with few
  * significant bits placed 0..14 binades below amax, which lands them on exact ties of the FP8 grid. */
@@ -309,6 +355,7 @@ static void test_all_kernels(void) {
         for (int cols = 0; cols < 2; cols++) check_dequant(77, Ks[ki], cols, MXFP8_GROUP_1X32, &rng);
     for (size_t ki = 0; ki < sizeof Kw / sizeof Kw[0]; ki++)
         for (int cols = 0; cols < 2; cols++) check_dequant(41, Kw[ki], cols, MXFP8_GROUP_WRAPX, &rng);
+    check_to_bf16(&rng);
     free(xf), free(xe), free(all), free(shuf);
 }
 
