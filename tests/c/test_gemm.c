@@ -374,6 +374,66 @@ static void test_bf16_ties(void) {
     }
 }
 
+/* Groups at the FTZ boundary of the BF16 unit, through mxfp8_gemm (where the BF16 chunk kernels pack from BF16
+ * values and take the chunk facts from the scales): in each row of A and B, 30 elements with the format's smallest
+ * code (2^-9 resp. 2^-16 times the scale) and one element that sets the scale, placed so that it meets a zero;
+ * scales chosen so that the tiny products are exactly 2^-127, an FP32 subnormal. The fmaf chain keeps their sum;
+ * a BF16 unit would flush every partial sum (FTZ), so such a chunk must take the exact path. Rows (pack from
+ * rows) and B transposed (columns, packed 4 panels at a time); full and partial tiles. */
+static void test_ftz_bound_groups(void) {
+    const mxfp8i_ukernel *kernels[16];
+    const int nk = gemm_kernels(kernels);
+    for (int fmt = 0; fmt < 2; fmt++) {
+        const int lo = fmt ? 16 : 9, emax1 = fmt ? 14 : 7; /* smallest code 2^-lo; NKI: e = floor(log2 amax) - emax1 */
+        const int sa = (-127 + 2 * lo) / 2, sb = -127 + 2 * lo - sa; /* (sa - lo) + (sb - lo) = -127 */
+        for (int shape = 0; shape < 2; shape++) {
+            const int64_t M = shape ? 20 : 32, N = shape ? 130 : 32, K = 64;
+            float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K);
+            float *Bt = malloc(sizeof(float) * N * K), *C = malloc(sizeof(float) * M * N);
+            float *C0 = malloc(sizeof(float) * M * N);
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t k = 0; k < K; k++)
+                    A[m * K + k] = k % 32 < 30 ? ((m + k) % 3 ? 1.0f : -1.0f) * ldexpf(1.0f, sa - lo)
+                                               : k % 32 == 30 ? ldexpf(1.0f, sa + emax1) : 0.0f;
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t k = 0; k < K; k++) {
+                    B[n * K + k] = k % 32 < 30 ? ldexpf(1.0f, sb - lo) : k % 32 == 31 ? ldexpf(1.0f, sb + emax1) : 0.0f;
+                    Bt[k * N + n] = B[n * K + k];
+                }
+            naive(A, B, M, N, K, (mxfp8_format)fmt, MXFP8_SCALE_NKI, C0);
+            if (C0[0] == 0.0f || fabsf(C0[0]) > 0x1p-120f)
+                FAIL("ftz bound groups: C0[0] = %a, not a sum of 2^-127s", C0[0]);
+            for (int kk = 0; kk < nk; kk++)
+                for (int bt = 0; bt < 2; bt++) {
+                    int64_t sa2[2] = {M, K}, sb2[2] = {N, K}, sbt[2] = {K, N}, sc[2] = {M, N};
+                    mxfp8_operand oa = {0}, ob = {0};
+                    oa.values = mxfp8_tensor_make(A, MXFP8_DTYPE_F32, 2, sa2);
+                    if (bt) {
+                        ob.values = mxfp8_tensor_make(Bt, MXFP8_DTYPE_F32, 2, sbt);
+                        ob.values.shape[0] = N, ob.values.shape[1] = K;
+                        ob.values.strides[0] = 1, ob.values.strides[1] = N;
+                    } else ob.values = mxfp8_tensor_make(B, MXFP8_DTYPE_F32, 2, sb2);
+                    mxfp8_matmul_config cfg;
+                    mxfp8_matmul_config_init(&cfg);
+                    cfg.float8_dtype = (mxfp8_format)fmt;
+                    mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
+                    if (kk) mxfp8i_force_ukernel(kernels[kk]);
+                    const char *kname = mxfp8i_gemm_ukernel()->name;
+                    mxfp8_status st = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
+                    mxfp8i_force_ukernel(NULL);
+                    if (st) { FAIL("ftz bound groups (%s): status %d", kname, st); continue; }
+                    for (int64_t i = 0; i < M * N; i++)
+                        if (!bits_eq(C[i], C0[i])) {
+                            FAIL("ftz bound groups %s fmt %d %lldx%lld B transposed %d: C[%lld] = %a, oracle %a", kname,
+                                 fmt, (long long)M, (long long)N, bt, (long long)i, C[i], C0[i]);
+                            break;
+                        }
+                }
+            free(A); free(B); free(Bt); free(C0); free(C);
+        }
+    }
+}
+
 /* A slot with its own panel format (row-major [w][K] panels, 16 x 24 tile, kalign 32), run by a plain fmaf loop:
  * exercises the driver's generic pack()/run() path that an AMX kernel uses. */
 static int64_t g_rmK;
@@ -579,6 +639,7 @@ int main(void) {
     test_gemm_vs_naive();
     test_gemm_wrapx();
     test_bf16_ties();
+    test_ftz_bound_groups();
     test_generic_slot();
     test_errors();
     test_backward();

@@ -6,10 +6,10 @@
  *     values whose answers are worked out by hand here (needs AVX-512F/BW: the packer is AVX-512 code).
  *  2. Every kernel of mxfp8i_ukernel_list() whose CPU features are present, on problems generated HERE (random MX
  *     values in normal, BF16-subnormal, tiny-product and near-overflow groups, pair-rounding traps, partial tiles,
- *     K tails, load_c, K split in two calls at each kalign boundary), against an fmaf chain written here: runtime
- *     kernels must equal it bit for bit; the negative controls (no DAZ/FTZ routing) must differ somewhere, which
- *     shows that these problems reach the hardware's DAZ/FTZ. A kernel whose CPU features are absent is a counted
- *     skip with the reason printed.
+ *     K tails, load_c, K split in two calls at each kalign boundary, loaded accumulators at the FTZ guard), against
+ *     an fmaf chain written here: runtime kernels must equal it bit for bit; the negative controls (no DAZ/FTZ
+ *     routing) must differ somewhere, which shows that these problems reach the hardware's DAZ/FTZ. A kernel whose
+ *     CPU features are absent is a counted skip with the reason printed.
  *  3. The same under a caller's FTZ/DAZ/round-toward-zero MXCSR, which every kernel restores.
  *  4. Selection: on a CPU with AVX512-BF16 (and MXFP8_ISA not below avx512) the GEMM slot must hold an AVX512-BF16
  *     (or, with AMX, the AMX) kernel that passed its self-test; AVX-512F alone gives the AVX-512F kernel; MXFP8_ISA
@@ -217,6 +217,24 @@ static void gen(problem *p, tu_rng *r, int64_t K, int mr, int nr, int load_c, in
         }
 }
 
+/* The FTZ guard on loaded accumulators: C = 2^-104 (1 + 2^-23) (normal, lowest set bit 2^-127) and a first product
+ * -2^-104 that cancels all but 2^-127; the rest of K is zero. The fmaf chain keeps the FP32 subnormal 2^-127; a BF16
+ * unit would flush that partial sum (FTZ), so a kernel must see that this accumulator is not a multiple of 2^-126
+ * and take the exact path. */
+static void gen_acc_guard(problem *p, int64_t K, int mr, int nr) {
+    memset(p->A, 0, sizeof p->A);
+    memset(p->B, 0, sizeof p->B);
+    for (int i = 0; i < mr; i++) p->A[i * K] = (i & 1) ? 0x1p-52f : -0x1p-52f;
+    for (int j = 0; j < nr; j++) p->B[j * K] = 0x1p-52f;
+    for (int i = 0; i < T * T; i++) p->c0[i] = ((i / T) & 1 ? -1.0f : 1.0f) * (0x1p-104f + 0x1p-127f);
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float acc = p->c0[i * T + j];
+            for (int64_t k = 0; k < K; k++) acc = fmaf(p->A[i * K + k], p->B[j * K + k], acc);
+            p->ref[i * T + j] = acc;
+        }
+}
+
 /* Run the kernel on the problem (k split at `split`, a kalign multiple, when 0 < split < K); 1 when it differs from
  * the reference (or writes outside its tile). */
 static int run_kernel(const mxfp8i_ukernel *uk, problem *p, void *pa, void *pb, int64_t K, int mr, int nr,
@@ -261,6 +279,12 @@ static int kernel_cases(const mxfp8i_ukernel *uk, int *n) {
                     fails += run_kernel(uk, &p, pa, pb, K, tiles[ti][0], tiles[ti][1], load_c, split);
                     *n += 2;
                 }
+    for (int64_t K = 32; K <= 64; K += 32) /* the accumulator guard, on the full tile and a partial one */
+        for (int ti = 0; ti < 2; ti++) {
+            gen_acc_guard(&p, K, tiles[ti][0], tiles[ti][1]);
+            fails += run_kernel(uk, &p, pa, pb, K, tiles[ti][0], tiles[ti][1], 1, 0);
+            *n += 1;
+        }
     free(pa);
     free(pb);
     return fails;
