@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -273,6 +274,7 @@ def main():
     except ListError as e:
         print(f"mutants: {e}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: restore nothing, remove the scratch tree
     tree = tempfile.mkdtemp(prefix="mxfp8-mutants.")
     try:
         return mutate_all(tree, muts, args, py)
