@@ -9,64 +9,10 @@
  *     GEMM (tests/c/oracle/: its own quantizer, fmaf over k ascending) bit for bit, for several shapes, tile sizes,
  *     loop orders, spill_reload, shard axis and thread counts, pre-quantized B in every scale layout, x4 packing,
  *     wrapX, F32/BF16 outputs and accumulate.
- *  3. Errors: status codes, and the output untouched.
+ *  3. A slot with its own panel format (the driver's generic pack/run path) against the oracle.
+ * mxfp8_matmul_backward and the errors: test_matmul_bwd.c.
  */
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "gemm/gemm.h"
-#include "kernels/registry.h"
-#include "oracle.h"
-
-/* The kernels mxfp8_gemm is run with: the registry's choice (NULL), then every runtime kernel this CPU supports,
- * whatever MXFP8_ISA says, that passed its self-test here (test_kernels checks those that fail). Returns the count. */
-static int gemm_kernels(const mxfp8i_ukernel *out[16]) {
-    int n = 0;
-    out[n++] = NULL;
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && n < 16; it++)
-        if (mxfp8i_ukernel_usable(*it)) out[n++] = *it;
-    return n;
-}
-
-static int failures;
-#define FAIL(...)                                                                                                      \
-    do {                                                                                                               \
-        failures++;                                                                                                    \
-        if (failures < 30) { printf("FAIL: " __VA_ARGS__); printf("\n"); }                                             \
-    } while (0)
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float urand(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
-static float nrand(void) {
-    float s = 0;
-    for (int i = 0; i < 6; i++) s += urand();
-    return s;
-}
-
-/* A value an MXFP8 panel can hold: FP8 code x 2^e, including FP32 subnormals. */
-static float deq_value(int kind) {
-    uint8_t code = (uint8_t)rnd();
-    mxfp8_format f = (rnd() & 1) ? MXFP8_FMT_E4M3 : MXFP8_FMT_E5M2;
-    float v = mxfp8_fp8_to_fp32(code, f);
-    if (isnan(v) || isinf(v)) v = 1.0f;
-    int e = kind == 0 ? (int)(rnd() % 16) - 8 : kind == 1 ? -127 - (int)(rnd() % 4) : (int)(rnd() % 254) - 127;
-    return ldexpf(v, e);
-}
-
-static int bits_eq(float a, float b) { return memcmp(&a, &b, 4) == 0; }
-static uint32_t f32_bits(float a) {
-    uint32_t u;
-    memcpy(&u, &a, 4);
-    return u;
-}
+#include "gemm_util.h"
 
 /* The F32-panel microkernel contract (src/kernels/ukernel.h), written here: for i < mr, j < nr, acc = load_c ?
  * c[i*ldc + j] : +0, then acc = fmaf(a[k*MR + i], b[k*NR + j], acc) for k ascending; nothing else is written. */
@@ -513,127 +459,6 @@ static void test_generic_slot(void) {
     }
 }
 
-static void test_errors(void) {
-    float A[4 * 40], B[3 * 40], C[12];
-    for (int i = 0; i < 160; i++) A[i] = 1;
-    for (int i = 0; i < 120; i++) B[i] = 1;
-    int64_t sa[2] = {4, 40}, sb[2] = {3, 40}, sc[2] = {4, 3}, sbad[2] = {3, 41};
-    mxfp8_operand oa = {0}, ob = {0};
-    oa.values = mxfp8_tensor_make(A, MXFP8_DTYPE_F32, 2, sa);
-    ob.values = mxfp8_tensor_make(B, MXFP8_DTYPE_F32, 2, sb);
-    mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
-    for (int i = 0; i < 12; i++) C[i] = -7;
-    struct { const char *what; mxfp8_status want; mxfp8_status got; } cases[8];
-    int n = 0;
-    cases[n].what = "NULL a"; cases[n].want = MXFP8_ERR_NULL_POINTER; cases[n++].got = mxfp8_gemm(NULL, &ob, NULL, 0, &c);
-    mxfp8_operand obad = ob;
-    obad.values = mxfp8_tensor_make(B, MXFP8_DTYPE_F32, 2, sbad);
-    cases[n].what = "K mismatch"; cases[n].want = MXFP8_ERR_SHAPE_MISMATCH; cases[n++].got = mxfp8_gemm(&oa, &obad, NULL, 0, &c);
-    mxfp8_tensor cbf = c;
-    cbf.dtype = MXFP8_DTYPE_BF16;
-    cases[n].what = "accumulate into bf16"; cases[n].want = MXFP8_ERR_DTYPE; cases[n++].got = mxfp8_gemm(&oa, &ob, NULL, 1, &cbf);
-    mxfp8_tensor calias = mxfp8_tensor_make(A, MXFP8_DTYPE_F32, 2, sc);
-    cases[n].what = "c aliases a"; cases[n].want = MXFP8_ERR_ALIASING; cases[n++].got = mxfp8_gemm(&oa, &ob, NULL, 0, &calias);
-    mxfp8_matmul_config cfg;
-    mxfp8_matmul_config_init(&cfg);
-    cfg.tile_loop_order = (mxfp8_loop_order)9;
-    cases[n].what = "bad loop order"; cases[n].want = MXFP8_ERR_INVALID_ARGUMENT; cases[n++].got = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
-    mxfp8_matmul_config_init(&cfg);
-    cfg.quant_scheme = MXFP8_GROUP_WRAPX;
-    cases[n].what = "wrapX with K=40"; cases[n].want = MXFP8_ERR_UNSUPPORTED; cases[n++].got = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
-    mxfp8_tensor cs = c;
-    cs.strides[0] = 1;
-    cases[n].what = "overlapping output strides"; cases[n].want = MXFP8_ERR_BAD_STRIDES; cases[n++].got = mxfp8_gemm(&oa, &ob, NULL, 0, &cs);
-    mxfp8_operand oc = ob;
-    oc.values.dtype = MXFP8_DTYPE_E5M2;
-    cases[n].what = "codes without scales"; cases[n].want = MXFP8_ERR_NULL_POINTER; cases[n++].got = mxfp8_gemm(&oa, &oc, NULL, 0, &c);
-    for (int i = 0; i < n; i++) {
-        if (cases[i].got != cases[i].want) FAIL("%s: status %d, want %d", cases[i].what, cases[i].got, cases[i].want);
-        else if (!*mxfp8_last_error_message()) FAIL("%s: no error message", cases[i].what);
-    }
-    for (int i = 0; i < 12; i++)
-        if (C[i] != -7) { FAIL("an error call wrote the output"); break; }
-}
-
-/* mxfp8_matmul_backward == the two GEMMs it stands for (bitwise), and its errors leave the outputs untouched. */
-static void test_backward(void) {
-    int64_t M = 45, N = 70, K = 33;
-    float *dy = malloc(sizeof(float) * M * N), *w = malloc(sizeof(float) * N * K), *x = malloc(sizeof(float) * M * K);
-    float *dx = malloc(sizeof(float) * M * K), *dw = malloc(sizeof(float) * N * K);
-    float *gx = malloc(sizeof(float) * M * K), *gw = malloc(sizeof(float) * N * K);
-    for (int64_t i = 0; i < M * N; i++) dy[i] = nrand();
-    for (int64_t i = 0; i < N * K; i++) w[i] = nrand();
-    for (int64_t i = 0; i < M * K; i++) x[i] = nrand();
-    int64_t s_dy[2] = {M, N}, s_w[2] = {N, K}, s_x[2] = {M, K};
-    mxfp8_matmul_bwd_args args;
-    mxfp8_matmul_bwd_args_init(&args);
-    args.output_grad = mxfp8_tensor_make(dy, MXFP8_DTYPE_F32, 2, s_dy);
-    args.weights = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, s_w);
-    args.input_activation = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, s_x);
-    args.output_dtype = MXFP8_DTYPE_F32;
-    args.float8_dtype = MXFP8_FMT_E4M3;
-    args.scale_rule = MXFP8_SCALE_RCEIL;
-    mxfp8_tensor tdx = mxfp8_tensor_make(dx, MXFP8_DTYPE_F32, 2, s_x), tdw = mxfp8_tensor_make(dw, MXFP8_DTYPE_F32, 2, s_w);
-    mxfp8_status st = mxfp8_matmul_backward(&args, &tdx, &tdw);
-    if (st) FAIL("backward: status %d %s", st, mxfp8_last_error_message());
-    /* the same as two GEMMs: dX = dY [M, N] . (W viewed [K, N]); dW = (dY viewed [N, M]) . (X viewed [K, M]) */
-    mxfp8_matmul_config cfg;
-    mxfp8_matmul_config_init(&cfg);
-    cfg.float8_dtype = MXFP8_FMT_E4M3;
-    cfg.scale_rule = MXFP8_SCALE_RCEIL;
-    mxfp8_operand a = {0}, b = {0};
-    a.values = args.output_grad;
-    b.values = args.weights;
-    b.values.shape[0] = K; b.values.shape[1] = N; b.values.strides[0] = 1; b.values.strides[1] = K;
-    mxfp8_tensor tgx = mxfp8_tensor_make(gx, MXFP8_DTYPE_F32, 2, s_x), tgw = mxfp8_tensor_make(gw, MXFP8_DTYPE_F32, 2, s_w);
-    if ((st = mxfp8_gemm(&a, &b, &cfg, 0, &tgx))) FAIL("gemm dX: %d", st);
-    a.values.shape[0] = N; a.values.shape[1] = M; a.values.strides[0] = 1; a.values.strides[1] = N;
-    b.values = args.input_activation;
-    b.values.shape[0] = K; b.values.shape[1] = M; b.values.strides[0] = 1; b.values.strides[1] = K;
-    if ((st = mxfp8_gemm(&a, &b, &cfg, 0, &tgw))) FAIL("gemm dW: %d", st);
-    if (memcmp(dx, gx, sizeof(float) * M * K)) FAIL("backward dX differs from mxfp8_gemm");
-    if (memcmp(dw, gw, sizeof(float) * N * K)) FAIL("backward dW differs from mxfp8_gemm");
-    /* errors: status, message, outputs untouched */
-    for (int64_t i = 0; i < M * K; i++) dx[i] = -3;
-    for (int64_t i = 0; i < N * K; i++) dw[i] = -3;
-    struct { const char *what; mxfp8_status want; } cs[8] = {
-        {"input_grad aliases output_grad", MXFP8_ERR_ALIASING}, {"outputs overlap", MXFP8_ERR_ALIASING},
-        {"output dtype != output_dtype", MXFP8_ERR_DTYPE}, {"float8_dtype 7", MXFP8_ERR_INVALID_ARGUMENT},
-        {"bad phase loop order", MXFP8_ERR_INVALID_ARGUMENT}, {"phase config M mismatch", MXFP8_ERR_SHAPE_MISMATCH},
-        {"weights K mismatch", MXFP8_ERR_SHAPE_MISMATCH}, {"scales with f32 operand", MXFP8_ERR_INVALID_ARGUMENT}};
-    for (int c = 0; c < 8; c++) {
-        mxfp8_matmul_bwd_args e = args;
-        mxfp8_tensor ex = tdx, ew = tdw;
-        mxfp8_matmul_config pc;
-        mxfp8_matmul_config_init(&pc);
-        uint8_t sc[64 * 8] = {0};
-        int64_t s_sc[2] = {M, 3};
-        switch (c) {
-        case 0: ex = mxfp8_tensor_make(dy, MXFP8_DTYPE_F32, 2, s_x); break;
-        case 1: ew = mxfp8_tensor_make(dx + 1, MXFP8_DTYPE_F32, 2, s_w); ew.shape[0] = 1; break;
-        case 2: e.output_dtype = MXFP8_DTYPE_BF16; break;
-        case 3: e.float8_dtype = (mxfp8_format)7; break;
-        case 4: pc.tile_loop_order = (mxfp8_loop_order)6; e.input_grad_config = &pc; break;
-        case 5: pc.M = M + 1; e.weight_grad_config = &pc; break;
-        case 6: e.weights.shape[1] = K - 1; break;
-        case 7: e.output_grad_scales = mxfp8_tensor_make(sc, MXFP8_DTYPE_U8, 2, s_sc); break;
-        }
-        if (c == 1) { /* weight_grad [1, K] overlapping input_grad: shapes must still agree, so N = 1 here */
-            e.weights.shape[0] = 1;
-            e.output_grad.shape[1] = 1;
-        }
-        st = mxfp8_matmul_backward(&e, &ex, &ew);
-        if (st != cs[c].want) FAIL("backward error case '%s': status %d, want %d (%s)", cs[c].what, st, cs[c].want,
-                                   mxfp8_last_error_message());
-        else if (!*mxfp8_last_error_message()) FAIL("backward error case '%s': no message", cs[c].what);
-    }
-    for (int64_t i = 0; i < M * K; i++)
-        if (dx[i] != -3) { FAIL("a failed backward call wrote input_grad"); break; }
-    for (int64_t i = 0; i < N * K; i++)
-        if (dw[i] != -3) { FAIL("a failed backward call wrote weight_grad"); break; }
-    free(dy); free(w); free(x); free(dx); free(dw); free(gx); free(gw);
-}
-
 int main(void) {
     test_ukernels();
     test_gemm_vs_naive();
@@ -641,8 +466,6 @@ int main(void) {
     test_bf16_ties();
     test_ftz_bound_groups();
     test_generic_slot();
-    test_errors();
-    test_backward();
     if (failures) {
         printf("test_gemm: %d failure(s)\n", failures);
         return 1;
