@@ -78,6 +78,16 @@ static inline void *mp_random(int64_t n, mxfp8_dtype dt, double lo, double hi, t
     return b;
 }
 
+/* Activations of varying magnitude: U(lo, hi) * 2^k, k uniform in [-6, 2] per element, so that MX groups along H
+ * and along the token positions get different scales (with one dominant binade the MX round trip of the MXFP8 wire
+ * would be invisible to the kernels, which re-quantize with the same scale). */
+static inline void *mp_activations(int64_t n, mxfp8_dtype dt, double lo, double hi, tu_rng *g) {
+    void *b = tu_alloc((size_t)(n > 0 ? n : 1) * mxfp8_dtype_size(dt));
+    for (int64_t i = 0; i < n; i++)
+        mp_store(b, dt, i, ldexpf((float)(lo + (hi - lo) * tu_uniform(g)), (int)(tu_next(g) % 9) - 6));
+    return b;
+}
+
 /* X' = dequantize(quantize(X along H)) in F32 (the MXFP8 wire's round trip). */
 static inline float *mp_round_trip(const void *x, mxfp8_dtype dt, int64_t T, int64_t H, const tcase *c) {
     const int64_t G = (H + 31) / 32;
@@ -146,8 +156,8 @@ static inline void mp_make(mp *m, const tcase *c, int P, uint64_t seed) {
     m->off[0] = 0;
     for (int r = 0; r < P; r++) m->off[r + 1] = m->off[r] + mp_tokens(c, P, r);
     const int64_t T = m->T = m->off[P], H = c->H, I = c->I, E = c->E, K = c->K;
-    m->X = mp_random(T * H, c->xdt, 0, 1, &g);
-    m->dY = mp_random(T * H, c->xdt, -1, 1, &g);
+    m->X = mp_activations(T * H, c->xdt, 0, 1, &g);
+    m->dY = mp_activations(T * H, c->xdt, -1, 1, &g);
     m->W1 = mp_random(E * H * 2 * I, MXFP8_DTYPE_F32, -0.1, 0.1, &g);
     m->W2 = mp_random(E * I * H, MXFP8_DTYPE_F32, -0.1, 0.1, &g);
     m->b1 = mp_random(E * 2 * I, MXFP8_DTYPE_F32, -0.3, 0.3, &g);
