@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "../gemm/gemm.h"
+#include "../runtime/cpu.h"
 
 /* A 2-D output view must address M*N distinct elements (threads write disjoint elements). */
 static mxfp8_status check_injective(const char *fn, const char *name, const mxfp8_tensor *t) {

@@ -1,11 +1,11 @@
 /*
  * quant_avx512.c -- AVX-512 MX quantize / qdq / dequantize panels.
  *
- * Contract (src/internal.h, "quantization fast paths"): mxfp8i_quantize_panel__avx512 and
+ * Contract (src/kernels/qpanel.h): mxfp8i_quantize_panel__avx512 and
  * mxfp8i_dequantize_panel__avx512 handle the "rows" geometry (unit stride along the axis for src and out) and the
  * "cols" geometry (unit stride across lines for src, out and scales), 1x32 and wrapX groups, F32/BF16/F16 sources,
  * E4M3/E5M2, the three scale rules; outputs codes, or exact qdq values as F32/BF16/F16. Any other geometry returns
- * -1 and writes nothing. Results equal the reference panels (src/quant/quantize.c) bit for bit:
+ * -1 and writes nothing. Results equal the reference panels (src/kernels/ref/quant_ref.c) bit for bit:
  *  - amax is the unsigned-integer max of |x| bits (NaN > Inf > finite), so a non-finite group is seen exactly as the
  *    reference sees it, and the scale code is read from amax's exponent field exactly as mxfp8_scale_code does
  *    (an FP32-subnormal amax always clamps to code 0 under every rule);
@@ -28,7 +28,10 @@
  */
 #include <math.h>
 
-#include "../../internal.h"
+#include "../../format/codec.h"
+#include "../../format/groups.h"
+#include "../../runtime/tensor.h"
+#include "avx512.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -221,13 +224,23 @@ AI __m512i hmax(__m512i ab) {
     return _mm512_max_epu32(ab, _mm512_shuffle_epi32(ab, (_MM_PERM_ENUM)0xB1));
 }
 
+/* One source element as float through the out-of-line public codecs: ref_elems must stay a scalar loop (GCC 12
+ * fails with an internal compiler error when it vectorizes it with the inline codecs in this AVX-512 file). */
+static float load_elem(const char *src, int dt, int i) {
+    switch (dt) {
+    case MXFP8_DTYPE_F32: return ((const float *)src)[i];
+    case MXFP8_DTYPE_BF16: return mxfp8_bf16_to_fp32(((const uint16_t *)src)[i]);
+    default: return mxfp8_fp16_to_fp32(((const uint16_t *)src)[i]);
+    }
+}
+
 /* Element-wise reference arithmetic (mxfp8i_quantize_group_ref + mxfp8i_dequantize_group_ref for one element whose
  * group has scale code s[i*ss]): the rare-case fallback (NaN groups in qdq, BF16-subnormal results). */
 static int64_t ref_elems(const char *src, int dt, int n, const uint8_t *s, int ss, int fmt, int ok, char *out) {
     int64_t inexact = 0;
     uint8_t nan = f_nan(fmt);
     for (int i = 0; i < n; i++) {
-        float x = mxfp8i_load_f32(src, (mxfp8_dtype)dt, i), v;
+        float x = load_elem(src, dt, i), v;
         uint8_t sc = s[i * ss], c;
         if (sc == 255) {
             c = (uint8_t)(nan | (signbit(x) ? 0x80 : 0));
@@ -950,3 +963,6 @@ int64_t mxfp8i_dequantize_panel__avx512(const mxfp8i_dqpanel *p) {
     return -1;
 }
 #endif
+
+const mxfp8i_qkernel mxfp8i_mx_quant__avx512 = {"mx_quant_panel__avx512", "avx512", 1, MXFP8I_NEEDS_AVX512,
+                                                mxfp8i_quantize_panel__avx512, mxfp8i_dequantize_panel__avx512};

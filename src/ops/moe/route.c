@@ -8,7 +8,7 @@
  */
 #include <stdlib.h>
 
-#include "moe_internal.h"
+#include "moe.h"
 
 static int64_t ceil_div_signed(int64_t num, int64_t den) { /* den > 0; rounds toward +inf */
     return num >= 0 ? (num + den - 1) / den : -((-num) / den);
