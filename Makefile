@@ -33,7 +33,7 @@ test-python: python
 	$(PYTEST)
 	MXFP8_ISA=scalar $(PYTEST)
 
-# Issue 6 (reliability): ASan+UBSan build of the C tests (build-asan), TSan on tests/c/test_threads.c (build-tsan,
+# Reliability: ASan+UBSan build of the C tests (build-asan), TSan on tests/c/test_threads.c (build-tsan,
 # clang + libomp), valgrind on `mxfp8 moe-bwd`; then every libFuzzer target for FUZZ_SECONDS (build-fuzz).
 FUZZ_SECONDS ?= 60
 test-sanitize: build

@@ -226,6 +226,112 @@ static void write_zero_sum(const mxfp8_tensor *c, int64_t M, int64_t N, int accu
         }
 }
 
+/* Bytes of each buffer of one GEMM (gemm_ctx fields already planned); false on overflow. */
+typedef struct gemm_sizes {
+    int64_t B, A, Ablk, C, S, T;
+} gemm_sizes;
+static bool buffer_sizes(const gemm_ctx *x, gemm_sizes *z) {
+    const mxfp8i_ukernel *uk = x->uk;
+    const int64_t M = x->M, N = x->N, K = x->K, bm = x->MCb < M ? x->MCb : M;
+    const int64_t npa = mxfp8i_ceil_div(M, uk->mr), npb = mxfp8i_ceil_div(N, uk->nr);
+    const int64_t wmax = uk->mr > uk->nr ? uk->mr : uk->nr;
+    return mxfp8i_mul_size(npb, x->pb_stride, &z->B) && mxfp8i_mul_size(npa, x->pa_stride, &z->A) &&
+           mxfp8i_mul_size(mxfp8i_ceil_div(bm, uk->mr), x->pa_stride, &z->Ablk) &&
+           mxfp8i_mul_size(bm, x->ldcb * 4, &z->C) && mxfp8i_mul_size(wmax * 8, K, &z->S) &&
+           mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &z->T);
+}
+
+/* Every buffer of the GEMM (from the workspace scope's cache where one is open); false when one is missing (the
+ * caller still releases what was obtained with put_buffers). */
+static bool get_buffers(gemm_ctx *x, const gemm_sizes *z, int kslot, uint64_t bkey) {
+    const mxfp8_matmul_config *cfg = x->cfg;
+    const int nt = x->nt;
+    if (kslot >= 0) x->Bp = mxfp8i_ws_keyed(kslot, bkey, x->uk, z->B, &x->b_ready); /* b_ready: packed earlier */
+    else x->Bp = mxfp8i_ws_get(0, z->B);
+    if (cfg->spill_reload) x->Ap = mxfp8i_ws_get(1, z->A);
+    if (x->coop) {
+        x->ash[0] = mxfp8i_ws_get(2, z->Ablk);
+        x->ash[1] = mxfp8i_ws_get(3, z->Ablk);
+    }
+    x->abuf = calloc((size_t)nt, sizeof(char *));
+    x->cblk = calloc((size_t)nt, sizeof(float *));
+    x->scratch = calloc((size_t)nt, sizeof(float *));
+    x->tmp = calloc((size_t)nt, sizeof(float *));
+    const int need_abuf = !cfg->spill_reload && !x->coop;
+    bool ok = x->Bp && (!cfg->spill_reload || x->Ap) && (!x->coop || (x->ash[0] && x->ash[1])) && x->abuf &&
+              x->cblk && x->scratch && x->tmp;
+    for (int t = 0; ok && t < nt; t++) {
+        x->cblk[t] = mxfp8i_ws_get(4 + 4 * t, z->C);
+        x->scratch[t] = mxfp8i_ws_get(5 + 4 * t, z->S);
+        x->tmp[t] = mxfp8i_ws_get(6 + 4 * t, z->T);
+        if (need_abuf) x->abuf[t] = mxfp8i_ws_get(7 + 4 * t, z->Ablk);
+        ok = x->cblk[t] && x->scratch[t] && x->tmp[t] && (!need_abuf || x->abuf[t]);
+    }
+    return ok;
+}
+
+static void put_buffers(gemm_ctx *x) {
+    for (int t = 0; t < x->nt; t++) {
+        if (x->cblk) mxfp8i_ws_put(x->cblk[t]);
+        if (x->scratch) mxfp8i_ws_put(x->scratch[t]);
+        if (x->tmp) mxfp8i_ws_put(x->tmp[t]);
+        if (x->abuf) mxfp8i_ws_put(x->abuf[t]);
+    }
+    free(x->cblk);
+    free(x->scratch);
+    free(x->tmp);
+    free(x->abuf);
+    mxfp8i_ws_put(x->Bp);
+    mxfp8i_ws_put(x->Ap);
+    mxfp8i_ws_put(x->ash[0]);
+    mxfp8i_ws_put(x->ash[1]);
+}
+
+/* The blocking of one GEMM: block sizes, thread count (never more than blocks along the shard axis), panel
+ * strides, and whether the threads share the packing of A's block rows. */
+static void plan(gemm_ctx *x, const mxfp8_matmul_config *cfg, int nt) {
+    const mxfp8i_ukernel *uk = x->uk;
+    x->MCb = cfg->tile_m * cfg->tiles_in_block_m;
+    x->NCb = cfg->tile_n * cfg->tiles_in_block_n;
+    x->MB = mxfp8i_ceil_div(x->M, x->MCb);
+    x->NB = mxfp8i_ceil_div(x->N, x->NCb);
+    int64_t nsh = cfg->lnc_2_shard_rhs ? x->NB : x->MB;
+    x->nt = nt > nsh ? (int)nsh : nt;
+    int64_t bn = x->NCb < x->N ? x->NCb : x->N;
+    x->ldcb = mxfp8i_round_up(bn, 16);
+    x->pa_stride = mxfp8i_round_up(uk->panel_bytes(x->K, uk->mr), 64);
+    x->pb_stride = mxfp8i_round_up(uk->panel_bytes(x->K, uk->nr), 64);
+    /* Shared A block rows: threads split along N walk the block rows in the same order (block_loop_order with m
+     * before n) and need all of them; packing each once instead of once per thread (spill_reload = 0 only). */
+    int d[3], m_first = 1;
+    loop_dims(cfg->block_loop_order, d);
+    for (int q = 0; q < 3; q++) {
+        if (d[q] == 0) { m_first = 1; break; }
+        if (d[q] == 1) { m_first = 0; break; }
+    }
+    x->coop = x->nt > 1 && !cfg->spill_reload && cfg->lnc_2_shard_rhs && m_first;
+}
+
+static void run_threads(const gemm_ctx *x) {
+    unsigned csr = mxfp8i_fenv_enter();
+    if (x->nt == 1) {
+        thread_body(x, 0, 1);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(x->nt)
+        {
+            /* If the runtime gives fewer threads, the shares follow the real count (buffers exist for nt). */
+            unsigned wcsr = mxfp8i_fenv_enter();
+            thread_body(x, omp_get_thread_num(), omp_get_num_threads());
+            mxfp8i_fenv_leave(wcsr);
+        }
+#else
+        thread_body(x, 0, 1);
+#endif
+    }
+    mxfp8i_fenv_leave(csr);
+}
+
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads) {
     int64_t M = a->R, N = b->R, K = a->K;
@@ -246,105 +352,27 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     }
     int nt = num_threads < 1 ? 1 : num_threads;
     if (!config->run_with_lnc2) nt = 1;
-    const mxfp8i_ukernel *uk = mxfp8i_gemm_ukernel();
-    mxfp8i_gemm_resolve(config, uk, M, N, K, nt, &cfg);
     gemm_ctx x;
     memset(&x, 0, sizeof x);
+    x.uk = mxfp8i_gemm_ukernel();
+    mxfp8i_gemm_resolve(config, x.uk, M, N, K, nt, &cfg);
     x.a = a;
     x.b = b;
     x.cfg = &cfg;
-    x.uk = uk;
     x.accumulate = accumulate;
     x.c = c;
     x.M = M;
     x.N = N;
     x.K = K;
-    x.MCb = cfg.tile_m * cfg.tiles_in_block_m;
-    x.NCb = cfg.tile_n * cfg.tiles_in_block_n;
-    x.MB = mxfp8i_ceil_div(M, x.MCb);
-    x.NB = mxfp8i_ceil_div(N, x.NCb);
-    /* Never more threads than blocks along the shard axis. */
-    int64_t nsh = cfg.lnc_2_shard_rhs ? x.NB : x.MB;
-    if (nt > nsh) nt = (int)nsh;
-    x.nt = nt;
+    plan(&x, &cfg, nt);
+    gemm_sizes z;
+    if (!buffer_sizes(&x, &z)) return MXFP8_ERR_OUT_OF_MEMORY;
     mxfp8_status st = MXFP8_ERR_OUT_OF_MEMORY;
-    int64_t bm = x.MCb < M ? x.MCb : M, bn = x.NCb < N ? x.NCb : N;
-    x.ldcb = mxfp8i_round_up(bn, 16);
-    x.pa_stride = mxfp8i_round_up(uk->panel_bytes(K, uk->mr), 64);
-    x.pb_stride = mxfp8i_round_up(uk->panel_bytes(K, uk->nr), 64);
-    int64_t npa = mxfp8i_ceil_div(M, uk->mr), npb = mxfp8i_ceil_div(N, uk->nr), wmax = uk->mr > uk->nr ? uk->mr : uk->nr;
-    int64_t nbB, nbA, nbAblk, nC, nS, nT;
-    if (!mxfp8i_mul_size(npb, x.pb_stride, &nbB) || !mxfp8i_mul_size(npa, x.pa_stride, &nbA) ||
-        !mxfp8i_mul_size(mxfp8i_ceil_div(bm, uk->mr), x.pa_stride, &nbAblk) ||
-        !mxfp8i_mul_size(bm, x.ldcb * 4, &nC) || !mxfp8i_mul_size(wmax * 8, K, &nS) ||
-        !mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &nT))
-        return st;
-    /* Shared A block rows: threads split along N walk the block rows in the same order (block_loop_order with m
-     * before n) and need all of them; packing each once instead of once per thread (spill_reload = 0 only). */
-    {
-        int d[3], m_first = 1;
-        loop_dims(cfg.block_loop_order, d);
-        for (int q = 0; q < 3; q++) {
-            if (d[q] == 0) { m_first = 1; break; }
-            if (d[q] == 1) { m_first = 0; break; }
-        }
-        x.coop = nt > 1 && !cfg.spill_reload && cfg.lnc_2_shard_rhs && m_first;
-    }
-    if (kslot >= 0) x.Bp = mxfp8i_ws_keyed(kslot, bkey, uk, nbB, &x.b_ready); /* b_ready: packed by an earlier GEMM */
-    else x.Bp = mxfp8i_ws_get(0, nbB);
-    if (cfg.spill_reload) x.Ap = mxfp8i_ws_get(1, nbA);
-    if (x.coop) {
-        x.ash[0] = mxfp8i_ws_get(2, nbAblk);
-        x.ash[1] = mxfp8i_ws_get(3, nbAblk);
-    }
-    x.abuf = calloc((size_t)nt, sizeof(char *));
-    x.cblk = calloc((size_t)nt, sizeof(float *));
-    x.scratch = calloc((size_t)nt, sizeof(float *));
-    x.tmp = calloc((size_t)nt, sizeof(float *));
-    int need_abuf = !cfg.spill_reload && !x.coop;
-    int ok = x.Bp && (!cfg.spill_reload || x.Ap) && (!x.coop || (x.ash[0] && x.ash[1])) && x.abuf && x.cblk &&
-             x.scratch && x.tmp;
-    for (int t = 0; ok && t < nt; t++) {
-        x.cblk[t] = mxfp8i_ws_get(4 + 4 * t, nC);
-        x.scratch[t] = mxfp8i_ws_get(5 + 4 * t, nS);
-        x.tmp[t] = mxfp8i_ws_get(6 + 4 * t, nT);
-        if (need_abuf) x.abuf[t] = mxfp8i_ws_get(7 + 4 * t, nbAblk);
-        ok = x.cblk[t] && x.scratch[t] && x.tmp[t] && (!need_abuf || x.abuf[t]);
-    }
-    if (ok) {
-        unsigned csr = mxfp8i_fenv_enter();
-        if (nt == 1) {
-            thread_body(&x, 0, 1);
-        } else {
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-            {
-                /* If the runtime gives fewer threads, the shares follow the real count (buffers exist for nt). */
-                unsigned wcsr = mxfp8i_fenv_enter();
-                thread_body(&x, omp_get_thread_num(), omp_get_num_threads());
-                mxfp8i_fenv_leave(wcsr);
-            }
-#else
-            thread_body(&x, 0, 1);
-#endif
-        }
-        mxfp8i_fenv_leave(csr);
+    if (get_buffers(&x, &z, kslot, bkey)) {
+        run_threads(&x);
         st = MXFP8_OK;
-        if (kslot >= 0) mxfp8i_ws_keyed_done(kslot, bkey, uk);
+        if (kslot >= 0) mxfp8i_ws_keyed_done(kslot, bkey, x.uk);
     }
-    for (int t = 0; t < nt; t++) {
-        if (x.cblk) mxfp8i_ws_put(x.cblk[t]);
-        if (x.scratch) mxfp8i_ws_put(x.scratch[t]);
-        if (x.tmp) mxfp8i_ws_put(x.tmp[t]);
-        if (x.abuf) mxfp8i_ws_put(x.abuf[t]);
-    }
-    free(x.cblk);
-    free(x.scratch);
-    free(x.tmp);
-    free(x.abuf);
-    mxfp8i_ws_put(x.Bp);
-    mxfp8i_ws_put(x.Ap);
-    mxfp8i_ws_put(x.ash[0]);
-    mxfp8i_ws_put(x.ash[1]);
+    put_buffers(&x);
     return st;
 }

@@ -60,124 +60,139 @@ static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const m
         }
 }
 
+typedef struct fwd_ws {
+    mxfp8i_moe_wcopy wc;
+    float *acc;                                        /* the output accumulator [T*H] */
+    float *xb, *gu, *g, *u, *act, *inter, *down, *b1, *b2, *aq; /* per-block buffers, rows [0, Bw) */
+} fwd_ws;
+
+static void ws_free(fwd_ws *w) {
+    free(w->acc); free(w->xb); free(w->gu); free(w->g); free(w->u); free(w->act); free(w->inter); free(w->down);
+    free(w->b1); free(w->b2); free(w->aq);
+    mxfp8i_moe_wcopy_free(&w->wc);
+}
+
+static mxfp8_status ws_alloc(fwd_ws *w, const mxfp8i_moe *p) {
+    const int64_t H = p->H, I = p->I, I2 = 2 * I, Bw = p->Bw;
+    memset(w, 0, sizeof *w);
+    w->acc = (float *)calloc((size_t)(p->T * H > 0 ? p->T * H : 1), sizeof(float));
+    w->xb = (float *)malloc((size_t)(Bw * H) * sizeof(float));
+    w->gu = (float *)malloc((size_t)(Bw * I2) * sizeof(float));
+    w->g = (float *)malloc((size_t)(Bw * I) * sizeof(float));
+    w->u = (float *)malloc((size_t)(Bw * I) * sizeof(float));
+    w->act = (float *)malloc((size_t)(Bw * I) * sizeof(float));
+    w->inter = (float *)malloc((size_t)(Bw * I) * sizeof(float));
+    w->down = (float *)malloc((size_t)(Bw * H) * sizeof(float));
+    w->b1 = (float *)malloc((size_t)I2 * sizeof(float));
+    w->b2 = (float *)malloc((size_t)H * sizeof(float));
+    w->aq = (float *)malloc((size_t)Bw * sizeof(float));
+    int ok = w->acc && w->xb && w->gu && w->g && w->u && w->act && w->inter && w->down && w->b1 && w->b2 && w->aq;
+    if (!ok || mxfp8i_moe_wcopy_alloc(p, 1u << MXFP8I_W1_H | 1u << MXFP8I_W2_I, &w->wc)) {
+        ws_free(w);
+        return MXFP8_ERR_OUT_OF_MEMORY;
+    }
+    return MXFP8_OK;
+}
+
+/* Block n of expert e, positions [0, L), L > 0: both GEMMs, the elementwise work, the weighted scatter into acc. */
+static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t e, int64_t L) {
+    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    const mxfp8_moe_config *c = &p->cfg;
+    const int32_t *tok = p->tok + n * p->B;
+    float *xb = w->xb, *gu = w->gu, *g = w->g, *u = w->u, *act = w->act, *inter = w->inter, *down = w->down;
+    const float *b1 = w->b1, *b2 = w->b2;
+    float *aq = w->aq;
+    const int nt = mxfp8i_moe_nt((double)L * (double)(H + I2)); /* elementwise work of this block */
+    mxfp8i_moe_load_b1(p, e, w->b1);
+    mxfp8i_moe_load_b2(p, e, w->b2);
+    /* gather X rows (padding rows zero) and the affinities of the positions */
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t q = 0; q < L; q++) {
+        aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
+        for (int64_t h = 0; h < H; h++) xb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p->X, tok[q], h) : 0.0f;
+    }
+    /* GEMM 1: GU = X_blk @ W1[e], contraction H (W1[e]'s packed panels kept in keyed slot 0) */
+    mxfp8i_gop A = mxfp8i_gop_hp(xb, MXFP8_DTYPE_F32, L, H, H, 1);
+    mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
+    mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.data);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, gu, I2));
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t q = 0; q < L; q++)
+        for (int64_t i = 0; i < I; i++) {
+            float gv = 0.0f, uv = 0.0f, av = 0.0f, iv = 0.0f;
+            if (tok[q] >= 0) {
+                gv = mxfp8i_moe_clamp(gu[q * I2 + i] + b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
+                uv = mxfp8i_moe_clamp(gu[q * I2 + I + i] + b1[I + i], c->up_clamp_lower, c->up_clamp_upper);
+                av = mxfp8i_moe_act(c->activation, gv);
+                iv = av * uv;
+            }
+            g[q * I + i] = gv;
+            u[q * I + i] = uv;
+            act[q * I + i] = av;
+            inter[q * I + i] = iv;
+        }
+    /* GEMM 2: down = inter @ W2[e] + b2, contraction I (keyed slot 1) */
+    A = mxfp8i_gop_hp(inter, MXFP8_DTYPE_F32, L, I, I, 1);
+    W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
+    mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.data);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, down, H));
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
+        const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
+        for (int64_t q = 0; q < L; q++) {
+            float *dq = down + q * H;
+            if (tok[q] < 0) {
+                for (int64_t h = h0; h < h1; h++) dq[h] = 0.0f;
+                continue;
+            }
+            const float a = aq[q];
+            float *dst = w->acc + tok[q] * H;
+            for (int64_t h = h0; h < h1; h++) {
+                float d = dq[h] + b2[h];
+                dq[h] = d;
+                dst[h] += a * d;
+            }
+        }
+    }
+    return MXFP8_OK;
+}
+
 mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs) {
     static const char *fn = "mxfp8_moe_forward";
     mxfp8i_clear_error();
-    if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
-    if (!outputs) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!outputs, MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
     mxfp8i_moe_in in;
     mxfp8i_moe_in_fwd(args, &in);
     mxfp8i_moe p;
-    mxfp8_status st = mxfp8i_moe_setup(fn, &in, 0, &p);
-    if (st) return st;
-    if ((st = mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 0))) {
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 0, &p));
+    mxfp8_status st = mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 0);
+    fwd_ws w;
+    if (!st && ws_alloc(&w, &p)) st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
+    if (st) {
         mxfp8i_moe_free(&p);
         return st;
     }
-    const int64_t T = p.T, H = p.H, I = p.I, B = p.B, I2 = 2 * I, Bw = p.Bw;
-    const mxfp8_moe_config *c = &p.cfg;
-
-    /* Workspaces (all allocated before the first store). */
-    mxfp8i_moe_wcopy wc;
-    float *acc = (float *)calloc((size_t)(T * H > 0 ? T * H : 1), sizeof(float));
-    float *xb = (float *)malloc((size_t)(Bw * H) * sizeof(float));
-    float *gu = (float *)malloc((size_t)(Bw * I2) * sizeof(float));
-    float *g = (float *)malloc((size_t)(Bw * I) * sizeof(float));
-    float *u = (float *)malloc((size_t)(Bw * I) * sizeof(float));
-    float *act = (float *)malloc((size_t)(Bw * I) * sizeof(float));
-    float *inter = (float *)malloc((size_t)(Bw * I) * sizeof(float));
-    float *down = (float *)malloc((size_t)(Bw * H) * sizeof(float));
-    float *b1 = (float *)malloc((size_t)I2 * sizeof(float));
-    float *b2 = (float *)malloc((size_t)H * sizeof(float));
-    float *aq = (float *)malloc((size_t)Bw * sizeof(float));
-    st = mxfp8i_moe_wcopy_alloc(&p, 1u << MXFP8I_W1_H | 1u << MXFP8I_W2_I, &wc);
-    if (st || !acc || !xb || !gu || !g || !u || !act || !inter || !down || !b1 || !b2 || !aq) {
-        if (!st) mxfp8i_moe_wcopy_free(&wc);
-        st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
-        goto done;
-    }
     /* The block GEMMs reuse one set of GEMM buffers, and the blocks of one expert its packed weights. */
     mxfp8i_gemm_ws_begin();
-
-    for (int64_t n = 0; n < p.N; n++) {
+    for (int64_t n = 0; n < p.N && !st; n++) {
         const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
-        const int32_t *tok = p.tok + n * B;
-        if (L == 0) {
-            write_checkpoints(&p, n, 0, outputs, g, u, act, inter, down, aq);
-            continue;
-        }
-        const int nt = mxfp8i_moe_nt((double)L * (double)(H + I2)); /* elementwise work of this block */
-        mxfp8i_moe_load_b1(&p, e, b1);
-        mxfp8i_moe_load_b2(&p, e, b2);
-        /* gather X rows (padding rows zero) and the affinities of the positions */
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t q = 0; q < L; q++) {
-            aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(&p, tok[q], e) : 0.0f;
-            for (int64_t h = 0; h < H; h++) xb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p.X, tok[q], h) : 0.0f;
-        }
-        /* GEMM 1: GU = X_blk @ W1[e], contraction H (W1[e]'s packed panels kept in keyed slot 0) */
-        mxfp8i_gop A = mxfp8i_gop_hp(xb, MXFP8_DTYPE_F32, L, H, H, 1);
-        mxfp8i_gop W = mxfp8i_moe_weight(&p, &wc, e, MXFP8I_W1_H);
-        mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.data);
-        if ((st = mxfp8i_moe_gemm(&p, &A, &W, 0, gu, I2))) goto oom;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t q = 0; q < L; q++)
-            for (int64_t i = 0; i < I; i++) {
-                float gv = 0.0f, uv = 0.0f, av = 0.0f, iv = 0.0f;
-                if (tok[q] >= 0) {
-                    gv = mxfp8i_moe_clamp(gu[q * I2 + i] + b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
-                    uv = mxfp8i_moe_clamp(gu[q * I2 + I + i] + b1[I + i], c->up_clamp_lower, c->up_clamp_upper);
-                    av = mxfp8i_moe_act(c->activation, gv);
-                    iv = av * uv;
-                }
-                g[q * I + i] = gv;
-                u[q * I + i] = uv;
-                act[q * I + i] = av;
-                inter[q * I + i] = iv;
-            }
-        /* GEMM 2: down = inter @ W2[e] + b2, contraction I (keyed slot 1) */
-        A = mxfp8i_gop_hp(inter, MXFP8_DTYPE_F32, L, I, I, 1);
-        W = mxfp8i_moe_weight(&p, &wc, e, MXFP8I_W2_I);
-        mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.data);
-        if ((st = mxfp8i_moe_gemm(&p, &A, &W, 0, down, H))) goto oom;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
-            const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
-            for (int64_t q = 0; q < L; q++) {
-                float *dq = down + q * H;
-                if (tok[q] < 0) {
-                    for (int64_t h = h0; h < h1; h++) dq[h] = 0.0f;
-                    continue;
-                }
-                const float a = aq[q];
-                float *dst = acc + tok[q] * H;
-                for (int64_t h = h0; h < h1; h++) {
-                    float d = dq[h] + b2[h];
-                    dq[h] = d;
-                    dst[h] += a * d;
-                }
-            }
-        }
-        write_checkpoints(&p, n, L, outputs, g, u, act, inter, down, aq);
+        if (L > 0) st = fwd_block(&p, &w, n, e, L);
+        if (!st) write_checkpoints(&p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
     }
     mxfp8i_gemm_ws_end();
-    {
+    if (st) {
+        /* A GEMM workspace allocation failed after checkpoints of earlier blocks were written. */
+        st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM (outputs are incomplete)", fn);
+    } else {
         const mxfp8_tensor *o = &outputs->output;
+        const int64_t T = p.T, H = p.H;
 #pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)T * (double)H))
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++)
-                mxfp8i_store_f32(o->data, o->dtype, t * o->strides[0] + h * o->strides[1], acc[t * H + h]);
+                mxfp8i_store_f32(o->data, o->dtype, t * o->strides[0] + h * o->strides[1], w.acc[t * H + h]);
     }
-    st = MXFP8_OK;
-    mxfp8i_moe_wcopy_free(&wc);
-    goto done;
-oom:
-    /* A GEMM workspace allocation failed after checkpoints of earlier blocks were written. */
-    mxfp8i_gemm_ws_end();
-    mxfp8i_moe_wcopy_free(&wc);
-    st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM (outputs are incomplete)", fn);
-done:
-    free(acc); free(xb); free(gu); free(g); free(u); free(act); free(inter); free(down); free(b1); free(b2); free(aq);
+    ws_free(&w);
     mxfp8i_moe_free(&p);
     return st;
 }

@@ -194,16 +194,12 @@ static mxfp8_status set_workspace_rows(mxfp8i_moe *p) {
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p) {
+/* hidden_states [T, H] and the weights W1 [E, H, 2, I], W2 [E, I, H] (high precision, or codes with their scales
+ * in the pass's layout); sets p->T, H, E, I and the pre-quantized flags. */
+static mxfp8_status check_hidden_and_weights(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
     mxfp8_status st;
-    memset(p, 0, sizeof *p);
-    p->fn = fn;
-    p->bwd = bwd;
-    if (in->cfg) p->cfg = *in->cfg;
-    else mxfp8_moe_config_init(&p->cfg);
-    if ((st = check_config(fn, &p->cfg))) return st;
     const mxfp8_moe_config *c = &p->cfg;
-
+    const int bwd = p->bwd;
     /* X [T, H] */
     if (!in->X) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: hidden_states is required", fn);
     if ((st = mxfp8i_check_rank(fn, "hidden_states", in->X, 2))) return st;
@@ -211,6 +207,8 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: hidden_states has dtype %s (expected f32, bf16 or f16)", fn,
                             mxfp8_dtype_name(in->X->dtype));
     const int64_t T = in->X->shape[0], H = in->X->shape[1];
+    p->T = T;
+    p->H = H;
     if (H < 1)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: hidden size H = %lld must be >= 1", fn, (long long)H);
 
@@ -220,6 +218,8 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     if (!in->W2 || !in->W2->data) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: down_proj_weight is required", fn);
     if ((st = mxfp8i_check_rank(fn, "gate_up_proj_weight", in->W1, 4))) return st;
     const int64_t E = in->W1->shape[0], I = in->W1->shape[3];
+    p->E = E;
+    p->I = I;
     if (E < 1)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: number of experts E = %lld must be >= 1", fn,
                             (long long)E);
@@ -256,6 +256,15 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
             return st;
     }
 
+    return MXFP8_OK;
+}
+
+/* expert_affinities_masked [T*E], dY [T, H] (backward), block_size, num_valid_tokens, biases; sets p->B, p->V. */
+static mxfp8_status check_side_inputs(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    mxfp8_status st;
+    const mxfp8_moe_config *c = &p->cfg;
+    const int bwd = p->bwd;
+    const int64_t T = p->T, H = p->H, E = p->E, I = p->I;
     /* a [T*E, 1] */
     int64_t TE;
     if (!mxfp8i_mul_size(T, E, &TE)) return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: T*E overflows", fn);
@@ -269,6 +278,7 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
 
     /* block size, num_valid_tokens */
     const int64_t B = in->B;
+    p->B = B;
     if (B < 1) return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: block_size %lld must be >= 1", fn, (long long)B);
     int64_t V = T;
     if (present(in->nvt)) {
@@ -300,7 +310,15 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         if ((st = mxfp8i_moe_check_tensor(fn, "down_proj_bias", in->b2, 0, 0, 2, s2))) return st;
     }
 
-    /* routing */
+    p->V = V;
+    return MXFP8_OK;
+}
+
+/* The routing tensors' shapes (or the identity routing of single_expert_dense); sets p->N. */
+static mxfp8_status check_routing_shapes(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    mxfp8_status st;
+    const mxfp8_moe_config *c = &p->cfg;
+    const int64_t T = p->T, E = p->E, B = p->B;
     int64_t N;
     if (c->single_expert_dense) {
         if (E != 1)
@@ -329,19 +347,14 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     if (!mxfp8i_mul_size(N, B, &NB) || NB > INT64_MAX / 8)
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: N*B overflows", fn);
 
-    p->T = T; p->H = H; p->I = I; p->E = E; p->N = N; p->B = B; p->V = V;
-    p->Bw = 1; /* set from the routing below: the longest block prefix that holds a real position */
-    p->X = *in->X;
-    p->a = *in->a;
-    p->W1 = *in->W1;
-    p->W2 = *in->W2;
-    if (c->bias && present(in->b1)) p->b1 = *in->b1;
-    if (c->bias && present(in->b2)) p->b2 = *in->b2;
-    if (p->w1_prequant) p->W1s = *in->W1s;
-    if (p->w2_prequant) p->W2s = *in->W2s;
-    if (bwd) p->dY = *in->dY;
+    p->N = N;
+    return MXFP8_OK;
+}
 
-    /* Resolve and check the routing (reads every id before any output is written). */
+/* The flat routing table tok[n*B + p] (a token id in [0, V) or -1) and expert[n], every id checked. */
+static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    const mxfp8_moe_config *c = &p->cfg;
+    const int64_t T = p->T, E = p->E, N = p->N, V = p->V, NB = N * p->B;
     p->tok = (int32_t *)malloc((size_t)(NB > 0 ? NB : 1) * sizeof(int32_t));
     p->expert = (int32_t *)malloc((size_t)(N > 0 ? N : 1) * sizeof(int32_t));
     if (!p->tok || !p->expert) {
@@ -386,6 +399,33 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         p->expert[n] = e;
     }
     return set_workspace_rows(p);
+}
+
+
+mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p) {
+    memset(p, 0, sizeof *p);
+    p->fn = fn;
+    p->bwd = bwd;
+    if (in->cfg) p->cfg = *in->cfg;
+    else mxfp8_moe_config_init(&p->cfg);
+    MXFP8I_FORWARD_IF_ERROR(check_config(fn, &p->cfg));
+    MXFP8I_FORWARD_IF_ERROR(check_hidden_and_weights(fn, in, p));
+    MXFP8I_FORWARD_IF_ERROR(check_side_inputs(fn, in, p));
+    MXFP8I_FORWARD_IF_ERROR(check_routing_shapes(fn, in, p));
+    p->Bw = 1; /* set from the routing below: the longest block prefix that holds a real position */
+    p->X = *in->X;
+    p->a = *in->a;
+    p->W1 = *in->W1;
+    p->W2 = *in->W2;
+    const mxfp8_moe_config *c = &p->cfg;
+    if (c->bias && present(in->b1)) p->b1 = *in->b1;
+    if (c->bias && present(in->b2)) p->b2 = *in->b2;
+    if (p->w1_prequant) p->W1s = *in->W1s;
+    if (p->w2_prequant) p->W2s = *in->W2s;
+    if (bwd) p->dY = *in->dY;
+
+    /* reads every id before any output is written */
+    return resolve_routing(fn, in, p);
 }
 
 void mxfp8i_moe_free(mxfp8i_moe *p) {
