@@ -70,3 +70,59 @@ def test_bitwise_over_tcp():
 def test_bad_argument_on_one_rank(ranks):
     out = _mpirun(ranks, "fault")
     assert f"rank {ranks - 1} of {ranks}" in out, out
+
+
+# ---- the CLI: mpirun -np P mxfp8 moe-bwd --expert-parallel ----------------------------------------------------
+CLI = os.environ.get("MXFP8_CLI") or os.path.join(REPO, "build", "mxfp8")
+
+
+def _cli(*args, ranks=None):
+    cmd = [CLI, "moe-bwd", *args]
+    if ranks:
+        cmd = ["timeout", "-k", "10", str(LIMIT), MPIRUN, "-np", str(ranks), "--oversubscribe", *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=LIMIT + 30)
+    return r.returncode, r.stdout + r.stderr
+
+
+def _topk_bundle(path, rng):
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
+    T, H, E, K, I = 90, 96, 5, 2, 64
+    bf = ml_dtypes.bfloat16
+    ids = np.array([rng.choice(E, K, replace=False) for _ in range(T)], np.int32)
+    save_file({"hidden_states": rng.uniform(0, 1, (T, H)).astype(bf),
+               "gate_up_proj_weight": rng.uniform(-0.1, 0.1, (E, H, 2, I)).astype(bf),
+               "down_proj_weight": rng.uniform(-0.1, 0.1, (E, I, H)).astype(bf),
+               "output_hidden_states_grad": rng.uniform(-1, 1, (T, H)).astype(bf),
+               "topk_ids": ids, "topk_weights": rng.uniform(0, 1, (T, K)).astype(np.float32)}, path)
+
+
+@pytest.mark.skipif(not os.path.isfile(CLI), reason=f"the mxfp8 CLI is not built ({CLI})")
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_cli_expert_parallel_writes_the_single_process_gradients(tmp_path, rng, ranks):
+    """--inputs/--output: the same bundle gives byte-identical gradient files with and without --expert-parallel
+    (explicit routing written by --save-inputs, with biases and AFFINITY_ON_H; and topk routing)."""
+    b, sp, ep = (str(tmp_path / n) for n in ("b.safetensors", "sp.safetensors", "ep.safetensors"))
+    rc, out = _cli("--T", "150", "--H", "64", "--I", "32", "--E", "5", "--B", "16", "--topk", "3", "--bias",
+                   "--save-inputs", b, "--no-check", "--quiet")
+    assert rc == 0, out
+    for opts in (("--affinity", "on_h"), ("--block-size", "8")):
+        if opts[0] == "--block-size":
+            _topk_bundle(b, rng)
+        rc, out = _cli("--inputs", b, "--output", sp, "--no-check", "--quiet", *opts)
+        assert rc == 0, out
+        rc, out = _cli("--expert-parallel", "--inputs", b, "--output", ep, *opts, ranks=ranks)
+        assert rc == 0 and "verdict: PASS" in out, out
+        assert open(sp, "rb").read() == open(ep, "rb").read()
+
+
+@pytest.mark.skipif(not os.path.isfile(CLI), reason=f"the mxfp8 CLI is not built ({CLI})")
+def test_cli_expert_parallel_errors():
+    rc, out = _cli("--expert-parallel", "--E", "2", "--topk", "1", ranks=3)
+    assert rc != 0 and out.count("ranks <= experts") == 1, out  # one message, from rank 0
+    rc, out = _cli("--expert-parallel", "--inputs", "/nonexistent/b.safetensors", ranks=2)
+    assert rc != 0 and "cannot open" in out, out
+    rc, out = _cli("--expert-parallel", "--T", "64", "--H", "64", "--I", "32", "--E", "4", "--B", "8",
+                   "--topk", "2", "--wire", "mxfp8", ranks=2)
+    assert rc == 0 and "per rank" in out, out
