@@ -11,6 +11,10 @@
  * on one machine (MPI over shared memory) and across a cluster (any MPI network). It is built on the public API of
  * libmxfp8 only and links it; it is built when CMake finds MPI.
  *
+ * Sources of the rules: [NKI-E] (mxfp8.h) for the layer each rank computes; the MPI Standard 3.1, sections 5.8
+ * (MPI_Alltoall, MPI_Alltoallv), 5.9.5 (user-defined reduction operations, MPI_Op_create) and 8.3 (error handlers),
+ * for the exchanges and the agreement; the dispatch / combine pattern is that of GShard and DeepSpeed-MoE.
+ *
  * Expert placement
  * ----------------
  * E experts over P ranks (1 <= P <= E; E % P != 0 allowed) in contiguous ranges, as even as possible: with
@@ -75,18 +79,20 @@
  * is the same on every rank and names the rank ("rank 2 of 4: ..." or "... differs across ranks: rank 0 has 64, rank 3
  * has 96"), no output is written and no rank is left waiting in a collective. Failures after that point (a workspace
  * allocation or a local kernel call failing on some rank) are agreed on the same way (one MPI_Allreduce after the
- * count exchange and one after the combine); outputs are written only after the last agreement succeeded. Zero tokens
- * on a rank and experts without tokens are normal cases. The only calls that return without communicating are those
- * given no usable communicator (args NULL, comm MPI_COMM_NULL, the backward's context NULL, MPI not initialized or
- * finalized, an intercommunicator):
- * nothing can be agreed on without one, so such a call must fail on every rank or the others wait in the agreement.
+ * forward's count exchange, the backward allocating everything before its first agreement, and one after the
+ * combine); outputs are written only after the last agreement succeeded. Zero tokens on a rank and experts without
+ * tokens are normal cases. The only calls that return without communicating are those given no usable communicator
+ * (args NULL, comm MPI_COMM_NULL, the backward's context NULL, MPI not initialized or finalized, an
+ * intercommunicator): nothing can be agreed on without one, so such a call must fail on every rank or the others
+ * wait in the agreement.
  * MPI's own failures follow the communicator's error handler: with MPI's default (MPI_ERRORS_ARE_FATAL) the MPI
  * library aborts the job; with MPI_ERRORS_RETURN a failing MPI call returns MXFP8_MPI_ERR_COMMUNICATION (the ranks
  * may then disagree: MPI promises nothing after a failure).
  *
  * Data movement (per rank and call; bytes to and from other ranks are counted in mxfp8_mpi_moe_stats, a rank's rows
  * for its own experts are copied in memory)
- *   forward dispatch: MPI_Alltoall of 2 counts per rank pair, MPI_Alltoallv of token rows (one per (token,
+ *   forward dispatch: MPI_Alltoall of 2 + ceil(E/P) counts per rank pair (rows, pairs, pairs per expert),
+ *     MPI_Alltoallv of token rows (one per (token,
  *     destination rank), however many of the token's experts that rank owns) and of 12 bytes of metadata per
  *     (token, expert) pair (row, expert, affinity). Rows are H elements of hidden_states' dtype (WIRE_NATIVE) or
  *     H FP8 codes + ceil(H/32) E8M0 scales (WIRE_MXFP8: 1 + 1/32 bytes per element, about half of BF16).
@@ -94,8 +100,19 @@
  *   backward dispatch: MPI_Alltoallv of dY rows with the forward's counts (no count exchange).
  *   backward combine: MPI_Alltoallv of 4 (H + 1) bytes per pair (the FP32 dX row and the affinity gradient).
  *
+ * Memory (per rank, bytes; R_s / R_r = rows sent / received, Q_s / Q_r = pairs sent / received = the rank's pairs and
+ * its experts' pairs, N_r = blocks of its local problem, e = element bytes of the rows' dtype, r_w = bytes of a wire row):
+ *   forward: r_w (R_s + R_r) for the rows (the received ones stay in the context), one local pair-row per received
+ *   pair e H Q_r (e = 4 with the MXFP8 wire), the local FP32 results 4 H Q_r, the combine 4 H (Q_r + Q_s), the
+ *   local mxfp8_moe_forward's workspace (mxfp8.h) and, with keep_checkpoints, 4 N_r B (2 I [+ H]) kept in the context;
+ *   backward: the same for dY plus the local pair-rows of X again, 4 (H + 1) (Q_r + Q_s) for the combine, the local
+ *   mxfp8_moe_backward's workspace, and a scratch copy of the rank's weight and bias gradients in their dtype (so that
+ *   no gradient is written before every rank is known to have succeeded).
+ *
  * Conventions are those of mxfp8.h: tensor views (mxfp8_tensor) with strides in elements, absent optional tensors
- * with data NULL, views of zero elements may have data NULL, no pointer to caller memory is kept after a call
+ * with data NULL (topk_ids / topk_weights / expert_affinities_masked, whose presence selects the routing, are absent
+ * only as MXFP8_TENSOR_NONE: data NULL and ndim 0), views of zero elements may have data NULL (a rank without
+ * tokens), no pointer to caller memory is kept after a call
  * (the context keeps copies and the communicator handle), nothing is printed, nothing aborts.
  */
 #ifndef MXFP8_MPI_H
@@ -199,7 +216,7 @@ typedef struct mxfp8_mpi_moe_fwd_args {
  *  wire NATIVE, keep_checkpoints 1. NULL is ignored. */
 MXFP8_MPI_API void mxfp8_mpi_moe_fwd_args_init(mxfp8_mpi_moe_fwd_args *args);
 
-/** Expert-parallel forward of the blockwise MoE layer (collective; see the sections above).
+/** Expert-parallel forward of the blockwise MoE layer [NKI-E] (collective; see the sections above).
  *  Per rank: dispatch each token row to the ranks owning its experts, run mxfp8_moe_forward on the received rows
  *  (the rank's experts only, blocks formed as mxfp8_moe_route forms them), return each (token, expert) result
  *  a * (inter @ W2 + b2) in FP32 to the token's rank and sum a token's results in ascending expert order in FP32,
@@ -207,7 +224,7 @@ MXFP8_MPI_API void mxfp8_mpi_moe_fwd_args_init(mxfp8_mpi_moe_fwd_args *args);
  *  output:  [T_r, H] F32/BF16/F16, required, distinct elements, not overlapping any input; overwritten (rows of
  *           tokens without experts are 0). Written only when every rank succeeded.
  *  context: NULL = inference (nothing kept); else *context receives a new context for mxfp8_mpi_moe_backward (NULL
- *           on error). stats: NULL or filled with this rank's figures (also on success only).
+ *           on error). stats: NULL, or filled with this rank's figures on success.
  *  Errors (the same on every rank): NULL_POINTER, INVALID_ARGUMENT (num_experts < 1, P > E, wire, keep_checkpoints
  *  not 0/1, single_expert_dense, duplicate id in a topk row, neither or both of topk and affinities, anything
  *  mxfp8_moe_forward rejects), SHAPE_MISMATCH (shapes among a rank's tensors, weights not [E_r, ...]), DTYPE,
@@ -248,7 +265,8 @@ typedef struct mxfp8_mpi_moe_bwd_grads {
     mxfp8_tensor down_proj_bias_grad;           /**< [E_r, H], required iff config->bias */
 } mxfp8_mpi_moe_bwd_grads;
 
-/** Expert-parallel backward (collective; the forward's config, wire and communicator, from the context).
+/** Expert-parallel backward, blockwise_mm_bwd_mxfp8 [NKI-E] over the ranks (collective; the forward's config, wire
+ *  and communicator, from the context).
  *  Per rank: dispatch dY rows with the forward's counts, run mxfp8_moe_backward (blockwise_mm_bwd_mxfp8) on the
  *  rank's local problem (the forward's received rows and blocks, its checkpoints or recomputed), return each
  *  (token, expert) dX row (FP32) and affinity gradient to the token's rank, sum dX in ascending expert order in FP32

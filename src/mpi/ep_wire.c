@@ -119,6 +119,6 @@ mxfp8_status ep_unpack_pairs(const char *fn, const ep_plan *p, const void *rbuf,
 }
 
 void ep_local_affinities(const ep_plan *p, float *a) {
-    memset(a, 0, sizeof(float) * (size_t)(p->nloc * p->E_r > 0 ? p->nloc * p->E_r : 1));
+    if (p->nloc > 0) memset(a, 0, sizeof(float) * (size_t)(p->nloc * p->E_r));
     for (int64_t j = 0; j < p->nloc; j++) a[j * p->E_r + p->lexp[j]] = p->la[j];
 }
