@@ -104,19 +104,11 @@ mxfp8_status mxfp8i_moe_wcopy_alloc(const mxfp8i_moe *p, unsigned uses, mxfp8i_m
             else need2 = 1;
         }
     const size_t HI = (size_t)p->H * (size_t)p->I;
-    if (need1 && !(w->w1f = (float *)malloc(2 * HI * sizeof(float)))) return MXFP8_ERR_OUT_OF_MEMORY;
-    if (need2 && !(w->w2f = (float *)malloc(HI * sizeof(float)))) {
-        mxfp8i_moe_wcopy_free(w);
+    if (need1 && !(w->w1f = (float *)mxfp8i_ws_get(MXFP8I_WS_MOE_W1F, 2 * HI * sizeof(float))))
         return MXFP8_ERR_OUT_OF_MEMORY;
-    }
+    if (need2 && !(w->w2f = (float *)mxfp8i_ws_get(MXFP8I_WS_MOE_W2F, HI * sizeof(float))))
+        return MXFP8_ERR_OUT_OF_MEMORY;
     return MXFP8_OK;
-}
-
-void mxfp8i_moe_wcopy_free(mxfp8i_moe_wcopy *w) {
-    free(w->w1f);
-    free(w->w2f);
-    memset(w, 0, sizeof *w);
-    w->e1 = w->e2 = -1;
 }
 
 mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use) {
@@ -161,6 +153,23 @@ mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e
 /* ---------------------------------------------------------------------------------------------------------- */
 /* GEMM                                                                                                       */
 /* ---------------------------------------------------------------------------------------------------------- */
+/* The config and thread count of a phase GEMM (small GEMMs run on the calling thread). */
+static void phase_setup(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, mxfp8_matmul_config *cfg, int *nt) {
+    mxfp8_matmul_config_init(cfg);
+    cfg->float8_dtype = p->cfg.quant_dtype;
+    cfg->scale_rule = p->cfg.scale_rule;
+    cfg->quant_scheme = MXFP8_GROUP_1X32;
+    *nt = (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
+}
+
+mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot) {
+    mxfp8_matmul_config cfg;
+    int nt;
+    phase_setup(p, M, N, K, &cfg, &nt);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gemm_reserve(M, N, K, &cfg, 1, keyed_slot)); /* smaller problems: 1 thread */
+    return mxfp8i_gemm_reserve(M, N, K, &cfg, mxfp8i_num_threads(), keyed_slot);
+}
+
 /* One GEMM of a phase through the block-scaled GEMM of src/gemm (quantize along K, FP32 fmaf accumulation in
  * ascending k, C + sum when accumulating; each C element written by one thread). */
 mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, const mxfp8i_gop *A, const mxfp8i_gop *B, int accumulate, float *C,
@@ -168,10 +177,8 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, const mxfp8i_gop *A, const mxf
     const int64_t M = A->R, N = B->R, K = A->K;
     if (M <= 0 || N <= 0) return MXFP8_OK;
     mxfp8_matmul_config cfg;
-    mxfp8_matmul_config_init(&cfg);
-    cfg.float8_dtype = p->cfg.quant_dtype;
-    cfg.scale_rule = p->cfg.scale_rule;
-    cfg.quant_scheme = MXFP8_GROUP_1X32;
+    int nt;
+    phase_setup(p, M, N, K, &cfg, &nt);
     mxfp8_tensor c;
     memset(&c, 0, sizeof c);
     c.data = C;
@@ -181,7 +188,6 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, const mxfp8i_gop *A, const mxf
     c.shape[1] = N;
     c.strides[0] = ldc;
     c.strides[1] = 1;
-    mxfp8_status st = mxfp8i_gemm_gop(A, B, &cfg, accumulate, &c,
-                                      (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads());
+    mxfp8_status st = mxfp8i_gemm_gop(A, B, &cfg, accumulate, &c, nt);
     return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }
