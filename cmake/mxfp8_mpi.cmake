@@ -55,6 +55,11 @@ foreach(t test_mpi_moe test_mpi_faults)
   target_link_libraries(${t} PRIVATE mxfp8_mpi mxfp8 MPI::MPI_C m)
 endforeach()
 
+# Not a ctest: tests/python/test_struct_layout.py runs it to compare mxfp8.mpi's ctypes mirrors with the C structs.
+add_executable(struct_layout_mpi ${PROJECT_SOURCE_DIR}/tests/mpi/struct_layout_mpi.c)
+target_compile_options(struct_layout_mpi PRIVATE ${MXFP8_WARN})
+target_link_libraries(struct_layout_mpi PRIVATE mxfp8_mpi)
+
 # mxfp8_add_mpi_test(NAME RANKS LIMIT_SECONDS EXE [extra mpiexec flags...])
 function(mxfp8_add_mpi_test name ranks limit exe)
   add_test(NAME ${name}

@@ -89,6 +89,7 @@ _T = _lib.Tensor
 
 
 class _FwdArgs(ctypes.Structure):
+    _c_name = "mxfp8_mpi_moe_fwd_args"
     _fields_ = [("comm", _COMM), ("num_experts", _I64), ("hidden_states", _T), ("topk_ids", _T),
                 ("topk_weights", _T), ("expert_affinities_masked", _T), ("gate_up_proj_weight", _T),
                 ("down_proj_weight", _T), ("gate_and_up_proj_bias", _T), ("down_proj_bias", _T),
@@ -97,6 +98,7 @@ class _FwdArgs(ctypes.Structure):
 
 
 class _BwdArgs(ctypes.Structure):
+    _c_name = "mxfp8_mpi_moe_bwd_args"
     _fields_ = [("context", _P), ("output_hidden_states_grad", _T), ("gate_up_proj_weight", _T),
                 ("down_proj_weight", _T), ("gate_and_up_proj_bias", _T), ("down_proj_bias", _T),
                 ("gate_up_weight_scales", _T), ("down_weight_scales", _T)]
@@ -107,6 +109,7 @@ _GRADS = ("hidden_states_grad", "topk_weights_grad", "expert_affinities_masked_g
 
 
 class _BwdGrads(ctypes.Structure):
+    _c_name = "mxfp8_mpi_moe_bwd_grads"
     _fields_ = [(n, _T) for n in _GRADS]
 
 
@@ -116,6 +119,7 @@ _STATS = ("setup_seconds", "dispatch_seconds", "compute_seconds", "combine_secon
 
 
 class _Stats(ctypes.Structure):
+    _c_name = "mxfp8_mpi_moe_stats"
     _fields_ = [(n, ctypes.c_double) for n in _STATS[:4]] + [(n, _I64) for n in _STATS[4:]]
 
     def as_dict(self):

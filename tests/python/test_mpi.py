@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
+from build_paths import CLI, require
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "mpi_worker.py")
 MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
 LIMIT = 240  # seconds per mpirun
@@ -73,11 +74,8 @@ def test_bad_argument_on_one_rank(ranks):
 
 
 # ---- the CLI: mpirun -np P mxfp8 moe-bwd --expert-parallel ----------------------------------------------------
-CLI = os.environ.get("MXFP8_CLI") or os.path.join(REPO, "build", "mxfp8")
-
-
 def _cli(*args, ranks=None):
-    cmd = [CLI, "moe-bwd", *args]
+    cmd = [require(CLI), "moe-bwd", *args]
     if ranks:
         cmd = ["timeout", "-k", "10", str(LIMIT), MPIRUN, "-np", str(ranks), "--oversubscribe", *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=LIMIT + 30)
@@ -98,7 +96,6 @@ def _topk_bundle(path, rng):
                "topk_ids": ids, "topk_weights": rng.uniform(0, 1, (T, K)).astype(np.float32)}, path)
 
 
-@pytest.mark.skipif(not os.path.isfile(CLI), reason=f"the mxfp8 CLI is not built ({CLI})")
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_cli_expert_parallel_writes_the_single_process_gradients(tmp_path, rng, ranks):
     """--inputs/--output: the same bundle gives byte-identical gradient files with and without --expert-parallel
@@ -117,7 +114,6 @@ def test_cli_expert_parallel_writes_the_single_process_gradients(tmp_path, rng, 
         assert open(sp, "rb").read() == open(ep, "rb").read()
 
 
-@pytest.mark.skipif(not os.path.isfile(CLI), reason=f"the mxfp8 CLI is not built ({CLI})")
 def test_cli_expert_parallel_errors():
     rc, out = _cli("--expert-parallel", "--E", "2", "--topk", "1", ranks=3)
     assert rc != 0 and out.count("ranks <= experts") == 1, out  # one message, from rank 0
