@@ -1,5 +1,5 @@
 """Expert parallelism over MPI: the blockwise MXFP8 MoE layer split over the ranks of an mpi4py communicator
-(libmxfp8_mpi; the C API and its full contract are in include/mxfp8_mpi.h).
+(libmxfp8_mpi; the C API and its full contract are in its header, mxfp8_mpi.h).
 
     from mpi4py import MPI
     import mxfp8.mpi as ep
