@@ -6,12 +6,17 @@ PY := $(VENV)/bin/python
 CTEST := ctest --test-dir $(BUILD) --output-on-failure
 PYTEST := $(PY) -m pytest tests/python -q -p no:cacheprovider
 
-.PHONY: all setup build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
+.PHONY: all setup setup-test build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
 
 all: build
 
+# setup: what build/run/python need (apt packages, .venv with numpy, ml_dtypes, scikit-build-core); setup-test adds
+# what the Python tests need (pytest, safetensors, matplotlib, tqdm; torch system-wide, seen through the venv).
 setup:
 	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh --test
 
 build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -29,7 +34,7 @@ test-c: build
 	$(CTEST)
 	MXFP8_ISA=scalar $(CTEST)
 
-test-python: python
+test-python: setup-test python
 	$(PYTEST)
 	MXFP8_ISA=scalar $(PYTEST)
 
