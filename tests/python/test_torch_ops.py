@@ -260,7 +260,7 @@ def _moe_args(rng, affinity="affinity_on_i", bias=False):
     b2 = randn(rng, E, H).requires_grad_() if bias else None
     lims = [-math.inf, 3.0, -2.5, math.inf]
     return (x, a.requires_grad_(), w1, w2, tp, be, Bs, b1, b2, "silu", lims, affinity, torch.float8_e4m3fn, "nki",
-            True)
+            True, True)
 
 
 def _opcheck_cases(rng):
@@ -295,7 +295,9 @@ def _opcheck_cases(rng):
         (ops.ids_to_int32, (ids, "topk_ids")),
         (ops.moe, moe_in),
         (ops.moe, _moe_args(rng)),
-        (ops.moe_backward, (g_out,) + plain[:9] + (ck_gu.detach(), ck_down.detach()) + plain[9:]),
+        (ops.moe, _moe_args(rng)[:-1] + (False,)),
+        (ops.moe_backward, (g_out,) + plain[:9] + (ck_gu.detach(), ck_down.detach()) + plain[9:-1]),
+        (ops.moe_backward, (g_out,) + plain[:9] + (torch.empty(0), torch.empty(0)) + plain[9:-1]),
     ]
 
 

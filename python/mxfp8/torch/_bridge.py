@@ -231,7 +231,7 @@ def _fill_moe_inputs(args, cc, inputs):
 
 
 def moe_forward_into(cc, inputs, output, gate_up_ckpt, down_out_ckpt):
-    """mxfp8_moe_forward: output [T, H]; checkpoints gate_up_proj_act_checkpoint_T [N, 2, I, B] and (when not None)
+    """mxfp8_moe_forward: output [T, H]; checkpoints (each when not None) gate_up_proj_act_checkpoint_T [N, 2, I, B] and
     down_proj_output_checkpoint [N, B, H]."""
     _moe_declare()
     a = _moe._FwdArgs()
@@ -239,7 +239,7 @@ def moe_forward_into(cc, inputs, output, gate_up_ckpt, down_out_ckpt):
     _fill_moe_inputs(a, cc, inputs)
     o = _moe._FwdOutputs()
     o.output = view(output, "output")
-    o.gate_up_proj_act_checkpoint_T = view(gate_up_ckpt, "gate_up_proj_act_checkpoint_T")
+    o.gate_up_proj_act_checkpoint_T = opt_view(gate_up_ckpt, "gate_up_proj_act_checkpoint_T")
     o.down_proj_output_checkpoint = opt_view(down_out_ckpt, "down_proj_output_checkpoint")
     invoke("mxfp8_moe_forward", ctypes.byref(a), ctypes.byref(o))
 

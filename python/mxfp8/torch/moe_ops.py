@@ -8,10 +8,11 @@ blocks of B = block_size positions, block n belonging to expert block_to_expert[
 token_position_to_id[n*B + p] or padding (-1 with skip_token=True, else T):
     g = clamp(X[t] @ W1[e][:, 0, :] + b1[e, 0]), u = clamp(X[t] @ W1[e][:, 1, :] + b1[e, 1])
     output[t] += a[t*E + e] * (act(g) * u @ W2[e] + b2[e])
-The forward (mxfp8_moe_forward) quantizes X and W1 along H, the intermediate and W2 along I; it saves the FP32
-gate/up projections (and, for affinity_option="affinity_on_h", the down projection) as checkpoints so that the
-backward (mxfp8_moe_backward = blockwise_mm_bwd_mxfp8) needs no recomputation; the backward is bitwise equal to
-calling mxfp8.blockwise_mm_fwd_mxfp8 / blockwise_mm_bwd_mxfp8 with the same checkpoints.
+The forward (mxfp8_moe_forward) quantizes X and W1 along H, the intermediate and W2 along I; when a backward will
+follow (checkpoint=True) it saves the FP32 gate/up projections (and, for affinity_option="affinity_on_h", the down
+projection) so that the backward (mxfp8_moe_backward = blockwise_mm_bwd_mxfp8) needs no recomputation; the
+backward is bitwise equal to calling mxfp8.blockwise_mm_fwd_mxfp8 / blockwise_mm_bwd_mxfp8 (with or without those
+checkpoints: the library recomputes them bit for bit).
 """
 
 import math
@@ -188,12 +189,13 @@ def route(topk_ids, topk_weights, num_experts, block_size, *, skip_token=True):
 # ---------------------------------------------------------------------------------------------------------------
 # moe
 # ---------------------------------------------------------------------------------------------------------------
-def _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size, affinity_option):
+def _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size, affinity_option, checkpoint):
+    """Shapes of the checkpoints the forward saves for the backward ((0,): none saved)."""
     T, H = hidden_states.shape
     I = gate_up_proj_weight.shape[3]
     N = token_position_to_id.numel() // block_size
-    down = (N, block_size, H) if affinity_option == "affinity_on_h" else (0,)
-    return (N, 2, I, block_size), down
+    down = (N, block_size, H) if affinity_option == "affinity_on_h" and checkpoint else (0,)
+    return ((N, 2, I, block_size) if checkpoint else (0,)), down
 
 
 def _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
@@ -209,9 +211,9 @@ def _moe(hidden_states: Tensor, expert_affinities_masked: Tensor, gate_up_proj_w
          down_proj_weight: Tensor, token_position_to_id: Tensor, block_to_expert: Tensor, block_size: int,
          gate_and_up_proj_bias: Optional[Tensor], down_proj_bias: Optional[Tensor], activation: str,
          clamp_limits: list[float], affinity_option: str, elem_dtype: torch.dtype, scale_rule: str,
-         skip_token: bool) -> tuple[Tensor, Tensor, Tensor]:
+         skip_token: bool, checkpoint: bool) -> tuple[Tensor, Tensor, Tensor]:
     s_gu, s_down = _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size,
-                                affinity_option)
+                                affinity_option, checkpoint)
     output = torch.empty(hidden_states.shape, dtype=hidden_states.dtype)
     gate_up = torch.empty(s_gu, dtype=torch.float32)
     down = torch.empty(s_down, dtype=torch.float32)
@@ -219,16 +221,17 @@ def _moe(hidden_states: Tensor, expert_affinities_masked: Tensor, gate_up_proj_w
     cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias)
     inputs = _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                      token_position_to_id, block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias)
-    B.moe_forward_into(cc, inputs, output, gate_up, down if affinity_option == "affinity_on_h" else None)
+    B.moe_forward_into(cc, inputs, output, gate_up if gate_up.dim() == 4 else None,
+                       down if down.dim() == 3 else None)
     return output, gate_up, down
 
 
 @_moe.register_fake
 def _(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
       block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias, activation, clamp_limits, affinity_option,
-      elem_dtype, scale_rule, skip_token):
+      elem_dtype, scale_rule, skip_token, checkpoint):
     s_gu, s_down = _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size,
-                                affinity_option)
+                                affinity_option, checkpoint)
     return (hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty(s_gu, dtype=torch.float32),
             hidden_states.new_empty(s_down, dtype=torch.float32))
 
@@ -252,8 +255,10 @@ def _moe_backward(grad_output: Tensor, hidden_states: Tensor, expert_affinities_
     inputs = _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                      token_position_to_id, block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias)
     c_grads = {k: v for k, v in zip(_GRADS, grads) if k in _GRADS[:4] or bias}
+    # absent checkpoints ([0]) are recomputed by the library, bitwise equal to the forward's
+    gate_up = gate_up_proj_act_checkpoint_T if gate_up_proj_act_checkpoint_T.dim() == 4 else None
     down = down_proj_output_checkpoint if down_proj_output_checkpoint.dim() == 3 else None
-    B.moe_backward_into(cc, inputs, grad_output, gate_up_proj_act_checkpoint_T, down, c_grads)
+    B.moe_backward_into(cc, inputs, grad_output, gate_up, down, c_grads)
     return grads
 
 
@@ -279,7 +284,7 @@ def _(grad_output, hidden_states, expert_affinities_masked, gate_up_proj_weight,
 
 
 def _moe_setup(ctx, inputs, output):
-    (x, a, w1, w2, tp, be, bs, b1, b2, act, clamps, aff, elem, rule, skip) = inputs
+    (x, a, w1, w2, tp, be, bs, b1, b2, act, clamps, aff, elem, rule, skip, _) = inputs
     ctx.save_for_backward(x, a, w1, w2, tp, be, b1, b2, output[1], output[2])
     ctx.options = (bs, act, clamps, aff, elem, rule, skip)
     ctx.has_bias = (b1 is not None, b2 is not None)
@@ -295,7 +300,7 @@ def _moe_grad(ctx, grad_output, g_ck1, g_ck2):
                                      aff, elem, rule, skip)
     gb1 = g[4] if ctx.has_bias[0] else None
     gb2 = g[5] if ctx.has_bias[1] else None
-    return (g[0], g[1], g[2], g[3], None, None, None, gb1, gb2) + (None,) * 6
+    return (g[0], g[1], g[2], g[3], None, None, None, gb1, gb2) + (None,) * 7
 
 
 _moe.register_autograd(_moe_grad, setup_context=_moe_setup)
@@ -376,7 +381,11 @@ def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_
     if tp.dim() != 1 or tp.numel() % block_size:
         raise ValueError(f"token_position_to_id: expected a 1-D tensor of N*block_size ids, got shape "
                          f"{tuple(tp.shape)} with block_size {block_size}")
+    # checkpoints for the backward only when there will be one (no_grad / inference: none are written)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
+        hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, gate_and_up_proj_bias,
+        down_proj_bias))
     out, _, _ = torch.ops.mxfp8.moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                                     tp, be, block_size, gate_and_up_proj_bias, down_proj_bias, act,
-                                    clamp_list(clamp_limits), aff, r.moe_dtype, r.scale_rule, bool(skip_token))
+                                    clamp_list(clamp_limits), aff, r.moe_dtype, r.scale_rule, bool(skip_token), grad)
     return out

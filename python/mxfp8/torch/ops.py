@@ -13,7 +13,7 @@ with torch.library.register_autograd whose backward is itself an op (so AOTAutog
         -> (expert_affinities_masked, token_position_to_id, block_to_expert)            (differentiable in weights)
     torch.ops.mxfp8.moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                         token_position_to_id, block_to_expert, block_size, gate_and_up_proj_bias?, down_proj_bias?,
-                        activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token)
+                        activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, checkpoint)
         -> (output, gate_up_proj_act_checkpoint_T, down_proj_output_checkpoint)           (differentiable)
     torch.ops.mxfp8.moe_backward(...) -> the six gradients of blockwise_mm_bwd_mxfp8
     torch.ops.mxfp8.ids_to_int32(ids, name) -> int32 ids (range-checked)
