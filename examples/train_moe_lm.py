@@ -233,7 +233,10 @@ def write_outputs(a, runs):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    both = len(names) == 2
+    fig, axes = plt.subplots(2 if both else 1, 1, figsize=(8, 6 if both else 4.5), dpi=100, sharex=True,
+                             gridspec_kw={"height_ratios": [3, 1]} if both else None, squeeze=False)
+    ax = axes[0][0]
     colors = {"bf16": "tab:blue", "mxfp8": "tab:orange"}
     for n in names:
         tr, va, tps = runs[n]
@@ -243,14 +246,25 @@ def write_outputs(a, runs):
                 label=f"{n} train (mean of {k} steps)")
         ax.plot(sorted(va), [va[s] for s in sorted(va)], "o-", color=colors.get(n), ms=3, lw=1.5,
                 label=f"{n} validation, {tps:.0f} tokens/s")
-    ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/byte)")
+    # the axis shows the training after its first steep drop (the first evaluation after step 0 and below)
     lo = min(min(v.values()) for _, v, _ in runs.values())
-    ax.set_ylim(lo - 0.1, min(6.0, max(r[0][0] for r in runs.values())) + 0.1)
+    later = [x for _, v, _ in runs.values() for s, x in v.items() if s > 0]
+    hi = max(later) if later else max(max(v.values()) for _, v, _ in runs.values())
+    ax.set_ylim(lo - 0.05 * (hi - lo) - 0.01, hi + 0.15 * (hi - lo) + 0.01)
     ax.set_title(f"MoE LM on the Python stdlib sources: {a.layers} layers, width {a.width}, {a.experts} experts "
                  f"top-{a.top_k}, {a.batch}x{a.seq} tokens/step", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if both:
+        vb, vm = runs["bf16"][1], runs["mxfp8"][1]
+        steps = sorted(vb)
+        gap = [100 * (vm[s] - vb[s]) / vb[s] for s in steps]
+        axes[1][0].axhline(0, color="gray", lw=0.8)
+        axes[1][0].plot(steps, gap, "o-", color="tab:red", ms=3, lw=1.2)
+        axes[1][0].set_ylabel("val gap (%)\nmxfp8 vs bf16", fontsize=8)
+        axes[1][0].grid(alpha=0.3)
+    axes[-1][0].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(out / "loss.png")
     return out

@@ -128,3 +128,27 @@ def test_compile_fullgraph_bitwise(rng, affinity, bias, autocast):
     assert len(got) == len(eager)
     for i, (a, b) in enumerate(zip(got, eager)):
         assert same_bits(a, b), f"result {i} differs between compiled and eager"
+
+
+def test_bitwise_for_any_thread_count(rng):
+    """Outputs and every gradient are the same bits on 1, 2 and 3 threads (torch's and the library's)."""
+    torch.manual_seed(2)
+    model = _TinyModel("affinity_on_i", True)
+    x = _t(rng, 4, 33, 48)
+    dy = _t(rng, 4, 33, 48)
+    results = []
+    old = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            mxfp8.set_num_threads(n)
+            model.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_()
+            y = model(xi)
+            y.backward(dy)
+            results.append([y.detach(), xi.grad] + [p.grad.clone() for p in model.parameters()])
+    finally:
+        torch.set_num_threads(old)
+        mxfp8.set_num_threads(0)
+    for other in results[1:]:
+        assert all(same_bits(a, b) for a, b in zip(results[0], other))

@@ -189,6 +189,8 @@ def test_linear_nd_input_flattens_without_copy(rng, monkeypatch):
 def test_linear_empty_and_autocast(rng):
     w = randn(rng, 16, 32)
     assert tuple(mt.linear(torch.empty(0, 32), w).shape) == (0, 16)
+    assert torch.equal(mt.linear(randn(rng, 3, 0), torch.empty(4, 0)), torch.zeros(3, 4))  # K = 0: zeros
+    assert tuple(mt.linear(randn(rng, 2, 3, 5), torch.empty(0, 5)).shape) == (2, 3, 0)
     x = randn(rng, 4, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = mt.linear(x, w)

@@ -152,19 +152,25 @@ def dequantize(data, scales, axis=-1, group="1x32", output_dtype=torch.float32, 
 # ---------------------------------------------------------------------------------------------------------------
 def _rows(t, width):
     """2-D [M, width] view of an N-D tensor (leading dims flattened; a copy only where the strides force one)."""
+    M = math.prod(t.shape[:-1])
     try:
-        return t.view(-1, width)
+        return t.view(M, width)
     except RuntimeError:
-        return t.reshape(-1, width)
+        return t.reshape(M, width)
+
+
+def _out_rows(t, width, name):
+    """2-D [M, width] view of an output tensor: it must be one (the library writes into it in place)."""
+    try:
+        return t.view(math.prod(t.shape[:-1]), width)
+    except RuntimeError:
+        raise ValueError(f"{name}: its strides do not allow viewing it as a 2-D [rows, {width}] tensor") from None
 
 
 def _linear_impl(input, weight, bias, elem_dtype, scale_rule, out):
     N, K = weight.shape
     x2 = _rows(input, K)
-    try:
-        o2 = out.view(-1, N)
-    except RuntimeError:
-        raise ValueError("out: its strides do not allow viewing it as [M, out_features]") from None
+    o2 = _out_rows(out, N, "out")
     if bias is None:
         B.matmul_into(x2, weight, elem_dtype, scale_rule, o2)
         return
@@ -203,10 +209,7 @@ def _(input, weight, bias, elem_dtype, scale_rule, out):
 def _linear_backward_impl(grad_output, input, weight, elem_dtype, scale_rule, grad_input, grad_weight):
     N, K = weight.shape
     dy2, x2 = _rows(grad_output, N), _rows(input, K)
-    try:
-        gi2 = grad_input.view(-1, K)
-    except RuntimeError:
-        raise ValueError("grad_input: its strides do not allow viewing it as [M, in_features]") from None
+    gi2 = _out_rows(grad_input, K, "grad_input")
     if gi2.dtype == grad_weight.dtype:
         B.matmul_backward_into(dy2, weight, x2, elem_dtype, scale_rule, gi2, grad_weight)
         return
