@@ -222,6 +222,8 @@ def test_linear_bad_input(rng):
         mt.linear(x, w, out=out)
     with pytest.raises(TypeError, match="out: dtype int32"):
         mt.linear(x, w, out=torch.zeros(4, 16, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="out= does not support automatic differentiation"):
+        mt.linear(x.clone().requires_grad_(), w, out=torch.empty(4, 16))
     overlap = torch.full((4, 48), 7.0)
     with pytest.raises(mxfp8.MXFP8Error, match="ALIASING|overlap"):
         mt.linear(overlap[:, :32], w, out=overlap[:, 32:])

@@ -9,6 +9,8 @@ with torch.library.register_autograd whose backward is itself an op (so AOTAutog
     torch.ops.mxfp8.linear(input, weight, bias?, elem_dtype, scale_rule) -> output        (differentiable)
     torch.ops.mxfp8.linear_backward(grad_output, input, weight, elem_dtype, scale_rule, bias_dtype?)
         -> (grad_input, grad_weight, grad_bias)                     (grad_bias empty when bias_dtype is None)
+    torch.ops.mxfp8.topk_softmax(router_logits, top_k, renormalize) -> (topk_weights, topk_ids)  (differentiable)
+    torch.ops.mxfp8.topk_softmax_backward(grad_weights, router_logits, topk_ids, renormalize) -> grad_logits
     torch.ops.mxfp8.route(topk_ids, topk_weights, num_experts, block_size, skip_token)
         -> (expert_affinities_masked, token_position_to_id, block_to_expert)            (differentiable in weights)
     torch.ops.mxfp8.moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
@@ -18,7 +20,8 @@ with torch.library.register_autograd whose backward is itself an op (so AOTAutog
     torch.ops.mxfp8.moe_backward(...) -> the six gradients of blockwise_mm_bwd_mxfp8
     torch.ops.mxfp8.ids_to_int32(ids, name) -> int32 ids (range-checked)
 plus out= variants quantize_out, dequantize_out, linear_out, linear_backward_out that write into given tensors.
-The Python functions below (quantize, dequantize, linear, linear_backward, route, moe) are the documented way in:
+This module defines the quantize and linear ops; moe_ops.py the router, route and moe ops. The Python functions
+(quantize, dequantize, linear, linear_backward here; topk_softmax, route, moe there) are the documented way in:
 they check devices, dtypes and ranks with errors naming the parameter, map recipes to element dtypes and convert
 int64 ids once.
 """
@@ -32,7 +35,7 @@ from torch import Tensor
 from . import _bridge as B
 from .recipes import get_recipe
 
-__all__ = ["quantize", "dequantize", "linear", "linear_backward", "route", "moe"]
+__all__ = ["quantize", "dequantize", "linear", "linear_backward"]
 
 _lib = torch.library
 
@@ -227,7 +230,7 @@ def _linear_backward_impl(grad_output, input, weight, elem_dtype, scale_rule, gr
 
 def _bias_grad(grad_output, bias_dtype):
     """sum of dY over every row, accumulated in FP64 and rounded once to the bias dtype."""
-    return grad_output.reshape(-1, grad_output.shape[-1]).sum(0, dtype=torch.float64).to(bias_dtype)
+    return _rows(grad_output, grad_output.shape[-1]).sum(0, dtype=torch.float64).to(bias_dtype)
 
 
 @_lib.custom_op("mxfp8::linear_backward", mutates_args=())
@@ -314,6 +317,9 @@ def linear(input, weight, bias=None, recipe="mxfp8", *, out=None):
     if out is None:
         return torch.ops.mxfp8.linear(input, weight, bias, r.linear_dtype, r.scale_rule)
     B.check_out(out, "out", (*input.shape[:-1], weight.shape[0]), B.FLOAT)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
+        raise RuntimeError("linear: out= does not support automatic differentiation, but an input requires grad "
+                           "(call it under torch.no_grad(), or without out=)")
     torch.ops.mxfp8.linear_out(input, weight, bias, r.linear_dtype, r.scale_rule, out)
     return out
 
