@@ -4,7 +4,8 @@ VENV ?= .venv
 JOBS ?= $(shell nproc)
 PY := $(VENV)/bin/python
 CTEST := ctest --test-dir $(BUILD) --output-on-failure
-PYTEST := $(PY) -m pytest tests/python -q -p no:cacheprovider
+# The Python tests find the CLI and the struct_layout program in the build directory built here (MXFP8_BUILD_DIR).
+PYTEST := MXFP8_BUILD_DIR=$(abspath $(BUILD)) $(PY) -m pytest tests/python -q -p no:cacheprovider
 
 .PHONY: all setup setup-test build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
 
@@ -38,7 +39,7 @@ test-python: setup-test python
 	$(PYTEST)
 	MXFP8_ISA=scalar $(PYTEST)
 
-# Issue 6 (reliability): ASan+UBSan build of the C tests (build-asan), TSan on tests/c/test_threads.c (build-tsan,
+# Reliability: ASan+UBSan build of the C tests (build-asan), TSan on tests/c/test_threads.c (build-tsan,
 # clang + libomp), valgrind on `mxfp8 moe-bwd`; then every libFuzzer target for FUZZ_SECONDS (build-fuzz).
 FUZZ_SECONDS ?= 60
 test-sanitize: build

@@ -1,0 +1,252 @@
+/*
+ * bwd_block.c -- one block of blockwise_mm_bwd_mxfp8 [NKI-E]: gather, g/u/act/inter (checkpoints or recomputed),
+ * Phase 1, the affinity gradient and the activation backward, the bias sums, Phase 2 and its scatter, Phases 3 and 4.
+ * Math: bwd.c's file comment. Threads split GEMM output tiles, rows of elementwise work and column ranges of sums
+ * and scatters (positions always in order), so every result is independent of the thread count.
+ */
+#include "bwd.h"
+
+/* Element (n, i, q) of an [N, I, B] checkpoint / (n, j, i, q) of [N, 2, I, B] / (n, q, h) of [N, B, H]. */
+static inline float ck3(const mxfp8_tensor *t, int64_t n, int64_t x, int64_t y) {
+    return mxfp8i_load_f32(t->data, t->dtype, n * t->strides[0] + x * t->strides[1] + y * t->strides[2]);
+}
+static inline float ck4(const mxfp8_tensor *t, int64_t n, int64_t j, int64_t i, int64_t q) {
+    return mxfp8i_load_f32(t->data, t->dtype,
+                           n * t->strides[0] + j * t->strides[1] + i * t->strides[2] + q * t->strides[3]);
+}
+
+/* X and dY rows of the block's tokens (padding rows zero). */
+static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t q = 0; q < L; q++) {
+        if (tok[q] < 0) {
+            memset(w->xb + q * H, 0, (size_t)H * sizeof(float));
+            memset(w->dyb + q * H, 0, (size_t)H * sizeof(float));
+            continue;
+        }
+        mxfp8i_moe_row_f32(&p->X, tok[q], H, w->xb + q * H);
+        mxfp8i_moe_row_f32(&p->dY, tok[q], H, w->dyb + q * H);
+    }
+}
+
+/* A checkpoint's [I] x [L] block (positions innermost, strides si, sq) into d[q][i], read in 16-row blocks of i. */
+static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq, int64_t I, int64_t L, float *d, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i0 = 0; i0 < I; i0 += 16) {
+        const int64_t i1 = i0 + 16 < I ? i0 + 16 : I;
+        if (t->dtype == MXFP8_DTYPE_F32) {
+            const float *src = (const float *)t->data + base;
+            for (int64_t q = 0; q < L; q++)
+                for (int64_t i = i0; i < i1; i++) d[q * I + i] = src[i * si + q * sq];
+        } else if (t->dtype == MXFP8_DTYPE_BF16) {
+            const uint16_t *src = (const uint16_t *)t->data + base;
+            for (int64_t q = 0; q < L; q++)
+                for (int64_t i = i0; i < i1; i++) d[q * I + i] = mxfp8i_bf16_to_fp32(src[i * si + q * sq]);
+        } else {
+            for (int64_t q = 0; q < L; q++)
+                for (int64_t i = i0; i < i1; i++) d[q * I + i] = mxfp8i_load_f32(t->data, t->dtype, base + i * si + q * sq);
+        }
+    }
+}
+
+/* g, u, act(g), inter (checkpoints, else the forward's GEMM 1 + b1 + clamp), and the Phase 4 operand S = a*inter
+ * (ON_I) or the Phase 1 operand D = a*dY (ON_H). Sets w->have_sg when w->sg holds sigmoid(c g) of every position. */
+static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
+    const mxfp8i_moe *p = w->p;
+    const mxfp8_moe_config *c = &p->cfg;
+    const mxfp8_moe_bwd_args *a = w->args;
+    const mxfp8_tensor *ck_gu = &a->gate_up_proj_act_checkpoint_T, *ck_act = &a->gate_act_checkpoint_T,
+                       *ck_inter = &a->intermediate_checkpoint_T, *ck_s = &a->scaled_intermediate_checkpoint_T,
+                       *ck_D = &a->down_proj_act_checkpoint;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    if (!ck_gu->data) { /* the forward's GEMM 1: GU = X_blk @ W1[e], contraction H */
+        mxfp8i_gop A = mxfp8i_gop_hp(w->xb, MXFP8_DTYPE_F32, L, H, H, 1);
+        mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, w->gu, I2));
+    }
+    /* checkpoints ([n, (j,) i, q]: positions innermost) into the [q][i] buffers */
+    const mxfp8_tensor *ckt[5] = {ck_gu, ck_gu, ck_act, ck_inter, ck_s};
+    float *dst[5] = {w->g, w->u, w->act, w->inter, w->S};
+    for (int k = 0; k < 5; k++) {
+        const mxfp8_tensor *t = ckt[k];
+        if (!t->data || (k == 4 && w->onH)) continue;
+        const int four = t->ndim == 4;
+        const int64_t base = n * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
+        read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], I, L, dst[k], nt);
+    }
+    w->have_sg = !ck_act->data && (c->activation == MXFP8_ACT_SILU || c->activation == MXFP8_ACT_SWISH);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t q = 0; q < L; q++) {
+        float *g = w->g + q * I, *u = w->u + q * I, *act = w->act + q * I, *inter = w->inter + q * I;
+        float *S = w->onH ? NULL : w->S + q * I;
+        if (tok[q] < 0) { /* padding: zeros */
+            float *rows[5] = {g, u, act, inter, S};
+            for (int k = 0; k < 5; k++)
+                if (rows[k]) memset(rows[k], 0, (size_t)I * sizeof(float));
+            if (w->onH) memset(w->D + q * H, 0, (size_t)H * sizeof(float));
+            continue;
+        }
+        const float aq = mxfp8i_moe_aff(p, tok[q], e);
+        mxfp8i_moe_fwd_row(c, I, ck_gu->data ? NULL : w->gu + q * I2, w->b1, g, u, act, ck_act->data != NULL, inter,
+                           ck_inter->data != NULL, ck_s->data ? NULL : S, aq, w->have_sg ? w->sg + q * I : NULL);
+        if (w->onH) {
+            float *D = w->D + q * H;
+            if (ck_D->data)
+                for (int64_t h = 0; h < H; h++) D[h] = ck3(ck_D, n, q, h);
+            else
+                for (int64_t h = 0; h < H; h++) D[h] = aq * w->dyb[q * H + h];
+        }
+    }
+    return MXFP8_OK;
+}
+
+/* Phase 1 (contraction H): dI_raw = dY_blk @ W2[e]^T (ON_I) or dI = D @ W2[e]^T (ON_H); for ON_H without the down
+ * projection checkpoint, the forward's GEMM 2 (down = inter @ W2[e], contraction I) too. */
+static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t e, int64_t L) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I = p->I;
+    mxfp8i_gop A = mxfp8i_gop_hp(w->onH ? w->D : w->dyb, MXFP8_DTYPE_F32, L, H, H, 1);
+    mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_H);
+    mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data); /* W2[e]'s packed panels serve all of e's blocks (slot 0) */
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, w->dI, I));
+    if (w->onH && !w->args->down_proj_output_checkpoint.data) {
+        mxfp8i_gop Ai = mxfp8i_gop_hp(w->inter, MXFP8_DTYPE_F32, L, I, I, 1);
+        mxfp8i_gop W2 = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &Ai, &W2, 0, w->down, H));
+    }
+    return MXFP8_OK;
+}
+
+/* Sequential FP64 sums sum_i x[q][i] * y[q][i] (i ascending) of up to 8 rows at once: independent chains, the
+ * same additions in the same order as one row at a time. */
+static void dot_rows(const float *x, const float *y, int64_t ld, int64_t n, int rows, double *out) {
+    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (rows == 8) {
+        for (int64_t i = 0; i < n; i++)
+            for (int r = 0; r < 8; r++) s[r] += (double)x[r * ld + i] * (double)y[r * ld + i];
+    } else {
+        for (int r = 0; r < rows; r++)
+            for (int64_t i = 0; i < n; i++) s[r] += (double)x[r * ld + i] * (double)y[r * ld + i];
+    }
+    for (int r = 0; r < rows; r++) out[r] += s[r];
+}
+
+/* The affinity gradient of each position (FP64 sums) and the activation backward:
+ *   dI = a * dI_raw (ON_I) or dI (ON_H);  dGU = [dI * u * act'(g) * pass(g) | dI * act(g) * pass(u)]. */
+static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
+    const mxfp8i_moe *p = w->p;
+    const mxfp8_moe_config *c = &p->cfg;
+    const mxfp8_tensor *ck_down = &w->args->down_proj_output_checkpoint;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    /* affinity gradients, 8 positions at a time (padding positions' rows are zero and give 0) */
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t q0 = 0; q0 < L; q0 += 8) {
+        const int rows = (int)(L - q0 < 8 ? L - q0 : 8);
+        double *da = w->dablk + q0;
+        for (int r = 0; r < rows; r++) da[r] = 0.0;
+        if (!w->onH) {
+            dot_rows(w->dI + q0 * I, w->inter + q0 * I, I, I, rows, da);
+            if (p->b2.data)
+                for (int r = 0; r < rows; r++) {
+                    double t = da[r]; /* continues the same sequential sum */
+                    for (int64_t h = 0; h < H; h++) t += (double)w->dyb[(q0 + r) * H + h] * (double)w->b2[h];
+                    da[r] = t;
+                }
+        } else {
+            for (int r = 0; r < rows; r++) {
+                const int64_t q = q0 + r;
+                double t = 0.0;
+                for (int64_t h = 0; h < H; h++) {
+                    float dn = ck_down->data ? ck3(ck_down, n, q, h) : w->down[q * H + h] + w->b2[h];
+                    t += (double)w->dyb[q * H + h] * (double)dn;
+                }
+                da[r] = t;
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            if (tok[q0 + r] < 0) da[r] = 0.0;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t q = 0; q < L; q++) {
+        if (tok[q] < 0) {
+            memset(w->dgu + q * I2, 0, (size_t)I2 * sizeof(float));
+            continue;
+        }
+        const float aq = mxfp8i_moe_aff(p, tok[q], e);
+        mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->g + q * I, w->u + q * I, w->act + q * I,
+                           w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
+    }
+}
+
+/* db1[e] += sum_p dGU;  db2[e] += sum_p a*dY (ON_I) or D (ON_H). FP64, positions in order, column ranges split. */
+static void bias_grads(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t L, int nt) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I2 = 2 * p->I;
+    double *db1 = w->db1 + e * I2, *db2 = w->db2 + e * H;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        const int64_t k0 = I2 * t / nt, k1 = I2 * (t + 1) / nt, h0 = H * t / nt, h1 = H * (t + 1) / nt;
+        for (int64_t q = 0; q < L; q++) {
+            if (tok[q] < 0) continue;
+            const float aq = mxfp8i_moe_aff(p, tok[q], e);
+            for (int64_t k = k0; k < k1; k++) db1[k] += (double)w->dgu[q * I2 + k];
+            for (int64_t h = h0; h < h1; h++)
+                db2[h] += w->onH ? (double)w->D[q * H + h] : (double)(aq * w->dyb[q * H + h]);
+        }
+    }
+}
+
+/* Phase 2 (contraction 2I): dX_blk = dGU @ W1[e]^T, then scatter-added into dx in position order. */
+static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t L, int nt) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I2 = 2 * p->I;
+    mxfp8i_gop A = mxfp8i_gop_hp(w->dgu, MXFP8_DTYPE_F32, L, I2, I2, 1);
+    mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_2I);
+    mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, w->dxb, H));
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
+        for (int64_t q = 0; q < L; q++) {
+            if (tok[q] < 0) continue;
+            float *dst = w->dx + tok[q] * H;
+            const float *src = w->dxb + q * H;
+            for (int64_t h = h0; h < h1; h++) dst[h] += src[h];
+        }
+    }
+    return MXFP8_OK;
+}
+
+/* Phase 3: dW1[e] [H, 2I] += X_blk^T @ dGU; Phase 4: dW2[e] [I, H] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H). The
+ * operands are transposed views ([H, L] with strides (1, H), ...) that the GEMM quantizes down their columns, along
+ * the block's positions. */
+static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t L) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    mxfp8i_gop A = mxfp8i_gop_hp(w->xb, MXFP8_DTYPE_F32, H, L, 1, H);
+    mxfp8i_gop B = mxfp8i_gop_hp(w->dgu, MXFP8_DTYPE_F32, I2, L, 1, I2);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &B, 1, w->dw1, I2));
+    A = mxfp8i_gop_hp(w->onH ? w->inter : w->S, MXFP8_DTYPE_F32, I, L, 1, I);
+    B = mxfp8i_gop_hp(w->onH ? w->D : w->dyb, MXFP8_DTYPE_F32, H, L, 1, H);
+    return mxfp8i_moe_gemm(p, &A, &B, 1, w->dw2, H);
+}
+
+mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
+    const mxfp8i_moe *p = w->p;
+    const int32_t *tok = p->tok + n * p->B;
+    const int nt = mxfp8i_moe_nt((double)L * (double)(p->H + 2 * p->I)); /* elementwise work of this block */
+    mxfp8i_moe_load_b1(p, e, w->b1);
+    mxfp8i_moe_load_b2(p, e, w->b2);
+    gather(w, tok, L, nt);
+    MXFP8I_FORWARD_IF_ERROR(forward_values(w, n, e, tok, L, nt));
+    MXFP8I_FORWARD_IF_ERROR(phase1(w, e, L));
+    activation_backward(w, n, e, tok, L, nt);
+    if (p->cfg.bias) bias_grads(w, e, tok, L, nt);
+    MXFP8I_FORWARD_IF_ERROR(phase2(w, e, tok, L, nt));
+    MXFP8I_FORWARD_IF_ERROR(phases34(w, L));
+    for (int64_t q = 0; q < L; q++)
+        if (tok[q] >= 0) w->da[tok[q] * p->E + e] += w->dablk[q];
+    return MXFP8_OK;
+}
