@@ -10,8 +10,9 @@ Peers:
   - torchao (only when `import torchao` works; it is not a dependency): its MXFP8 emulation on the CPU
     (KernelPreference.EMULATED, E4M3, RCEIL): to_mx, the MX linear (mx_mm) and the MX grouped mm.
 Problems: quantize a 4096x4096 bf16 matrix (E4M3, RCEIL, along rows); linear Y = X @ W^T forward and forward +
-backward at the (M, K, N) shapes of `mxfp8 bench` (4096^3 only with --full); the MoE experts at the upstream
-problem of `mxfp8 bench` (H=1024, T=1024 tokens, E=4 experts, top-4, I=256, block 512) with routing given.
+backward at the (M, K, N) shapes of `mxfp8 bench` (4096^3 only with --full); the MoE experts at the problem of
+the NKI kernel's test, as `mxfp8 bench` runs it (H=1024, T=1024 tokens, E=4 experts, top-4, I=256, block 512)
+with routing given.
 Ours uses recipe "mxfp8" (E4M3, RCEIL) for the linear layer, the torchao recipe, and "nki" (E4M3, NKI rule) for
 the MoE experts; every input is bf16. ratio = peer time / mxfp8 time (> 1: mxfp8 is faster).
 """

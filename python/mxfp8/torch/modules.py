@@ -74,6 +74,9 @@ def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None):
 class BlockwiseMoE(nn.Module):
     """Top-k routed Mixture-of-Experts feed-forward layer with gated (SwiGLU-style) experts in MXFP8.
 
+    hidden_size H, intermediate_size I (per expert), num_experts E, top_k experts per token; renormalize: divide
+    the top_k router weights by their sum (as Mixtral); device, dtype: of the parameters, as for nn.Linear.
+
     forward(hidden_states [..., H]) -> output of the same shape and dtype (under CPU autocast: the autocast dtype):
       logits = router(x)                              router: nn.Linear(H, E, bias=False), weight [E, H]
       w, topk_ids = mxfp8.torch.topk_softmax(logits, top_k, renormalize): softmax in FP32 over the E experts, the

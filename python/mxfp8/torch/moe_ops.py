@@ -1,11 +1,11 @@
 """MoE custom ops: ``mxfp8::topk_softmax``, ``mxfp8::route``, ``mxfp8::moe`` (each with its backward op) and
 ``mxfp8::ids_to_int32``.
 
-The layer is the blockwise Mixture-of-Experts of the NKI kernel blockwise_mm_bwd_mxfp8 (include/mxfp8.h, "Blockwise
-MoE"): X = hidden_states [T, H], W1 = gate_up_proj_weight [E, H, 2, I], W2 = down_proj_weight [E, I, H],
-a = expert_affinities_masked [T*E, 1] (a[t*E + e]), optional biases b1 [E, 2, I] and b2 [E, H]; tokens sit in N
-blocks of B = block_size positions, block n belonging to expert block_to_expert[n], position p holding token
-token_position_to_id[n*B + p] or padding (-1 with skip_token=True, else T):
+The layer is the blockwise Mixture-of-Experts of the NKI kernel blockwise_mm_bwd_mxfp8 (the C header mxfp8.h
+documents it in its section "Blockwise MoE"): X = hidden_states [T, H], W1 = gate_up_proj_weight [E, H, 2, I],
+W2 = down_proj_weight [E, I, H], a = expert_affinities_masked [T*E, 1] (a[t*E + e]), optional biases b1 [E, 2, I]
+and b2 [E, H]; tokens sit in N blocks of B = block_size positions, block n belonging to expert block_to_expert[n],
+position p holding token token_position_to_id[n*B + p] or padding (-1 with skip_token=True, else T):
     g = clamp(X[t] @ W1[e][:, 0, :] + b1[e, 0]), u = clamp(X[t] @ W1[e][:, 1, :] + b1[e, 1])
     output[t] += a[t*E + e] * (act(g) * u @ W2[e] + b2[e])
 The forward (mxfp8_moe_forward) quantizes X and W1 along H, the intermediate and W2 along I; when a backward will
@@ -168,14 +168,15 @@ _route.register_autograd(_route_grad, setup_context=_route_setup)
 
 
 def route(topk_ids, topk_weights, num_experts, block_size, *, skip_token=True):
-    """Block layout of a top-k routing (mxfp8_moe_route, the upstream convention): returns (token_position_to_id
-    [N*B] int32, block_to_expert [N, 1] int32, expert_affinities_masked [T*E, 1] of topk_weights' dtype) with
-    N = ceil((T*K - (E-1)) / B) + E - 1. Expert e gets ceil(count_e / B) blocks in expert order holding its tokens
-    in ascending order, the last one padded (-1 with skip_token, else T); leftover blocks are all padding and belong
-    to expert E-1. a[t*E + e] = the weight of e in row t, 0 where row t does not choose e; differentiable in
-    topk_weights (the gradient of a weight is that of its entry of a).
+    """Block layout of a top-k routing (mxfp8_moe_route, the convention of the NKI kernel's tests): returns
+    (token_position_to_id [N*B] int32, block_to_expert [N, 1] int32, expert_affinities_masked [T*E, 1] of
+    topk_weights' dtype) with N = ceil((T*K - (E-1)) / B) + E - 1. Expert e gets ceil(count_e / B) blocks in
+    expert order holding its tokens in ascending order, the last one padded (-1 with skip_token, else T); leftover
+    blocks are all padding and belong to expert E-1. a[t*E + e] = the weight of e in row t, 0 where row t does not
+    choose e; differentiable in topk_weights (the gradient of a weight is that of its entry of a).
     topk_ids [T, K]: int32 / int64, distinct in a row, in [0, E). topk_weights [T, K]: float32 / bfloat16 /
-    float16. Errors: duplicate or out-of-range ids raise MXFP8Error; wrong dtypes / shapes TypeError / ValueError."""
+    float16. num_experts E >= top_k; block_size B >= 1 (positions per block). Errors: duplicate or out-of-range ids
+    raise MXFP8Error; wrong dtypes / shapes TypeError / ValueError."""
     B.check_ids(topk_ids, "topk_ids")
     B.check_tensor(topk_ids, "topk_ids", B.IDS, ndim=2)
     B.check_tensor(topk_weights, "topk_weights", B.FLOAT, ndim=2)
@@ -353,13 +354,15 @@ def _check_moe(x, a, w1, w2, b1, b2):
 def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
         block_to_expert, block_size, *, gate_and_up_proj_bias=None, down_proj_bias=None, activation="silu",
         clamp_limits=None, affinity_option="affinity_on_i", recipe="nki", skip_token=True):
-    """The MXFP8 blockwise MoE layer (forward mxfp8_moe_forward, backward blockwise_mm_bwd_mxfp8 [NKI]), see the
-    module doc. Returns output [T, H] in hidden_states' dtype; differentiable in hidden_states,
+    """The MXFP8 blockwise MoE layer (forward mxfp8_moe_forward, backward the NKI kernel blockwise_mm_bwd_mxfp8),
+    see the module doc. Returns output [T, H] in hidden_states' dtype; differentiable in hidden_states,
     expert_affinities_masked, both weights and both biases (gradients in the dtype of each).
 
     hidden_states [T, H], expert_affinities_masked [T*E, 1] (or [T*E]), gate_up_proj_weight [E, H, 2, I],
-    down_proj_weight [E, I, H], biases [E, 2, I] / [E, H]: float32 / bfloat16 / float16 CPU tensors.
-    token_position_to_id [N*B], block_to_expert [N] or [N, 1]: int32 or int64 (int64 is converted once, checked).
+    down_proj_weight [E, I, H], gate_and_up_proj_bias [E, 2, I] and down_proj_bias [E, H] (optional; one given
+    alone means the other is zero): float32 / bfloat16 / float16 CPU tensors.
+    token_position_to_id [N*B], block_to_expert [N] or [N, 1]: int32 or int64 (int64 is converted once, checked);
+    block_size B >= 1.
     activation: "silu" | "swish" | "squared_relu". clamp_limits: mxfp8.ClampLimits (or a dict of its fields) or
     None. affinity_option: "affinity_on_i" | "affinity_on_h". recipe: its moe_dtype and scale_rule are used.
     skip_token: padding positions hold -1 (True) or T (False). Errors: TypeError / ValueError naming the

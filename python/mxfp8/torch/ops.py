@@ -83,7 +83,7 @@ def _(x, axis, elem_dtype, scale_rule, group, data, scales):
 
 
 def quantize(x, elem_dtype=torch.float8_e4m3fn, axis=-1, scale_rule="nki", group="1x32", *, out=None):
-    """MX-quantize `x` along `axis` [OCP MX v1.0 section 6.3, NKI quantize_mx]: groups of 32 consecutive values
+    """MX-quantize `x` along `axis` (OCP MX v1.0 section 6.3; NKI quantize_mx): groups of 32 consecutive values
     (group="1x32"; "wrapx" = Trainium's grouping, axis length % 128 == 0) share one E8M0 scale 2^e, elements are
     RNE(x * 2^-e) in `elem_dtype`, saturating; an all-zero group gets scale code 0, a group holding NaN/Inf code 255.
 
@@ -132,7 +132,7 @@ def _(data, scales, axis, group, out):
 
 
 def dequantize(data, scales, axis=-1, group="1x32", output_dtype=torch.float32, *, out=None):
-    """out = fp8(data) * 2^(scale - 127) [OCP MX v1.0 section 6.2], exact in float32 (rounded RNE to bfloat16 /
+    """out = fp8(data) * 2^(scale - 127) (OCP MX v1.0 section 6.2), exact in float32 (rounded RNE to bfloat16 /
     float16); scale code 255 gives NaN. data: torch.float8_e4m3fn / float8_e5m2 codes; scales: float8_e8m0fnu (or
     uint8 codes) as returned by quantize for the same axis and group. output_dtype: float32, bfloat16 or float16.
     out: optional tensor of data's shape (its dtype decides), written in place and returned."""
@@ -300,7 +300,8 @@ def _autocast(t):
 
 
 def linear(input, weight, bias=None, recipe="mxfp8", *, out=None):
-    """MXFP8 linear layer y = input @ weight^T + bias (torch.nn.functional.linear's contract) [NKI matmul_mxfp8].
+    """MXFP8 linear layer y = input @ weight^T + bias (torch.nn.functional.linear's contract), the
+    NKI kernels matmul_mxfp8 / matmul_mxfp8_backward.
 
     input [..., in_features], weight [out_features, in_features], bias [out_features] or None: CPU tensors of
     float32 / bfloat16 / float16 (dtypes may differ), any strides. The forward quantizes input and weight along
@@ -325,10 +326,11 @@ def linear(input, weight, bias=None, recipe="mxfp8", *, out=None):
 
 
 def linear_backward(grad_output, input, weight, recipe="mxfp8", *, grad_input=None, grad_weight=None):
-    """The backward of `linear` as a function (matmul_mxfp8_backward [NKI]): returns (grad_input [..., K] in input's
-    dtype, grad_weight [N, K] in weight's dtype). grad_input / grad_weight: optional tensors (e.g. a parameter's
-    .grad) written in place, overwritten, and returned; give both or neither. The bias gradient is
-    grad_output.sum over the rows (not computed here)."""
+    """The backward of `linear` as a function (the NKI kernel matmul_mxfp8_backward): returns (grad_input [..., K]
+    in input's dtype, grad_weight [N, K] in weight's dtype). grad_input / grad_weight: optional tensors (e.g. a
+    parameter's .grad) written in place, overwritten, and returned; give both or neither. grad_output
+    [..., out_features], input, weight and recipe as for `linear`. The bias gradient is grad_output summed over the
+    rows (not computed here)."""
     r = get_recipe(recipe)
     _check_linear(input, weight, None)
     B.check_tensor(grad_output, "grad_output", B.FLOAT)

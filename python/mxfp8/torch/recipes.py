@@ -12,7 +12,7 @@ phases of the MoE experts. A recipe only says which element format and which sca
                                                         as cuBLAS / TransformerEngine) and torchao's MX linear
     "ocp"    E4M3            E4M3          ocp          OCP MX v1.0 section 6.3: floor(log2 amax) - emax, saturating
 
-Scale rules (include/mxfp8.h, mxfp8_scale_rule): "nki" e = floor(log2 amax) - (emax - 1), never saturates;
+Scale rules (mxfp8_scale_rule of the C library): "nki" e = floor(log2 amax) - (emax - 1), never saturates;
 "ocp" e = floor(log2 amax) - emax, values past the largest normal saturate; "rceil" e = ceil(log2(amax / max_normal)).
 A custom MXFP8Recipe(name, linear_dtype, moe_dtype, scale_rule) may be passed wherever a recipe name is taken.
 """
@@ -28,8 +28,9 @@ __all__ = ["MXFP8Recipe", "RECIPES", "get_recipe"]
 
 @dataclass(frozen=True)
 class MXFP8Recipe:
-    """Element dtypes (torch.float8_e4m3fn or torch.float8_e5m2) of the linear-layer GEMMs and of the MoE expert
-    GEMMs, and the scale rule ("nki", "ocp" or "rceil") of every quantization."""
+    """A recipe: name (shown in module reprs), linear_dtype and moe_dtype (torch.float8_e4m3fn or
+    torch.float8_e5m2: the element dtype of the linear-layer GEMMs and of the MoE expert GEMMs), and scale_rule
+    ("nki", "ocp" or "rceil") of every quantization. ValueError for any other value."""
     name: str
     linear_dtype: torch.dtype
     moe_dtype: torch.dtype
@@ -51,7 +52,8 @@ RECIPES = {
 
 
 def get_recipe(recipe):
-    """The MXFP8Recipe of a name in RECIPES ("nki", "mxfp8", "ocp") or an MXFP8Recipe itself; ValueError else."""
+    """The MXFP8Recipe of `recipe`: a name in RECIPES ("nki", "mxfp8", "ocp"; any case) or an MXFP8Recipe, returned
+    as is; ValueError for anything else."""
     if isinstance(recipe, MXFP8Recipe):
         return recipe
     if isinstance(recipe, str) and recipe.strip().lower() in RECIPES:
