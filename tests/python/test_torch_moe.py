@@ -279,3 +279,19 @@ def test_ids_to_int32_converts_once(rng, monkeypatch):
     out = mt.moe(x, a, torch.randn(E, H, 2, I) * 0.1, torch.randn(E, I, H) * 0.1, tp.long(), be.long(), BS)
     out.sum().backward()
     assert calls == ["token_position_to_id", "block_to_expert"]
+
+
+def test_mixtral_mapping_and_router_grad_match_numpy_helpers(rng):
+    """load_mixtral_weights lays the weights out as mxfp8.from_mixtral does; the route op's gradient of the top-k
+    weights is mxfp8.topk_weights_grad of the affinity gradient."""
+    p = _hf_params(rng, bias=False)
+    m = _module(p, False, "silu", None, "affinity_on_i")
+    gu, dn = mxfp8.from_mixtral(p["w1"].float().numpy(), p["w3"].float().numpy(), p["w2"].float().numpy())
+    assert same_bits(m.gate_up_proj_weight.detach(), torch.from_numpy(gu))
+    assert same_bits(m.down_proj_weight.detach(), torch.from_numpy(dn))
+    ids = torch.from_numpy(np.stack([rng.permutation(E)[:K] for _ in range(T)]))
+    w = torch.rand(T, K, requires_grad=True)
+    _, _, a = mt.route(ids, w, E, BS)
+    ga = torch.from_numpy(rng.standard_normal((T * E, 1)).astype(np.float32))
+    a.backward(ga)
+    assert same_bits(w.grad, torch.from_numpy(mxfp8.topk_weights_grad(ga.numpy(), ids.numpy(), E)))

@@ -93,7 +93,7 @@ class BlockwiseMoE(nn.Module):
     expert nn.Linear weights w1 = gate [I, H], w3 = up [I, H], w2 = down [H, I]; router "gate" [E, H]):
         gate_up_proj_weight[e, :, 0, :] = w1[e].T;  gate_up_proj_weight[e, :, 1, :] = w3[e].T
         down_proj_weight[e] = w2[e].T;              router.weight = gate.weight
-    (load_mixtral_weights does exactly this).
+    (load_mixtral_weights does exactly this; mxfp8.from_mixtral / mxfp8.to_mixtral map numpy arrays both ways).
 
     activation: "silu" (default), "swish" (x * sigmoid(1.702 x)) or "squared_relu". clamp_limits: mxfp8.ClampLimits
     (or a dict of its fields): non_linear_* limits clip g, linear_* limits clip u. affinity_option: "affinity_on_i"
