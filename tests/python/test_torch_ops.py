@@ -354,5 +354,6 @@ def test_docstrings_name_every_parameter_and_carry_no_jargon():
         texts = [mod.__doc__ or ""] + [getattr(o, "__doc__", "") or "" for o in vars(mod).values()
                                        if (inspect.isfunction(o) or inspect.isclass(o)) and
                                        getattr(o, "__module__", "") == mod.__name__]
-        bad += [f"{mod.__name__}: {t[max(0, m.start() - 30):m.end() + 30]!r}" for t in texts for m in JARGON.finditer(t)]
+        for t in texts:
+            bad += [f"{mod.__name__}: {t[max(0, m.start() - 30):m.end() + 30]!r}" for m in JARGON.finditer(t)]
     assert not bad, "\n".join(bad)
