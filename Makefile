@@ -7,12 +7,17 @@ CTEST := ctest --test-dir $(BUILD) --output-on-failure
 # The Python tests find the CLI and the struct_layout program in the build directory built here (MXFP8_BUILD_DIR).
 PYTEST := MXFP8_BUILD_DIR=$(abspath $(BUILD)) $(PY) -m pytest tests/python -q -p no:cacheprovider
 
-.PHONY: all setup build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
+.PHONY: all setup setup-test build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
 
 all: build
 
+# setup: what build/run/python need (apt packages, .venv with numpy, ml_dtypes, scikit-build-core); setup-test adds
+# what the Python tests need (pytest, safetensors, matplotlib, tqdm; torch system-wide, seen through the venv).
 setup:
 	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh --test
 
 build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -30,7 +35,7 @@ test-c: build
 	$(CTEST)
 	MXFP8_ISA=scalar $(CTEST)
 
-test-python: python
+test-python: setup-test python
 	$(PYTEST)
 	MXFP8_ISA=scalar $(PYTEST)
 
