@@ -82,6 +82,25 @@ const char *cli_get(const cli_opt *opts, int nopts, const char *name) {
     return NULL;
 }
 
+int cli_begin(cli_cmdline *cl, const char *cmd, int argc, char **argv, cli_opt *opts, int nopts, int maxpos,
+              void (*help)(void)) {
+    memset(cl, 0, sizeof *cl);
+    cl->cmd = cmd;
+    cl->opts = opts;
+    cl->nopts = nopts;
+    if (maxpos > CLI_MAX_POS) maxpos = CLI_MAX_POS;
+    int rc = cli_parse(cmd, argc, argv, opts, nopts, cl->pos, maxpos, &cl->npos);
+    if (rc < 0) {
+        help();
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if (cli_threads(cmd, cli_get(opts, nopts, "threads"))) return CLI_USAGE;
+    return CLI_CONTINUE;
+}
+
+const char *cli_val(const cli_cmdline *cl, const char *name) { return cli_get(cl->opts, cl->nopts, name); }
+
 int cli_int(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     if (!s) return CLI_OK;
     char *end;

@@ -23,9 +23,8 @@ int cmd_dequantize(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_matmul_bwd(int argc, char **argv);
 int cmd_moe_bwd(int argc, char **argv);
-/** `mxfp8 bench` lives in tools/cmd_bench.c (performance engineer). Declared weak so that the CLI builds and links
- *  whether or not that file is present; main.c dispatches to it when it is linked in. */
-int cmd_bench(int argc, char **argv) __attribute__((weak));
+/** `mxfp8 bench`: the benchmark, in bench/ at the repository root. */
+int cmd_bench(int argc, char **argv);
 
 /* ---- option parsing ---- */
 /** One option of a command: --name VALUE, --name=VALUE, or -s VALUE (short_name); flags take no value. */
@@ -42,6 +41,28 @@ int cli_parse(const char *cmd, int argc, char **argv, cli_opt *opts, int nopts, 
               int *npos);
 /** The value of option `name` (NULL when absent). */
 const char *cli_get(const cli_opt *opts, int nopts, const char *name);
+
+/* ---- the prologue every command shares ---- */
+#define CLI_MAX_POS 8
+#define CLI_CONTINUE (-1)
+#define CLI_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/** A command's parsed command line. */
+typedef struct cli_cmdline {
+    const char *cmd;            /**< the command's name, for messages */
+    cli_opt *opts;              /**< its option table (values filled in) */
+    int nopts;
+    const char *pos[CLI_MAX_POS]; /**< positional arguments */
+    int npos;
+} cli_cmdline;
+
+/** Parse argv (at most maxpos <= CLI_MAX_POS positional arguments), print `help` on --help, and apply --threads
+ *  when the table has that option. Returns CLI_CONTINUE when the command goes on, else its exit code: CLI_OK after
+ *  the help, CLI_USAGE after an error (already printed). */
+int cli_begin(cli_cmdline *cl, const char *cmd, int argc, char **argv, cli_opt *opts, int nopts, int maxpos,
+              void (*help)(void));
+/** The value of option `name` of a parsed command line (NULL when absent). */
+const char *cli_val(const cli_cmdline *cl, const char *name);
 
 /** Print "mxfp8 <cmd>: error: <msg>" on stderr and return CLI_USAGE. */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

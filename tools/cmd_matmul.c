@@ -83,14 +83,9 @@ int cmd_matmul_bwd(int argc, char **argv) {
                       {"output-dtype", 0, 0, NULL}, {"threads", 0, 0, NULL},   {"seed", 0, 0, NULL},
                       {"repeat", 0, 0, NULL},     {"no-check", 0, 1, NULL},
                       {"save-inputs", 0, 0, NULL}};
-    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
-    const char *pos[1];
-    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 0, &npos);
-    if (rc < 0) {
-        help();
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    cli_cmdline cl;
+    int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
+    if (rc != CLI_CONTINUE) return rc;
     int64_t M = 512, N = 512, K = 512, seed = 42, repeat = 3;
     const int64_t DMAX = (int64_t)1 << 24;
     mxfp8_matmul_bwd_args args;
@@ -99,30 +94,29 @@ int cmd_matmul_bwd(int argc, char **argv) {
     static const char *const odts[] = {"bf16", "f16", "f32"};
     static const mxfp8_dtype odtv[] = {MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16, MXFP8_DTYPE_F32};
     int layout = 0, odt = 0;
-    const char *f8 = cli_get(opts, nopts, "float8-dtype");
-    if (cli_int(cmd, "M", cli_get(opts, nopts, "M"), 0, DMAX, &M) ||
-        cli_int(cmd, "N", cli_get(opts, nopts, "N"), 0, DMAX, &N) ||
-        cli_int(cmd, "K", cli_get(opts, nopts, "K"), 0, DMAX, &K) ||
-        cli_int(cmd, "seed", cli_get(opts, nopts, "seed"), 0, INT64_MAX, &seed) ||
-        cli_int(cmd, "repeat", cli_get(opts, nopts, "repeat"), 1, 1000, &repeat) ||
+    const char *f8 = cli_val(&cl, "float8-dtype");
+    if (cli_int(cmd, "M", cli_val(&cl, "M"), 0, DMAX, &M) ||
+        cli_int(cmd, "N", cli_val(&cl, "N"), 0, DMAX, &N) ||
+        cli_int(cmd, "K", cli_val(&cl, "K"), 0, DMAX, &K) ||
+        cli_int(cmd, "seed", cli_val(&cl, "seed"), 0, INT64_MAX, &seed) ||
+        cli_int(cmd, "repeat", cli_val(&cl, "repeat"), 1, 1000, &repeat) ||
         cli_float8_dtype(cmd, f8, &args.float8_dtype) ||
-        cli_scale_rule(cmd, cli_get(opts, nopts, "scale-rule"), &args.scale_rule) ||
-        cli_group(cmd, cli_get(opts, nopts, "group"), &args.quant_scheme) ||
-        cli_choice(cmd, "scale-layout", cli_get(opts, nopts, "scale-layout"), layouts, 4, &layout) ||
-        cli_choice(cmd, "output-dtype", cli_get(opts, nopts, "output-dtype"), odts, 3, &odt) ||
-        cli_threads(cmd, cli_get(opts, nopts, "threads")))
+        cli_scale_rule(cmd, cli_val(&cl, "scale-rule"), &args.scale_rule) ||
+        cli_group(cmd, cli_val(&cl, "group"), &args.quant_scheme) ||
+        cli_choice(cmd, "scale-layout", cli_val(&cl, "scale-layout"), layouts, 4, &layout) ||
+        cli_choice(cmd, "output-dtype", cli_val(&cl, "output-dtype"), odts, 3, &odt))
         return CLI_USAGE;
     args.output_dtype = odtv[odt];
     args.scale_layout = (mxfp8_scale_layout)layout;
     args.use_scale_packing = layout == MXFP8_SCALES_NKI_PACKED;
-    const char *in_path = cli_get(opts, nopts, "inputs"), *out_path = cli_get(opts, nopts, "output");
-    int check = cli_get(opts, nopts, "no-check") == NULL;
-    const char *save_path = cli_get(opts, nopts, "save-inputs");
+    const char *in_path = cli_val(&cl, "inputs"), *out_path = cli_val(&cl, "output");
+    int check = cli_val(&cl, "no-check") == NULL;
+    const char *save_path = cli_val(&cl, "save-inputs");
     char err0[TF_ERR_LEN];
-    if (save_path && cli_get(opts, nopts, "inputs")) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
+    if (save_path && cli_val(&cl, "inputs")) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
     if (save_path && tf_check_writable(save_path, 3, err0, sizeof err0)) return cli_error(cmd, "%s", err0);
     char err[TF_ERR_LEN], sb[160];
-    if (in_path && (cli_get(opts, nopts, "M") || cli_get(opts, nopts, "N") || cli_get(opts, nopts, "K")))
+    if (in_path && (cli_val(&cl, "M") || cli_val(&cl, "N") || cli_val(&cl, "K")))
         return cli_error(cmd, "--M/--N/--K set the random problem's size; with --inputs the bundle's shapes decide");
     if (out_path && tf_check_writable(out_path, 2, err, sizeof err)) return cli_error(cmd, "%s", err);
 

@@ -152,17 +152,12 @@ int cmd_moe_bwd(int argc, char **argv) {
         {"threads", 0, 0, NULL},     {"repeat", 0, 0, NULL},     {"inputs", 'i', 0, NULL},
         {"block-size", 0, 0, NULL},  {"single-expert-dense", 0, 1, NULL}, {"output", 'o', 0, NULL},
         {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL},    {"save-inputs", 0, 0, NULL}};
-    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
-    const char *pos[1];
-    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 0, &npos);
-    if (rc < 0) {
-        help();
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    cli_cmdline cl;
+    int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
+    if (rc != CLI_CONTINUE) return rc;
     g_t0 = cli_now();
     /* Progress lines: on a terminal, or (decided below) when the problem is big enough to take a while. */
-    int quiet_opt = cli_get(opts, nopts, "quiet") != NULL;
+    int quiet_opt = cli_val(&cl, "quiet") != NULL;
     g_quiet = quiet_opt || !isatty(2);
     int64_t H = 1024, T = 1024, E = 4, B = 512, TOPK = 4, I = 256, seed = 42, repeat = 1, block_size = 0;
     const int64_t DMAX = (int64_t)1 << 24;
@@ -174,39 +169,38 @@ int cmd_moe_bwd(int argc, char **argv) {
     static const tf_dtype gdtv[] = {TF_BF16, TF_F32, TF_F16};
     int act = 0, aff = 0, gdt = 0;
     cfg.quant_dtype = MXFP8_FMT_E4M3;
-    if (cli_int(cmd, "H", cli_get(opts, nopts, "H"), 1, DMAX, &H) ||
-        cli_int(cmd, "T", cli_get(opts, nopts, "T"), 0, DMAX, &T) ||
-        cli_int(cmd, "E", cli_get(opts, nopts, "E"), 1, 1 << 16, &E) ||
-        cli_int(cmd, "B", cli_get(opts, nopts, "B"), 1, DMAX, &B) ||
-        cli_int(cmd, "topk", cli_get(opts, nopts, "topk"), 1, 1 << 16, &TOPK) ||
-        cli_int(cmd, "I", cli_get(opts, nopts, "I"), 1, DMAX, &I) ||
-        cli_int(cmd, "seed", cli_get(opts, nopts, "seed"), 0, INT64_MAX, &seed) ||
-        cli_int(cmd, "repeat", cli_get(opts, nopts, "repeat"), 1, 1000, &repeat) ||
-        cli_int(cmd, "block-size", cli_get(opts, nopts, "block-size"), 1, DMAX, &block_size) ||
-        cli_choice(cmd, "activation", cli_get(opts, nopts, "activation"), acts, 3, &act) ||
-        cli_choice(cmd, "affinity", cli_get(opts, nopts, "affinity"), affs, 2, &aff) ||
-        cli_choice(cmd, "grad-dtype", cli_get(opts, nopts, "grad-dtype"), gdts, 3, &gdt) ||
-        parse_clamp(cmd, "gate-clamp", cli_get(opts, nopts, "gate-clamp"), &cfg.gate_clamp_lower,
+    if (cli_int(cmd, "H", cli_val(&cl, "H"), 1, DMAX, &H) ||
+        cli_int(cmd, "T", cli_val(&cl, "T"), 0, DMAX, &T) ||
+        cli_int(cmd, "E", cli_val(&cl, "E"), 1, 1 << 16, &E) ||
+        cli_int(cmd, "B", cli_val(&cl, "B"), 1, DMAX, &B) ||
+        cli_int(cmd, "topk", cli_val(&cl, "topk"), 1, 1 << 16, &TOPK) ||
+        cli_int(cmd, "I", cli_val(&cl, "I"), 1, DMAX, &I) ||
+        cli_int(cmd, "seed", cli_val(&cl, "seed"), 0, INT64_MAX, &seed) ||
+        cli_int(cmd, "repeat", cli_val(&cl, "repeat"), 1, 1000, &repeat) ||
+        cli_int(cmd, "block-size", cli_val(&cl, "block-size"), 1, DMAX, &block_size) ||
+        cli_choice(cmd, "activation", cli_val(&cl, "activation"), acts, 3, &act) ||
+        cli_choice(cmd, "affinity", cli_val(&cl, "affinity"), affs, 2, &aff) ||
+        cli_choice(cmd, "grad-dtype", cli_val(&cl, "grad-dtype"), gdts, 3, &gdt) ||
+        parse_clamp(cmd, "gate-clamp", cli_val(&cl, "gate-clamp"), &cfg.gate_clamp_lower,
                     &cfg.gate_clamp_upper) ||
-        parse_clamp(cmd, "up-clamp", cli_get(opts, nopts, "up-clamp"), &cfg.up_clamp_lower, &cfg.up_clamp_upper) ||
-        cli_float8_dtype(cmd, cli_get(opts, nopts, "float8-dtype"), &cfg.quant_dtype) ||
-        cli_scale_rule(cmd, cli_get(opts, nopts, "scale-rule"), &cfg.scale_rule) ||
-        cli_threads(cmd, cli_get(opts, nopts, "threads")))
+        parse_clamp(cmd, "up-clamp", cli_val(&cl, "up-clamp"), &cfg.up_clamp_lower, &cfg.up_clamp_upper) ||
+        cli_float8_dtype(cmd, cli_val(&cl, "float8-dtype"), &cfg.quant_dtype) ||
+        cli_scale_rule(cmd, cli_val(&cl, "scale-rule"), &cfg.scale_rule))
         return CLI_USAGE;
     cfg.activation = (mxfp8_activation)act;
     cfg.affinity_option = (mxfp8_affinity_option)aff;
-    cfg.bias = cli_get(opts, nopts, "bias") != NULL;
-    cfg.single_expert_dense = cli_get(opts, nopts, "single-expert-dense") != NULL;
-    const char *in_path = cli_get(opts, nopts, "inputs"), *out_path = cli_get(opts, nopts, "output");
-    int check = cli_get(opts, nopts, "no-check") == NULL;
-    const char *save_path = cli_get(opts, nopts, "save-inputs");
+    cfg.bias = cli_val(&cl, "bias") != NULL;
+    cfg.single_expert_dense = cli_val(&cl, "single-expert-dense") != NULL;
+    const char *in_path = cli_val(&cl, "inputs"), *out_path = cli_val(&cl, "output");
+    int check = cli_val(&cl, "no-check") == NULL;
+    const char *save_path = cli_val(&cl, "save-inputs");
     if (save_path && in_path) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
     static const char *const shape_opts[] = {"H", "T", "E", "B", "topk", "I", "seed"};
     if (in_path)
         for (int i = 0; i < 7; i++)
-            if (cli_get(opts, nopts, shape_opts[i]))
+            if (cli_val(&cl, shape_opts[i]))
                 return cli_error(cmd, "--%s sets the random problem; with --inputs the bundle decides", shape_opts[i]);
-    if (!in_path && cli_get(opts, nopts, "block-size"))
+    if (!in_path && cli_val(&cl, "block-size"))
         return cli_error(cmd, "--block-size is for --inputs bundles; the random problem's block size is --B");
     if (!in_path && TOPK > E) return cli_error(cmd, "--topk %lld is above --E %lld", (long long)TOPK, (long long)E);
     if (!in_path && cfg.single_expert_dense && E != 1)
@@ -364,7 +358,7 @@ int cmd_moe_bwd(int argc, char **argv) {
         if (ba.gate_and_up_proj_bias.data || ba.down_proj_bias.data) cfg.bias = 1;
         if (w1s) ba.gate_up_weight_scales = tf_view(w1s);
         if (w2s) ba.down_weight_scales = tf_view(w2s);
-        if ((w1s || w2s) && !cli_get(opts, nopts, "float8-dtype")) {
+        if ((w1s || w2s) && !cli_val(&cl, "float8-dtype")) {
             tf_tensor *codes = w1s ? w1 : w2;
             if (codes->dtype == TF_F8_E5M2) cfg.quant_dtype = MXFP8_FMT_E5M2;
         }
