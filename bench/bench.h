@@ -89,6 +89,22 @@ void bench_json_num(cJSON *obj, const char *key, double v);
 /** Time on 1 thread / time on N threads, or -1 when either is missing or N == 1. */
 double bench_scaling(double t1, double tn, int nt);
 
+/** An item measured on opts.threads (N) and, for thread_scaling, on 1 thread. */
+typedef struct bench_item {
+    bench_time t;     /**< on N threads */
+    bench_time t1;    /**< on 1 thread (median -1: not measured) */
+    const char *err;  /**< why there is no time (NULL when there is one) */
+    char errbuf[200];
+} bench_item;
+/** Measure fn on N threads unless its time, estimated as flops / *rate, exceeds opts.skip (and not --full); then on
+ *  1 thread unless N == 1 or that is estimated to exceed opts.skip. *rate (FLOP/s, -1 = unknown) is updated from
+ *  the N-thread run, for the next, larger item. err_of(arg) gives the library's message when fn fails. Leaves
+ *  the thread count at N. */
+void bench_item_measure(const bench_ctx *b, bench_fn fn, void *arg, double flops, double *rate,
+                        const char *(*err_of)(void *arg), bench_item *it);
+/** Add "ms" (median, N threads), "best_ms", "timed_runs", "ms_1thread", "thread_scaling" and "error" to a row. */
+void bench_item_json(cJSON *row, const bench_item *it, int nt);
+
 /* ---- peaks.c ---- */
 /** Measure the peaks (prints them, adds "peaks" to the JSON document). */
 void bench_peaks_run(bench_ctx *b);

@@ -55,7 +55,9 @@ static int run_dnnl_fwd(void *p) {
     return bench_gemm_wait();
 }
 
-/* The oneDNN time of the same GEMMs (-1 when absent); impl gets oneDNN's implementation names. */
+static const char *mm_error(void *p) { return bench_lib_error(((mm_arg *)p)->st); }
+
+/* The oneDNN time of the same GEMMs on N threads (-1 when absent); impl gets oneDNN's implementation names. */
 static double dnnl_time(bench_ctx *b, mm_arg *c, int fwd, char *impl, size_t impl_len) {
     int ok = fwd ? !bench_gemm_init(&c->g1, c->M, c->N, c->K, 0, 1, 0)          /* Y = X @ W^T */
                  : (!bench_gemm_init(&c->g1, c->M, c->K, c->N, 0, 0, 0) &&      /* dX = dY @ W */
@@ -66,7 +68,7 @@ static double dnnl_time(bench_ctx *b, mm_arg *c, int fwd, char *impl, size_t imp
     else snprintf(impl, impl_len, "%s%s%s", c->g1.impl, fwd ? "" : " + ", fwd ? "" : c->g2.impl);
     bench_gemm_free(&c->g1);
     bench_gemm_free(&c->g2);
-    return t.best;
+    return t.median;
 }
 
 /* One row (op fwd or bwd of one shape). rate: FLOP/s of the largest run so far, to estimate (and maybe skip) the
@@ -75,33 +77,26 @@ static void row(bench_ctx *b, cJSON *ja, mm_arg *c, int fwd, double *rate) {
     int nt = b->o.threads;
     double peak = bench_ref_peak(b, nt);
     double flops = (fwd ? 2.0 : 4.0) * (double)c->M * (double)c->N * (double)c->K;
-    bench_time t = {-1, -1, 0};
-    const char *err = NULL;
-    char skipmsg[160], impl[200];
-    double est = *rate > 0 ? flops / *rate : -1;
-    if (est > b->o.skip && !b->o.full) {
-        snprintf(skipmsg, sizeof skipmsg, "skipped: about %.0f s per run at the rate measured on the smaller shape "
-                 "(--full runs it)", est);
-        err = skipmsg;
-    } else if (bench_measure(b, fwd ? run_fwd : run_bwd, c, 1, &t) < 0) {
-        err = bench_lib_error(c->st);
-    } else {
-        *rate = flops / t.best;
-    }
-    double tm = t.best, td = dnnl_time(b, c, fwd, impl, sizeof impl);
+    bench_item it;
+    char impl[200];
+    bench_item_measure(b, fwd ? run_fwd : run_bwd, c, flops, rate, mm_error, &it);
+    double tm = it.t.median, td = dnnl_time(b, c, fwd, impl, sizeof impl);
     double tf = tm > 0 ? flops / tm : -1, tfd = td > 0 ? flops / td : -1;
-    char mine[64], theirs[64];
-    if (tm > 0) snprintf(mine, sizeof mine, "%9.2f%s %8.3f %6.1f%%", tm * 1e3, t.runs ? " " : "*", tf / 1e12,
+    double sc = bench_scaling(it.t1.median, tm, nt);
+    char mine[64], theirs[64], scale[16];
+    if (tm > 0) snprintf(mine, sizeof mine, "%9.2f%s %8.3f %6.1f%%", tm * 1e3, it.t.runs ? " " : "*", tf / 1e12,
                          peak > 0 ? 100.0 * tf / peak : 0.0);
     else snprintf(mine, sizeof mine, "%10s %8s %7s", "-", "-", "-");
     if (td > 0) snprintf(theirs, sizeof theirs, "%10.2f %8.3f %6.1f%%", td * 1e3, tfd / 1e12,
                          peak > 0 ? 100.0 * tfd / peak : 0.0);
     else snprintf(theirs, sizeof theirs, "%10s %8s %7s", "absent", "-", "-");
-    bench_say(b, "  %-4s %5lld %5lld %5lld %s | %s ", fwd ? "fwd" : "bwd", (long long)c->M, (long long)c->K,
-              (long long)c->N, mine, theirs);
+    if (sc > 0) snprintf(scale, sizeof scale, "%6.2fx", sc);
+    else snprintf(scale, sizeof scale, "%7s", "-");
+    bench_say(b, "  %-4s %5lld %5lld %5lld %s %s | %s ", fwd ? "fwd" : "bwd", (long long)c->M, (long long)c->K,
+              (long long)c->N, mine, scale, theirs);
     if (tm > 0 && td > 0) bench_say(b, "%7.2fx\n", td / tm);
     else bench_say(b, "%8s\n", "-");
-    if (err) bench_say(b, "       mxfp8: %s\n", err);
+    if (it.err) bench_say(b, "       mxfp8: %s\n", it.err);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "op", fwd ? "forward" : "backward");
     cJSON_AddNumberToObject(j, "M", (double)c->M);
@@ -109,8 +104,7 @@ static void row(bench_ctx *b, cJSON *ja, mm_arg *c, int fwd, double *rate) {
     cJSON_AddNumberToObject(j, "N", (double)c->N);
     cJSON_AddNumberToObject(j, "threads", nt);
     cJSON_AddNumberToObject(j, "gflop", flops / 1e9);
-    bench_json_num(j, "ms", tm > 0 ? tm * 1e3 : -1);
-    cJSON_AddNumberToObject(j, "timed_runs", t.runs);
+    bench_item_json(j, &it, nt);
     bench_json_num(j, "tflops", tf > 0 ? tf / 1e12 : -1);
     bench_json_num(j, "fraction_of_peak", tf > 0 && peak > 0 ? tf / peak : -1);
     bench_json_num(j, "onednn_ms", td > 0 ? td * 1e3 : -1);
@@ -118,7 +112,6 @@ static void row(bench_ctx *b, cJSON *ja, mm_arg *c, int fwd, double *rate) {
     bench_json_num(j, "onednn_fraction_of_peak", tfd > 0 && peak > 0 ? tfd / peak : -1);
     bench_json_num(j, "speedup_vs_onednn", tm > 0 && td > 0 ? td / tm : -1);
     cJSON_AddStringToObject(j, "onednn_impl", impl);
-    if (err) cJSON_AddStringToObject(j, "error", err);
     cJSON_AddItemToArray(ja, j);
 }
 
@@ -131,9 +124,10 @@ void bench_matmul(bench_ctx *b) {
     cJSON *ja = cJSON_AddArrayToObject(b->root, "matmul");
     bench_set_threads(nt);
     bench_say(b, "\nmatmul: BF16 inputs, E5M2 (the NKI default) quantized on the fly, BF16 outputs, %d thread(s); "
-              "FLOPs = 2*M*N*K per GEMM (backward: 2 GEMMs); speed-up = oneDNN time / mxfp8 time\n", nt);
-    bench_say(b, "  %-4s %5s %5s %5s %10s %8s %7s | %10s %8s %7s %8s\n", "op", "M", "K", "N", "time ms", "TFLOP/s",
-              "% peak", "oneDNN ms", "TFLOP/s", "% peak", "speed-up");
+              "FLOPs = 2*M*N*K per GEMM (backward: 2 GEMMs); speed-up = oneDNN time / mxfp8 time; scaling = mxfp8 "
+              "time on 1 thread / on %d\n", nt, nt);
+    bench_say(b, "  %-4s %5s %5s %5s %10s %8s %7s %7s | %10s %8s %7s %8s\n", "op", "M", "K", "N", "time ms",
+              "TFLOP/s", "% peak", "scaling", "oneDNN ms", "TFLOP/s", "% peak", "speed-up");
     for (int si = 0; si < nshapes; si++) {
         mm_arg c;
         memset(&c, 0, sizeof c);

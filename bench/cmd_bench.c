@@ -8,14 +8,19 @@ static void help(void) {
     printf("usage: mxfp8 bench [quantize|matmul|moe|peak|all] [--threads N] [--json] [--quick] [--reps N] [--full]\n\n"
            "Measures libmxfp8 against this machine's limits, in one run: register-resident peak loops (AMX\n"
            "TDPBF16PS when the CPU and OS allow it, else AVX512-BF16 / FP32 FMA), memcpy bandwidth, and oneDNN's\n"
-           "bf16 matmul on the same GEMMs (when built with oneDNN). Every figure is the best of N runs after a\n"
-           "warm-up. Sections (default all): quantize (BF16 4096x4096 -> MXFP8 along rows and columns, 1 and N\n"
-           "threads, vs memcpy), matmul (backward and forward, 4096^3 and the upstream shapes), moe (backward at\n"
-           "the upstream and a larger problem, with peak resident memory). The peaks are always measured.\n\n"
-           "  --threads N  threads for matmul/moe and the second quantize column (default: the library's count)\n"
+           "bf16 matmul on the same GEMMs (when built with oneDNN). Every figure is the median of up to N timed runs\n"
+           "after a warm-up, and every ratio compares figures of this run. Sections (default all):\n"
+           "  quantize  BF16 4096x4096 -> MXFP8 along rows and columns, 1 and N threads, vs memcpy\n"
+           "  matmul    backward and forward at the upstream shapes and 4096^3, vs oneDNN\n"
+           "  moe       backward and forward at the upstream, a fine-grained (64 experts) and a larger problem, vs\n"
+           "            oneDNN's GEMMs per block, with the backward's peak resident memory\n"
+           "  peak      the peak loops only (always measured: they are the reference of \"%% of peak\")\n"
+           "Rows of matmul and moe are also timed on 1 thread: scaling = time on 1 thread / time on N.\n\n"
+           "  --threads N  threads of the calls (default: the library's count)\n"
            "  --json       print one JSON document instead of tables\n"
-           "  --quick      skip the largest problems (4096^3, the larger MoE), 2 repetitions\n"
-           "  --reps N     best of N timed runs (default 5; fewer when a run is slow; a run over 8 s is timed once)\n"
+           "  --quick      skip the largest problems (4096^3, the larger MoE), 2 timed runs (quantize and memcpy\n"
+           "               always take the median of at least 5)\n"
+           "  --reps N     timed runs per item (default 5; fewer when a run is slow; a run over 8 s is timed once)\n"
            "  --full       also run items estimated (from a smaller one in this run) to take over 40 s per run\n\n"
            "exit status: 0 ok, 2 bad usage or a failed set-up\n");
 }
@@ -45,7 +50,7 @@ static void header(bench_ctx *b) {
     cJSON_AddNumberToObject(b->root, "threads", b->o.threads);
     cJSON_AddNumberToObject(b->root, "reps", b->o.reps);
     cJSON_AddBoolToObject(b->root, "quick", b->o.quick);
-    bench_say(b, "mxfp8 bench -- libmxfp8 %s, ISA path %s (%s), %d thread(s), best of up to %d runs after a warm-up\n",
+    bench_say(b, "mxfp8 bench -- libmxfp8 %s, ISA path %s (%s), %d thread(s), median of up to %d runs after a warm-up\n",
               mxfp8_version_string(), in->isa_name, in->isa_reason, b->o.threads, b->o.reps);
     bench_say(b, "CPU: AVX-512F %s, AVX512-BF16 %s, AMX-TILE %s, AMX-BF16 %s, AMX permitted by the OS %s\n",
               in->has_avx512f ? "yes" : "no", in->has_avx512_bf16 ? "yes" : "no", in->has_amx_tile ? "yes" : "no",

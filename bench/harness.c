@@ -105,3 +105,39 @@ void bench_json_num(cJSON *obj, const char *key, double v) {
 }
 
 double bench_scaling(double t1, double tn, int nt) { return nt > 1 && t1 > 0 && tn > 0 ? t1 / tn : -1; }
+
+void bench_item_measure(const bench_ctx *b, bench_fn fn, void *arg, double flops, double *rate,
+                        const char *(*err_of)(void *arg), bench_item *it) {
+    int nt = b->o.threads;
+    bench_time none = {-1, -1, 0};
+    it->t = it->t1 = none;
+    it->err = NULL;
+    double est = *rate > 0 ? flops / *rate : -1;
+    if (est > b->o.skip && !b->o.full) {
+        snprintf(it->errbuf, sizeof it->errbuf, "skipped: about %.0f s per run at the rate measured on the smaller "
+                 "one (--full runs it)", est);
+        it->err = it->errbuf;
+        return;
+    }
+    bench_set_threads(nt);
+    if (bench_measure(b, fn, arg, 1, &it->t) < 0) {
+        snprintf(it->errbuf, sizeof it->errbuf, "%s", err_of(arg));
+        it->err = it->errbuf;
+        return;
+    }
+    *rate = flops / it->t.median;
+    if (nt == 1) return;
+    if (it->t.median * nt > b->o.skip && !b->o.full) return; /* 1 thread would take about N times as long */
+    bench_set_threads(1);
+    bench_measure(b, fn, arg, 1, &it->t1);
+    bench_set_threads(nt);
+}
+
+void bench_item_json(cJSON *row, const bench_item *it, int nt) {
+    bench_json_num(row, "ms", it->t.median > 0 ? it->t.median * 1e3 : -1);
+    bench_json_num(row, "best_ms", it->t.best > 0 ? it->t.best * 1e3 : -1);
+    cJSON_AddNumberToObject(row, "timed_runs", it->t.runs);
+    bench_json_num(row, "ms_1thread", it->t1.median > 0 ? it->t1.median * 1e3 : -1);
+    bench_json_num(row, "thread_scaling", bench_scaling(it->t1.median, it->t.median, nt));
+    if (it->err) cJSON_AddStringToObject(row, "error", it->err);
+}
