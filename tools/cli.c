@@ -10,7 +10,10 @@
 
 #include "cli.h"
 
+void (*cli_message_hook)(void);
+
 int cli_error(const char *cmd, const char *fmt, ...) {
+    if (cli_message_hook) cli_message_hook();
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "mxfp8 %s: error: ", cmd);

@@ -64,6 +64,8 @@ int cli_begin(cli_cmdline *cl, const char *cmd, int argc, char **argv, cli_opt *
 /** The value of option `name` of a parsed command line (NULL when absent). */
 const char *cli_val(const cli_cmdline *cl, const char *name);
 
+/** Called, when set, before cli_error prints (the progress line erases itself: progress.c). */
+extern void (*cli_message_hook)(void);
 /** Print "mxfp8 <cmd>: error: <msg>" on stderr and return CLI_USAGE. */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /** The same for a failed library call: "<what>: <status string>: <last error message>". */
