@@ -167,6 +167,7 @@ static cJSON *json_row(const bench_ctx *b, const moe_problem *m, const moe_op *r
     bench_json_num(j, "tflops_real_rows", tr > 0 ? tr / 1e12 : -1);
     bench_json_num(j, "tflops_all_blocks", ta > 0 ? ta / 1e12 : -1);
     bench_json_num(j, "fraction_of_peak_real_rows", tr > 0 && peak > 0 ? tr / peak : -1);
+    bench_json_num(j, "fraction_of_peak_all_blocks", ta > 0 && peak > 0 ? ta / peak : -1);
     bench_json_num(j, "onednn_ms", td > 0 ? td * 1e3 : -1);
     bench_json_num(j, "onednn_tflops_all_blocks", tda > 0 ? tda / 1e12 : -1);
     bench_json_num(j, "onednn_fraction_of_peak_all_blocks", tda > 0 && peak > 0 ? tda / peak : -1);

@@ -3,9 +3,11 @@
 #include <string.h>
 
 #include "bench.h"
+#include "plot.h"
 
 static void help(void) {
-    printf("usage: mxfp8 bench [quantize|matmul|moe|peak|all] [--threads N] [--json] [--quick] [--reps N] [--full]\n\n"
+    printf("usage: mxfp8 bench [quantize|matmul|moe|peak|all] [--threads N] [--json] [--quick] [--reps N] [--full]\n"
+           "                   [--plot OUT.png]\n\n"
            "Measures libmxfp8 against this machine's limits, in one run: register-resident peak loops (AMX\n"
            "TDPBF16PS when the CPU and OS allow it, else AVX512-BF16 / FP32 FMA), memcpy bandwidth, and oneDNN's\n"
            "bf16 matmul on the same GEMMs (when built with oneDNN). Every figure is the median of up to N timed runs\n"
@@ -21,7 +23,9 @@ static void help(void) {
            "  --quick      skip the largest problems (4096^3, the larger MoE), 2 timed runs (quantize and memcpy\n"
            "               always take the median of at least 5)\n"
            "  --reps N     timed runs per item (default 5; fewer when a run is slow; a run over 8 s is timed once)\n"
-           "  --full       also run items estimated (from a smaller one in this run) to take over 40 s per run\n\n"
+           "  --full       also run items estimated (from a smaller one in this run) to take over 40 s per run\n"
+           "  --plot FILE  also draw the matmul and moe rows (.png, .svg or .pdf): libmxfp8 and oneDNN as fractions\n"
+           "               of the peak, side by side (needs matplotlib: python3, or $MXFP8_PYTHON)\n\n"
            "exit status: 0 ok, 2 bad usage or a failed set-up\n");
 }
 
@@ -60,7 +64,7 @@ static void header(bench_ctx *b) {
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench";
     cli_opt opts[] = {{"threads", 0, 0, NULL}, {"json", 0, 1, NULL}, {"quick", 0, 1, NULL},
-                      {"reps", 0, 0, NULL},    {"full", 0, 1, NULL}};
+                      {"reps", 0, 0, NULL},    {"full", 0, 1, NULL},  {"plot", 0, 0, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 5, help);
     if (rc != CLI_CONTINUE) return rc;
@@ -74,6 +78,8 @@ int cmd_bench(int argc, char **argv) {
     o->json = cli_val(&cl, "json") != NULL;
     o->quick = cli_val(&cl, "quick") != NULL;
     o->full = cli_val(&cl, "full") != NULL;
+    o->plot = cli_val(&cl, "plot");
+    if (o->plot && cli_plot_check(cmd, o->plot)) return CLI_USAGE;
     o->budget = 4.0;
     o->cold = 8.0;
     o->skip = 40.0;
@@ -98,7 +104,10 @@ int cmd_bench(int argc, char **argv) {
             free(s);
         }
     }
+    rc = CLI_OK;
+    if (o->plot && (rc = cli_plot(cmd, "bench", b.root, o->plot)) == CLI_OK && !o->json)
+        printf("\nwrote the plot to %s\n", o->plot);
     cJSON_Delete(b.root);
     bench_dnnl_shutdown();
-    return CLI_OK;
+    return rc;
 }

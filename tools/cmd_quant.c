@@ -11,10 +11,12 @@
 
 #include "cli.h"
 #include "io/tensorfile.h"
+#include "plot.h"
+#include "quant_stats.h"
 
 static void help_quantize(void) {
     printf("usage: mxfp8 quantize IN -o OUT.safetensors [--fmt e4m3|e5m2] [--axis A] [--scale-rule nki|ocp|rceil]\n"
-           "                      [--group 1x32|wrapx] [--tensor NAME]\n\n"
+           "                      [--group 1x32|wrapx] [--tensor NAME] [--stats] [--plot STATS.png]\n\n"
            "MX-quantizes a tensor along one axis (OCP MX v1.0): groups of 32 values share one E8M0 scale.\n\n"
            "  IN                 .npy or .safetensors file; F32, BF16 or F16 values (F64 is rounded to F32 first)\n"
            "  -o, --output OUT   .safetensors file to write, holding:\n"
@@ -25,7 +27,11 @@ static void help_quantize(void) {
            "  --scale-rule R     nki (default; Trainium quantize_mx: floor(log2 amax) - (emax-1), never saturates),\n"
            "                     ocp (OCP MX v1.0 6.3: floor(log2 amax) - emax), rceil (ceil(log2(amax/max_normal)))\n"
            "  --group G          1x32 (default: 32 contiguous values) or wrapx (Trainium's tiling; axis %% 128 == 0)\n"
-           "  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n\n"
+           "  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n"
+           "  --stats            print what the quantization did: the scale codes' range, saturated, flushed-to-zero\n"
+           "                     and subnormal elements, SQNR, the per-group relative error ||x - x_hat|| / ||x||\n"
+           "  --plot FILE        --stats, and draw the histograms of the scale codes and of the per-group relative\n"
+           "                     error (.png, .svg or .pdf; needs matplotlib: python3, or $MXFP8_PYTHON)\n\n"
            "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
 }
 
@@ -55,10 +61,41 @@ static int pick_tensor(const char *cmd, const char *path, tf_set *set, const cha
     return CLI_OK;
 }
 
+/* --stats (and --plot): dequantize the outputs, compute and print the statistics, draw them. */
+static int report_stats(const char *cmd, const char *path, const tf_tensor *x, const tf_tensor *d, const tf_tensor *s,
+                        int ax, const mxfp8_quant_params *qp, const char *plot) {
+    char err[TF_ERR_LEN];
+    tf_set tmp = {0};
+    tf_tensor *deq = tf_add_new(&tmp, "deq", TF_F32, x->ndim, x->shape, err, sizeof err);
+    if (!deq) return cli_error(cmd, "%s", err);
+    mxfp8_tensor dv = tf_view(d), sv = tf_view(s), ov = tf_view(deq);
+    mxfp8_status st = mxfp8_dequantize(&dv, &sv, ax, qp->group, &ov);
+    cJSON *doc = cJSON_CreateObject();
+    quant_stats qs;
+    int rc = CLI_USAGE;
+    if (st != MXFP8_OK) cli_lib_error(cmd, "mxfp8_dequantize", st);
+    else if (!doc || quant_stats_compute(x, d, s, deq, ax, qp, &qs, doc)) cli_error(cmd, "out of memory");
+    else {
+        quant_stats_print(&qs, x->numel, qp);
+        static const char *const rules[] = {"nki", "ocp", "rceil"};
+        cJSON_AddStringToObject(doc, "input", path);
+        cJSON_AddNumberToObject(doc, "axis", ax);
+        cJSON_AddStringToObject(doc, "group", qp->group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32");
+        cJSON_AddStringToObject(doc, "fmt", qp->fmt == MXFP8_FMT_E4M3 ? "e4m3" : "e5m2");
+        cJSON_AddStringToObject(doc, "rule", rules[qp->rule]);
+        rc = plot ? cli_plot(cmd, "quantize", doc, plot) : CLI_OK;
+        if (plot && rc == CLI_OK) printf("wrote the plot to %s\n", plot);
+    }
+    cJSON_Delete(doc);
+    tf_free(&tmp);
+    return rc;
+}
+
 int cmd_quantize(int argc, char **argv) {
     const char *cmd = "quantize";
     cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},   {"axis", 0, 0, NULL},
-                      {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL}, {"tensor", 0, 0, NULL}};
+                      {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL}, {"tensor", 0, 0, NULL},
+                      {"stats", 0, 1, NULL},      {"plot", 0, 0, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 1, help_quantize);
     if (rc != CLI_CONTINUE) return rc;
@@ -81,6 +118,9 @@ int cmd_quantize(int argc, char **argv) {
         return cli_error(cmd, "%s: the output holds two tensors (data, scales): its name must end in .safetensors",
                          out_path);
     if (tf_check_writable(out_path, 2, err, sizeof err)) return cli_error(cmd, "%s", err);
+    const char *plot = cli_val(&cl, "plot");
+    int stats = plot || cli_val(&cl, "stats");
+    if (plot && cli_plot_check(cmd, plot)) return CLI_USAGE;
 
     tf_set in = {0}, out = {0};
     rc = CLI_USAGE;
@@ -133,7 +173,7 @@ int cmd_quantize(int argc, char **argv) {
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
            tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
            qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
-    rc = CLI_OK;
+    rc = stats ? report_stats(cmd, cl.pos[0], x, d, s, ax, &qp, plot) : CLI_OK;
 done:
     tf_free(&in);
     tf_free(&out);
