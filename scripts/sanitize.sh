@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/sanitize.sh -- the sanitizer part of `make test` (issue 6). Run from anywhere; `make test-sanitize` calls it.
+# scripts/sanitize.sh -- the sanitizer part of `make test`. Run from anywhere; `make test-sanitize` calls it.
 #
 #  1. AddressSanitizer + UndefinedBehaviorSanitizer (gcc, CMake option MXFP8_SANITIZE=ON) build of the library and
 #     every C test in $ASAN_BUILD (default build-asan); ctest runs them on the default ISA path and on
@@ -50,6 +50,7 @@ for s in $STEPS; do
     OMP_TOOL_LIBRARIES="$archer" MXFP8_NUM_THREADS=4 \
       TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}" \
       "$TSAN_BUILD/test_threads"
+    step "TSan passed"
     ;;
   valgrind)
     if ! command -v valgrind >/dev/null; then
@@ -69,6 +70,7 @@ for s in $STEPS; do
       --errors-for-leak-kinds=definite --show-leak-kinds=definite \
       "$BUILD/mxfp8" moe-bwd --H 40 --T 20 --E 3 --B 8 --topk 2 --I 24 --bias --affinity on_h --grad-dtype f32 \
       >/dev/null
+    step "valgrind passed"
     ;;
   *) echo "sanitize: unknown step '$s'"; exit 2 ;;
   esac

@@ -4,6 +4,8 @@
 # (.venv) holding the test dependencies and the mxfp8 package itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TEST_DEPS=0 # --test: also what only the tests use (matplotlib, below)
+for a in "$@"; do [ "$a" = --test ] && TEST_DEPS=1; done
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -39,4 +41,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$reqs" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q $reqs
   echo "$reqs" > "$stamp"
+fi
+
+# The test part: matplotlib, which `mxfp8 bench --plot` / `mxfp8 quantize --plot` and their tests draw with.
+if [ "$TEST_DEPS" = 1 ] && ! "$VENV/bin/python" -c 'import matplotlib' >/dev/null 2>&1; then
+  echo "setup: installing matplotlib into $VENV (for --plot and its tests)"
+  "$VENV/bin/python" -m pip install -q matplotlib
 fi

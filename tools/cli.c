@@ -149,7 +149,7 @@ int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out) {
 
 int cli_float8_dtype(const char *cmd, const char *s, mxfp8_format *out) {
     if (!s) return CLI_OK;
-    /* issue 3: exactly the seed's strings ("float8_e4m3" is ml_dtypes' IEEE-like e4m3, a different format) */
+    /* exactly the NKI page's strings ("float8_e4m3" is ml_dtypes' IEEE-like e4m3, a different format) */
     if (!strcmp(s, "float8_e4m3fn")) *out = MXFP8_FMT_E4M3;
     else if (!strcmp(s, "float8_e5m2")) *out = MXFP8_FMT_E5M2;
     else return cli_error(cmd, "--float8-dtype must be float8_e4m3fn or float8_e5m2, got '%s'", s);
