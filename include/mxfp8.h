@@ -297,13 +297,29 @@ typedef enum mxfp8_isa {
     MXFP8_ISA_AMX = 2      /**< AMX-BF16 tiles for GEMM, AVX-512 for quantization */
 } mxfp8_isa;
 
+/** One kernel slot of the library's kernel table (mxfp8_info.kernels). Every slot starts with the portable
+ *  reference kernel; a faster kernel replaces it only when the CPU has its instructions, MXFP8_ISA allows them, and
+ *  (for the GEMM kernels) its start-up self-test reproduced the reference bit for bit on this CPU. */
+typedef struct mxfp8_kernel_info {
+    const char *slot;             /**< "gemm", "quantize", "dequantize" */
+    const char *kernel;           /**< the kernel in use, e.g. "bf16_gemm_32x32__avx512bf16_oddfirst" */
+    const char *isa;              /**< its instructions: "scalar", "avx512", "avx512_bf16", "amx" */
+    int self_test;                /**< 1: passed its start-up self-test; 0: none run (reference kernel, or a
+                                       quantization kernel, exact by construction and checked by the tests) */
+    const char *note;             /**< "" or why a faster kernel this CPU has is not in use (MXFP8_ISA, a failed
+                                       self-test with its failing case) */
+} mxfp8_kernel_info;
+
+#define MXFP8_NUM_KERNEL_SLOTS 3
+
 typedef struct mxfp8_info {
     int has_avx512f, has_avx512bw, has_avx512vl, has_avx512_bf16, has_amx_tile, has_amx_bf16;
     int amx_permitted;            /**< arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) succeeded */
-    mxfp8_isa isa;                /**< the ISA path in use (after MXFP8_ISA and CPU checks) */
+    mxfp8_isa isa;                /**< the ISA level in use (after MXFP8_ISA and CPU checks) */
     const char *isa_name;         /**< "scalar", "avx512", "amx" */
-    const char *isa_reason;       /**< why this path was chosen, e.g. "MXFP8_ISA=scalar" or "cpu lacks AMX" */
+    const char *isa_reason;       /**< why this level was chosen, e.g. "forced by MXFP8_ISA" or "cpu lacks AMX-BF16" */
     int num_threads;              /**< threads a call will use */
+    mxfp8_kernel_info kernels[MXFP8_NUM_KERNEL_SLOTS]; /**< gemm, quantize, dequantize */
 } mxfp8_info;
 
 /** Upper limit of the thread count (environment and mxfp8_set_num_threads are clamped to it). */
@@ -313,7 +329,8 @@ typedef struct mxfp8_info {
  *  INVALID_ARGUMENT (negative). */
 MXFP8_API mxfp8_status mxfp8_set_num_threads(int num_threads);
 
-/** Fill *info with CPU features and the chosen ISA path. Errors: NULL_POINTER. */
+/** Fill *info with CPU features, the chosen ISA level and the kernel of each slot (all strings static). The kernel
+ *  table is decided once per process, at the first call that needs it. Errors: NULL_POINTER. */
 MXFP8_API mxfp8_status mxfp8_get_info(mxfp8_info *info);
 
 /* ------------------------------------------------------------------------------------------------------------ */

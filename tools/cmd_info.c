@@ -1,4 +1,5 @@
-/* cmd_info.c -- `mxfp8 info`: library version, CPU features, the ISA path in use and why, thread count. */
+/* cmd_info.c -- `mxfp8 info`: library version, CPU features, the ISA path in use and why, the kernel of each slot,
+ * thread count. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -6,8 +7,9 @@
 
 static void help(void) {
     printf("usage: mxfp8 info [--threads N]\n\n"
-           "Prints the library version, the CPU features libmxfp8 looks for, the ISA path it chose and why, and the\n"
-           "number of threads a call uses.\n\n"
+           "Prints the library version, the CPU features libmxfp8 looks for, the ISA path it chose and why, the\n"
+           "kernel of each slot (GEMM, quantize, dequantize) with its self-test result, and the number of threads\n"
+           "a call uses.\n\n"
            "options:\n"
            "  --threads N   report as if N threads were requested (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS,\n"
            "                else all cores)\n\n"
@@ -36,6 +38,13 @@ int cmd_info(int argc, char **argv) {
     printf("  amx permitted %s\n", in.has_amx_tile ? (in.amx_permitted ? "yes" : "no") : "n/a");
     printf("isa path:       %s (%s)\n", in.isa_name ? in.isa_name : "?", in.isa_reason ? in.isa_reason : "");
     printf("MXFP8_ISA:      %s\n", env_isa && *env_isa ? env_isa : "(unset)");
+    printf("kernels:\n");
+    for (int i = 0; i < MXFP8_NUM_KERNEL_SLOTS; i++) {
+        const mxfp8_kernel_info *k = &in.kernels[i];
+        printf("  %-10s    %s (%s; %s)\n", k->slot, k->kernel, k->isa,
+               k->self_test ? "self-test passed" : "no self-test: reference or exact by construction");
+        if (k->note && *k->note) printf("                note: %s\n", k->note);
+    }
     const char *env_omp = getenv("OMP_NUM_THREADS");
     int env_nt = 0;
     if (env_thr && *env_thr) { /* the library's rule (include/mxfp8.h): a whole positive integer, clamped */

@@ -227,6 +227,16 @@ class QuantParams(ctypes.Structure):
     _fields_ = [("fmt", ctypes.c_int), ("rule", ctypes.c_int), ("group", ctypes.c_int)]
 
 
+NUM_KERNEL_SLOTS = 3
+
+
+class KernelInfo(ctypes.Structure):
+    """Mirror of struct mxfp8_kernel_info."""
+
+    _fields_ = [("slot", ctypes.c_char_p), ("kernel", ctypes.c_char_p), ("isa", ctypes.c_char_p),
+                ("self_test", ctypes.c_int), ("note", ctypes.c_char_p)]
+
+
 class Info(ctypes.Structure):
     """Mirror of struct mxfp8_info."""
 
@@ -235,6 +245,7 @@ class Info(ctypes.Structure):
         ("has_avx512_bf16", ctypes.c_int), ("has_amx_tile", ctypes.c_int), ("has_amx_bf16", ctypes.c_int),
         ("amx_permitted", ctypes.c_int), ("isa", ctypes.c_int), ("isa_name", ctypes.c_char_p),
         ("isa_reason", ctypes.c_char_p), ("num_threads", ctypes.c_int),
+        ("kernels", KernelInfo * NUM_KERNEL_SLOTS),
     ]
 
 

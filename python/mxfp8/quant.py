@@ -188,7 +188,9 @@ def unswizzle_nki(x):
 
 
 def info():
-    """Library facts: version, path of the shared library, CPU features, the ISA path in use (and why), threads."""
+    """Library facts: version, path of the shared library, CPU features, the ISA level in use (and why), threads,
+    and ``kernels``: for each slot ("gemm", "quantize", "dequantize") the kernel in use, its instruction set,
+    whether it passed its start-up self-test, and a note on any faster kernel of this CPU that is not in use."""
     inf = _lib.Info()
     _lib.call("mxfp8_get_info", _lib.ref(inf))
     ver = _lib.function("mxfp8_version_string")()
@@ -205,6 +207,11 @@ def info():
         "has_amx_tile": bool(inf.has_amx_tile),
         "has_amx_bf16": bool(inf.has_amx_bf16),
         "amx_permitted": bool(inf.amx_permitted),
+        "kernels": {
+            k.slot.decode(): {"kernel": k.kernel.decode(), "isa": k.isa.decode(), "self_test": bool(k.self_test),
+                              "note": k.note.decode() if k.note else ""}
+            for k in inf.kernels
+        },
     }
 
 

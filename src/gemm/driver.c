@@ -1,6 +1,6 @@
 /*
- * driver.c -- the block-scaled GEMM driver: config resolution, packing, cache blocking, loop orders, thread split,
- * epilogue. Contract in gemm.h; microkernel contract in ukernel.h.
+ * driver.c -- the block-scaled GEMM driver: packing, cache blocking, loop orders, thread split, epilogue. Contract in
+ * gemm.h; microkernel contract in src/kernels/ukernel.h; the kernel comes from the registry (src/kernels/registry.h).
  *
  * Plan of one call (M, N, K >= 1):
  *   1. B (the operand every output row needs) is quantized/dequantized once into NR-column panels covering all of K
@@ -14,236 +14,20 @@
  *      tiles, accumulating in the owner's FP32 block buffer. k is ascending in every loop order, so the FP32 sum of
  *      every element is the same sequence of fused multiply-adds whatever the order, blocking or thread count.
  *   4. Epilogue: the owner rounds its block once to C's dtype (RNE), or adds it to C (accumulate, F32).
+ * Every GEMM thread runs under IEEE MXCSR defaults (src/runtime/fenv.h): the FP32 kernels' FMAs, the epilogue's
+ * additions and conversions would otherwise follow a fast-math or flush-denormals caller.
  */
 #include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "../kernels/registry.h"
+#include "../quant/panel.h"
+#include "../runtime/fenv.h"
 #include "gemm.h"
-#include "ukernel.h"
-#include "../kernels/amx/amx.h" /* [perf hook] */
+#include "workspace.h"
 
-/* ---------------------------------------------------------------------------------------------------------- */
-/* microkernel selection                                                                                       */
-/* ---------------------------------------------------------------------------------------------------------- */
-static int64_t f32_panel_bytes(int64_t K, int w) { return K * w * (int64_t)sizeof(float); }
-/* FP32 panel: panel[k*w + i] = src[i*rs + k]; rows past `rows` zero. */
-static void f32_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel) {
-    int w = is_b ? MXFP8I_NR : MXFP8I_MR;
-    float *p = (float *)panel;
-    for (int64_t k0 = 0; k0 < K; k0 += 64) {
-        int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
-        for (int i = 0; i < rows; i++)
-            for (int64_t k = k0; k < k1; k++) p[k * w + i] = src[i * rs + k];
-    }
-    if (rows < w)
-        for (int64_t k = 0; k < K; k++)
-            for (int i = rows; i < w; i++) p[k * w + i] = 0.0f;
-}
-static void run_ref(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
-                    int load_c) {
-    mxfp8i_f32_gemm_8x32__ref(kc, (const float *)a + k0 * MXFP8I_MR, (const float *)b + k0 * MXFP8I_NR, c, ldc, mr,
-                              nr, load_c);
-}
-static void run_avx512f(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
-                        int load_c) {
-    mxfp8i_f32_gemm_8x32__avx512f(kc, (const float *)a + k0 * MXFP8I_MR, (const float *)b + k0 * MXFP8I_NR, c, ldc,
-                                  mr, nr, load_c);
-}
-static const mxfp8i_ukernel k_ref = {"f32_gemm_8x32__ref", MXFP8I_PANEL_F32, MXFP8I_MR, MXFP8I_NR, 1, 1,
-                                     mxfp8i_f32_gemm_8x32__ref, f32_panel_bytes, f32_pack, run_ref};
-static const mxfp8i_ukernel k_avx512f = {"f32_gemm_8x32__avx512f", MXFP8I_PANEL_F32, MXFP8I_MR, MXFP8I_NR, 1, 1,
-                                         mxfp8i_f32_gemm_8x32__avx512f, f32_panel_bytes, f32_pack, run_avx512f};
-
-const mxfp8i_ukernel *mxfp8i_ref_ukernel(void) { return &k_ref; }
-const mxfp8i_ukernel *mxfp8i_f32_avx512_ukernel(void) {
-#if defined(__x86_64__)
-    if (mxfp8i_use_avx512()) return &k_avx512f;
-#endif
-    return NULL;
-}
-static const mxfp8i_ukernel *_Atomic g_forced;
-void mxfp8i_force_ukernel(const mxfp8i_ukernel *uk) { g_forced = uk; }
-const mxfp8i_ukernel *mxfp8i_select_ukernel(void) {
-    const mxfp8i_ukernel *f = g_forced;
-    if (f) return f;
-#if defined(__x86_64__)
-    /* [perf hook] BF16 chunk-panel kernels (src/kernels/amx/amx.h), each only after its one-time self-test passed. */
-    if (mxfp8i_isa() == MXFP8_ISA_AMX && (f = mxfp8i_amx_ukernel())) return f;
-    if (mxfp8i_use_avx512_bf16() && (f = mxfp8i_avx512bf16_ukernel())) return f;
-    if (mxfp8i_use_avx512()) return &k_avx512f;
-#endif
-    return &k_ref;
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* config                                                                                                      */
-/* ---------------------------------------------------------------------------------------------------------- */
-void mxfp8_matmul_config_init(mxfp8_matmul_config *config) {
-    if (!config) return;
-    memset(config, 0, sizeof *config);
-    config->block_loop_order = MXFP8_LOOP_MNK;
-    config->tile_loop_order = MXFP8_LOOP_MNK;
-    config->float8_dtype = MXFP8_FMT_E5M2;
-    config->run_with_lnc2 = 1;
-    config->lnc_2_shard_rhs = -1;
-    config->spill_reload = 0;
-    config->quant_scheme = MXFP8_GROUP_1X32;
-    config->scale_rule = MXFP8_SCALE_NKI;
-}
-
-mxfp8_status mxfp8i_check_config(const char *fn, const char *name, const mxfp8_matmul_config *c) {
-    const int64_t *sz[] = {&c->M, &c->K, &c->N, &c->tile_m, &c->tile_k, &c->tile_n, &c->tiles_in_block_m,
-                           &c->tiles_in_block_n, &c->tiles_in_block_k, &c->tiles_in_load_m, &c->tiles_in_load_n};
-    static const char *nm[] = {"M", "K", "N", "tile_m", "tile_k", "tile_n", "tiles_in_block_m", "tiles_in_block_n",
-                               "tiles_in_block_k", "tiles_in_load_m", "tiles_in_load_n"};
-    for (int i = 0; i < 11; i++)
-        if (*sz[i] < 0)
-            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s = %lld is negative", fn, name, nm[i],
-                                (long long)*sz[i]);
-    if ((unsigned)c->block_loop_order > MXFP8_LOOP_KNM)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.block_loop_order %d is not a loop order", fn, name,
-                            (int)c->block_loop_order);
-    if ((unsigned)c->tile_loop_order > MXFP8_LOOP_KNM)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.tile_loop_order %d is not a loop order", fn, name,
-                            (int)c->tile_loop_order);
-    if ((unsigned)c->float8_dtype > MXFP8_FMT_E5M2)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.float8_dtype %d is not E4M3 (0) or E5M2 (1)", fn,
-                            name, (int)c->float8_dtype);
-    if ((unsigned)c->quant_scheme > MXFP8_GROUP_WRAPX)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.quant_scheme %d is not 1x32 (0) or wrapX (1)", fn,
-                            name, (int)c->quant_scheme);
-    if ((unsigned)c->scale_rule > MXFP8_SCALE_RCEIL)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.scale_rule %d is not a mxfp8_scale_rule", fn, name,
-                            (int)c->scale_rule);
-    if (c->lnc_2_shard_rhs < -1 || c->lnc_2_shard_rhs > 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.lnc_2_shard_rhs %d is not -1, 0 or 1", fn, name,
-                            c->lnc_2_shard_rhs);
-    const int flag[3] = {c->enable_scale_packing, c->run_with_lnc2, c->spill_reload};
-    static const char *flag_nm[3] = {"enable_scale_packing", "run_with_lnc2", "spill_reload"};
-    for (int i = 0; i < 3; i++) /* issue 6: booleans are 0 or 1, not "any nonzero" */
-        if (flag[i] != 0 && flag[i] != 1)
-            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s %d is not 0 or 1", fn, name, flag_nm[i],
-                                flag[i]);
-    return MXFP8_OK;
-}
-
-static int64_t round_up(int64_t x, int64_t m) { return mxfp8i_ceil_div(x, m) * m; }
-
-void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, int64_t M, int64_t N, int64_t K, int nthreads,
-                         mxfp8_matmul_config *out) {
-    *out = *in;
-    out->M = M;
-    out->N = N;
-    out->K = K;
-    const mxfp8i_ukernel *uk = mxfp8i_select_ukernel();
-    out->tile_m = round_up(in->tile_m > 0 ? in->tile_m : 128, uk->mr);
-    out->tile_n = round_up(in->tile_n > 0 ? in->tile_n : 256, uk->nr);
-    /* [perf hook] the BF16 chunk-panel kernels reload and check their 32x32 accumulators per call: a deeper k tile
-     * (512) measured ~16% faster than 128 at 1024x2048x1024 on this AMD Zen 4, and 2048 another 3-6% over 512 on
-     * the kernel alone (4 x 8 panels, K = 2048: 220 -> 227 GFLOP/s; K = 4096: 206 -> 214) (speed only). */
-    out->tile_k = round_up(in->tile_k > 0 ? in->tile_k : (uk->kalign > 1 ? 2048 : 128), uk->kalign);
-    out->tiles_in_block_m = in->tiles_in_block_m > 0 ? in->tiles_in_block_m : 4;
-    out->tiles_in_block_n = in->tiles_in_block_n > 0 ? in->tiles_in_block_n : 2;
-    out->tiles_in_block_k = in->tiles_in_block_k > 0 ? in->tiles_in_block_k : 1;
-    out->tiles_in_load_m = in->tiles_in_load_m > 0 ? in->tiles_in_load_m : 1;
-    out->tiles_in_load_n = in->tiles_in_load_n > 0 ? in->tiles_in_load_n : 1;
-    if (out->lnc_2_shard_rhs < 0) out->lnc_2_shard_rhs = N >= M;
-    /* Give every thread at least one block along the shard axis when the problem allows (speed only). */
-    if (nthreads > 1 && out->run_with_lnc2) {
-        int64_t dim = out->lnc_2_shard_rhs ? N : M, tile = out->lnc_2_shard_rhs ? out->tile_n : out->tile_m;
-        int64_t *tib = out->lnc_2_shard_rhs ? &out->tiles_in_block_n : &out->tiles_in_block_m;
-        int64_t want = mxfp8i_ceil_div(mxfp8i_ceil_div(dim, nthreads), tile);
-        if (want < 1) want = 1;
-        if (*tib > want) *tib = want;
-    }
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* packing                                                                                                     */
-/* ---------------------------------------------------------------------------------------------------------- */
-static void *alloc_bytes(int64_t n) {
-    if (n < 0) return NULL;
-    n = round_up(n > 0 ? n : 1, 64);
-    return aligned_alloc(64, (size_t)n);
-}
-
-/* Workspace reuse (gemm.h, mxfp8i_gemm_ws_begin): slot s of the calling thread's cache keeps its buffer (grow-only)
- * between GEMMs while a scope is open. Slots: 0 = B panels, 1 = A panels (spill_reload), 2, 3 = the shared A block
- * rows, 4 + 4 t + j = thread t's accumulators, scratch, tmp, A block row. */
-#define WS_KSLOTS 2
-typedef struct ws_cache {
-    int depth;
-    int cap;
-    void **p;
-    int64_t *n;
-    /* keyed B panels (mxfp8i_gemm_ws_bkey): buffer, bytes, the key and kernel they hold (key 0 = none) */
-    void *kp[WS_KSLOTS];
-    int64_t kn[WS_KSLOTS];
-    uint64_t key[WS_KSLOTS];
-    const void *kuk[WS_KSLOTS];
-    /* the pending key for the next GEMM */
-    int next_slot;
-    uint64_t next_key;
-    const void *next_bdata;
-} ws_cache;
-static _Thread_local ws_cache g_wsc;
-
-void mxfp8i_gemm_ws_begin(void) { g_wsc.depth++; }
-void mxfp8i_gemm_ws_end(void) {
-    if (g_wsc.depth <= 0 || --g_wsc.depth > 0) return;
-    for (int i = 0; i < g_wsc.cap; i++) free(g_wsc.p[i]);
-    for (int i = 0; i < WS_KSLOTS; i++) free(g_wsc.kp[i]);
-    free(g_wsc.p);
-    free(g_wsc.n);
-    memset(&g_wsc, 0, sizeof g_wsc);
-}
-void mxfp8i_gemm_ws_bkey(int slot, uint64_t key, const void *b_data) {
-    if (g_wsc.depth <= 0 || slot < 0 || slot >= WS_KSLOTS) return;
-    g_wsc.next_slot = slot;
-    g_wsc.next_key = key;
-    g_wsc.next_bdata = b_data;
-}
-/* A buffer of n bytes for slot s: from the cache inside a scope, else freshly allocated (release with ws_put). */
-static void *ws_get(int s, int64_t n) {
-    ws_cache *w = &g_wsc;
-    if (w->depth <= 0) return alloc_bytes(n);
-    if (s >= w->cap) {
-        int cap = s + 16;
-        void **p = realloc(w->p, (size_t)cap * sizeof *p);
-        if (!p) return NULL;
-        w->p = p;
-        int64_t *nn = realloc(w->n, (size_t)cap * sizeof *nn);
-        if (!nn) return NULL;
-        w->n = nn;
-        for (int i = w->cap; i < cap; i++) w->p[i] = NULL, w->n[i] = 0;
-        w->cap = cap;
-    }
-    if (w->p[s] && w->n[s] >= n) return w->p[s];
-    free(w->p[s]);
-    w->p[s] = alloc_bytes(n);
-    w->n[s] = w->p[s] ? n : 0;
-    return w->p[s];
-}
-static void ws_put(void *p) {
-    if (g_wsc.depth <= 0) free(p);
-}
-
-/* Every GEMM runs under IEEE MXCSR defaults (round to nearest, no FTZ/DAZ) on each of its threads and restores the
- * caller's: the FP32 kernels' FMAs, the epilogue's additions and conversions would otherwise follow a fast-math or
- * flush-denormals caller (the quantizers and the BF16 chunk kernels guard themselves likewise). */
-#if defined(__x86_64__)
-static inline unsigned csr_enter(void) { return mxfp8i_amx_mxcsr_enter(); }
-static inline void csr_leave(unsigned c) { mxfp8i_amx_mxcsr_leave(c); }
-#else
-static inline unsigned csr_enter(void) { return 0; }
-static inline void csr_leave(unsigned c) { (void)c; }
-#endif
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* the driver                                                                                                  */
-/* ---------------------------------------------------------------------------------------------------------- */
 typedef struct gemm_ctx {
     const mxfp8i_gop *a, *b;
     const mxfp8_matmul_config *cfg;
@@ -256,7 +40,6 @@ typedef struct gemm_ctx {
     char **abuf;                  /* per thread: A panels of one block row (spill_reload = 0) */
     char *ash[2];                 /* coop: the A panels of block rows mb (ash[mb & 1]), packed by all threads */
     int b_ready;                  /* Bp already holds B's panels (a keyed slot of the workspace scope) */
-    mxfp8i_amx_pack_fn pack_cm;   /* the slot's packer from a column-major source, or NULL */
     int coop;                     /* threads share the packing of each block row's A panels (shard along N) */
     float **cblk;                 /* per thread: FP32 accumulators of one block [MCb, ldcb] */
     float **scratch, **tmp;       /* per thread: packing scratch (max(mr, nr) * K floats), K floats + scale bytes */
@@ -289,8 +72,8 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
         return;
     }
     int rows = (int)(op->R - r0 < w ? op->R - r0 : w);
-    if (x->pack_cm && cols_f32(op, cfg, r0, rows, x->scratch[tid], w)) {
-        x->pack_cm(is_b, x->scratch[tid], w, rows, K, panel);
+    if (uk->pack_cm && cols_f32(op, cfg, r0, rows, x->scratch[tid], w)) {
+        uk->pack_cm(is_b, x->scratch[tid], w, rows, K, panel);
         return;
     }
     mxfp8i_gop_rows_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, x->scratch[tid],
@@ -303,13 +86,6 @@ static void loop_dims(mxfp8_loop_order o, int d[3]) { /* 0 = m, 1 = n, 2 = k; d[
     d[0] = tab[o][0];
     d[1] = tab[o][1];
     d[2] = tab[o][2];
-}
-
-static inline uint16_t bf16_rne(float v) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    uint16_t r = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    return ((u & 0x7FFFFFFFu) > 0x7F800000u) ? (uint16_t)((u >> 16) | 0x40u) : r; /* quiet NaN, sign kept */
 }
 
 /* Rows [m0, m1) x columns [n0, n1) of C from the block accumulators (row m at cb[(m - m0) * ldcb + (n - n0)]). */
@@ -332,9 +108,9 @@ static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1,
         } else if (c->dtype == MXFP8_DTYPE_BF16) {
             uint16_t *dst = (uint16_t *)c->data + m * cs0 + n0 * cs1;
             if (cs1 == 1)
-                for (int64_t n = 0; n < nn; n++) dst[n] = bf16_rne(src[n]);
+                for (int64_t n = 0; n < nn; n++) dst[n] = mxfp8i_fp32_to_bf16(src[n]);
             else
-                for (int64_t n = 0; n < nn; n++) dst[n * cs1] = bf16_rne(src[n]);
+                for (int64_t n = 0; n < nn; n++) dst[n * cs1] = mxfp8i_fp32_to_bf16(src[n]);
         } else {
             for (int64_t n = 0; n < nn; n++) mxfp8i_store_f32(c->data, c->dtype, m * cs0 + (n0 + n) * cs1, src[n]);
         }
@@ -450,23 +226,123 @@ static void write_zero_sum(const mxfp8_tensor *c, int64_t M, int64_t N, int accu
         }
 }
 
+/* Bytes of each buffer of one GEMM (gemm_ctx fields already planned); false on overflow. */
+typedef struct gemm_sizes {
+    int64_t B, A, Ablk, C, S, T;
+} gemm_sizes;
+static bool buffer_sizes(const gemm_ctx *x, gemm_sizes *z) {
+    const mxfp8i_ukernel *uk = x->uk;
+    const int64_t M = x->M, N = x->N, K = x->K, bm = x->MCb < M ? x->MCb : M;
+    const int64_t npa = mxfp8i_ceil_div(M, uk->mr), npb = mxfp8i_ceil_div(N, uk->nr);
+    const int64_t wmax = uk->mr > uk->nr ? uk->mr : uk->nr;
+    return mxfp8i_mul_size(npb, x->pb_stride, &z->B) && mxfp8i_mul_size(npa, x->pa_stride, &z->A) &&
+           mxfp8i_mul_size(mxfp8i_ceil_div(bm, uk->mr), x->pa_stride, &z->Ablk) &&
+           mxfp8i_mul_size(bm, x->ldcb * 4, &z->C) && mxfp8i_mul_size(wmax * 8, K, &z->S) &&
+           mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &z->T);
+}
+
+/* Every buffer of the GEMM (from the workspace scope's cache where one is open); false when one is missing (the
+ * caller still releases what was obtained with put_buffers). */
+static bool get_buffers(gemm_ctx *x, const gemm_sizes *z, int kslot, uint64_t bkey) {
+    const mxfp8_matmul_config *cfg = x->cfg;
+    const int nt = x->nt;
+    if (kslot >= 0) x->Bp = mxfp8i_ws_keyed(kslot, bkey, x->uk, z->B, &x->b_ready); /* b_ready: packed earlier */
+    else x->Bp = mxfp8i_ws_get(0, z->B);
+    if (cfg->spill_reload) x->Ap = mxfp8i_ws_get(1, z->A);
+    if (x->coop) {
+        x->ash[0] = mxfp8i_ws_get(2, z->Ablk);
+        x->ash[1] = mxfp8i_ws_get(3, z->Ablk);
+    }
+    x->abuf = calloc((size_t)nt, sizeof(char *));
+    x->cblk = calloc((size_t)nt, sizeof(float *));
+    x->scratch = calloc((size_t)nt, sizeof(float *));
+    x->tmp = calloc((size_t)nt, sizeof(float *));
+    const int need_abuf = !cfg->spill_reload && !x->coop;
+    bool ok = x->Bp && (!cfg->spill_reload || x->Ap) && (!x->coop || (x->ash[0] && x->ash[1])) && x->abuf &&
+              x->cblk && x->scratch && x->tmp;
+    for (int t = 0; ok && t < nt; t++) {
+        x->cblk[t] = mxfp8i_ws_get(4 + 4 * t, z->C);
+        x->scratch[t] = mxfp8i_ws_get(5 + 4 * t, z->S);
+        x->tmp[t] = mxfp8i_ws_get(6 + 4 * t, z->T);
+        if (need_abuf) x->abuf[t] = mxfp8i_ws_get(7 + 4 * t, z->Ablk);
+        ok = x->cblk[t] && x->scratch[t] && x->tmp[t] && (!need_abuf || x->abuf[t]);
+    }
+    return ok;
+}
+
+static void put_buffers(gemm_ctx *x) {
+    for (int t = 0; t < x->nt; t++) {
+        if (x->cblk) mxfp8i_ws_put(x->cblk[t]);
+        if (x->scratch) mxfp8i_ws_put(x->scratch[t]);
+        if (x->tmp) mxfp8i_ws_put(x->tmp[t]);
+        if (x->abuf) mxfp8i_ws_put(x->abuf[t]);
+    }
+    free(x->cblk);
+    free(x->scratch);
+    free(x->tmp);
+    free(x->abuf);
+    mxfp8i_ws_put(x->Bp);
+    mxfp8i_ws_put(x->Ap);
+    mxfp8i_ws_put(x->ash[0]);
+    mxfp8i_ws_put(x->ash[1]);
+}
+
+/* The blocking of one GEMM: block sizes, thread count (never more than blocks along the shard axis), panel
+ * strides, and whether the threads share the packing of A's block rows. */
+static void plan(gemm_ctx *x, const mxfp8_matmul_config *cfg, int nt) {
+    const mxfp8i_ukernel *uk = x->uk;
+    x->MCb = cfg->tile_m * cfg->tiles_in_block_m;
+    x->NCb = cfg->tile_n * cfg->tiles_in_block_n;
+    x->MB = mxfp8i_ceil_div(x->M, x->MCb);
+    x->NB = mxfp8i_ceil_div(x->N, x->NCb);
+    int64_t nsh = cfg->lnc_2_shard_rhs ? x->NB : x->MB;
+    x->nt = nt > nsh ? (int)nsh : nt;
+    int64_t bn = x->NCb < x->N ? x->NCb : x->N;
+    x->ldcb = mxfp8i_round_up(bn, 16);
+    x->pa_stride = mxfp8i_round_up(uk->panel_bytes(x->K, uk->mr), 64);
+    x->pb_stride = mxfp8i_round_up(uk->panel_bytes(x->K, uk->nr), 64);
+    /* Shared A block rows: threads split along N walk the block rows in the same order (block_loop_order with m
+     * before n) and need all of them; packing each once instead of once per thread (spill_reload = 0 only). */
+    int d[3], m_first = 1;
+    loop_dims(cfg->block_loop_order, d);
+    for (int q = 0; q < 3; q++) {
+        if (d[q] == 0) { m_first = 1; break; }
+        if (d[q] == 1) { m_first = 0; break; }
+    }
+    x->coop = x->nt > 1 && !cfg->spill_reload && cfg->lnc_2_shard_rhs && m_first;
+}
+
+static void run_threads(const gemm_ctx *x) {
+    unsigned csr = mxfp8i_fenv_enter();
+    if (x->nt == 1) {
+        thread_body(x, 0, 1);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(x->nt)
+        {
+            /* If the runtime gives fewer threads, the shares follow the real count (buffers exist for nt). */
+            unsigned wcsr = mxfp8i_fenv_enter();
+            thread_body(x, omp_get_thread_num(), omp_get_num_threads());
+            mxfp8i_fenv_leave(wcsr);
+        }
+#else
+        thread_body(x, 0, 1);
+#endif
+    }
+    mxfp8i_fenv_leave(csr);
+}
+
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads) {
     int64_t M = a->R, N = b->R, K = a->K;
     /* A pending B key applies to this GEMM only, and only when its B operand is the one it was given for. */
-    int kslot = -1;
     uint64_t bkey = 0;
-    if (g_wsc.next_key && g_wsc.depth > 0 && g_wsc.next_bdata == (const void *)b->data) {
-        kslot = g_wsc.next_slot;
-        bkey = g_wsc.next_key;
-    }
-    g_wsc.next_key = 0;
-    g_wsc.next_bdata = NULL;
+    int kslot = mxfp8i_ws_take_bkey(b->data, &bkey);
     if (M == 0 || N == 0) return MXFP8_OK;
     if (K == 0) {
-        unsigned csr = csr_enter();
+        unsigned csr = mxfp8i_fenv_enter();
         write_zero_sum(c, M, N, accumulate);
-        csr_leave(csr);
+        mxfp8i_fenv_leave(csr);
         return MXFP8_OK;
     }
     mxfp8_matmul_config defaults, cfg;
@@ -476,149 +352,27 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     }
     int nt = num_threads < 1 ? 1 : num_threads;
     if (!config->run_with_lnc2) nt = 1;
-    mxfp8i_gemm_resolve(config, M, N, K, nt, &cfg);
     gemm_ctx x;
     memset(&x, 0, sizeof x);
-    const mxfp8i_ukernel *uk = mxfp8i_select_ukernel();
+    x.uk = mxfp8i_gemm_ukernel();
+    mxfp8i_gemm_resolve(config, x.uk, M, N, K, nt, &cfg);
     x.a = a;
     x.b = b;
     x.cfg = &cfg;
-    x.uk = uk;
-#if defined(__x86_64__)
-    x.pack_cm = mxfp8i_amx_pack_cm_for(uk);
-#endif
     x.accumulate = accumulate;
     x.c = c;
     x.M = M;
     x.N = N;
     x.K = K;
-    x.MCb = cfg.tile_m * cfg.tiles_in_block_m;
-    x.NCb = cfg.tile_n * cfg.tiles_in_block_n;
-    x.MB = mxfp8i_ceil_div(M, x.MCb);
-    x.NB = mxfp8i_ceil_div(N, x.NCb);
-    /* Never more threads than blocks along the shard axis. */
-    int64_t nsh = cfg.lnc_2_shard_rhs ? x.NB : x.MB;
-    if (nt > nsh) nt = (int)nsh;
-    x.nt = nt;
+    plan(&x, &cfg, nt);
+    gemm_sizes z;
+    if (!buffer_sizes(&x, &z)) return MXFP8_ERR_OUT_OF_MEMORY;
     mxfp8_status st = MXFP8_ERR_OUT_OF_MEMORY;
-    int64_t bm = x.MCb < M ? x.MCb : M, bn = x.NCb < N ? x.NCb : N;
-    x.ldcb = round_up(bn, 16);
-    x.pa_stride = round_up(uk->panel_bytes(K, uk->mr), 64);
-    x.pb_stride = round_up(uk->panel_bytes(K, uk->nr), 64);
-    int64_t npa = mxfp8i_ceil_div(M, uk->mr), npb = mxfp8i_ceil_div(N, uk->nr), wmax = uk->mr > uk->nr ? uk->mr : uk->nr;
-    int64_t nbB, nbA, nbAblk, nC, nS, nT;
-    if (!mxfp8i_mul_size(npb, x.pb_stride, &nbB) || !mxfp8i_mul_size(npa, x.pa_stride, &nbA) ||
-        !mxfp8i_mul_size(mxfp8i_ceil_div(bm, uk->mr), x.pa_stride, &nbAblk) ||
-        !mxfp8i_mul_size(bm, x.ldcb * 4, &nC) || !mxfp8i_mul_size(wmax * 8, K, &nS) ||
-        !mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &nT))
-        return st;
-    /* Shared A block rows: threads split along N walk the block rows in the same order (block_loop_order with m
-     * before n) and need all of them; packing each once instead of once per thread (spill_reload = 0 only). */
-    {
-        int d[3], m_first = 1;
-        loop_dims(cfg.block_loop_order, d);
-        for (int q = 0; q < 3; q++) {
-            if (d[q] == 0) { m_first = 1; break; }
-            if (d[q] == 1) { m_first = 0; break; }
-        }
-        x.coop = nt > 1 && !cfg.spill_reload && cfg.lnc_2_shard_rhs && m_first;
-    }
-    if (kslot >= 0) {
-        ws_cache *w = &g_wsc;
-        if (w->key[kslot] == bkey && w->kuk[kslot] == (const void *)uk && w->kn[kslot] == nbB && w->kp[kslot]) {
-            x.b_ready = 1; /* the same B operand, packed by an earlier GEMM of this scope */
-        } else {
-            w->key[kslot] = 0;
-            if (!w->kp[kslot] || w->kn[kslot] != nbB) {
-                free(w->kp[kslot]);
-                w->kp[kslot] = alloc_bytes(nbB);
-                w->kn[kslot] = w->kp[kslot] ? nbB : 0;
-            }
-        }
-        x.Bp = w->kp[kslot];
-    } else {
-        x.Bp = ws_get(0, nbB);
-    }
-    if (cfg.spill_reload) x.Ap = ws_get(1, nbA);
-    if (x.coop) {
-        x.ash[0] = ws_get(2, nbAblk);
-        x.ash[1] = ws_get(3, nbAblk);
-    }
-    x.abuf = calloc((size_t)nt, sizeof(char *));
-    x.cblk = calloc((size_t)nt, sizeof(float *));
-    x.scratch = calloc((size_t)nt, sizeof(float *));
-    x.tmp = calloc((size_t)nt, sizeof(float *));
-    int need_abuf = !cfg.spill_reload && !x.coop;
-    int ok = x.Bp && (!cfg.spill_reload || x.Ap) && (!x.coop || (x.ash[0] && x.ash[1])) && x.abuf && x.cblk &&
-             x.scratch && x.tmp;
-    for (int t = 0; ok && t < nt; t++) {
-        x.cblk[t] = ws_get(4 + 4 * t, nC);
-        x.scratch[t] = ws_get(5 + 4 * t, nS);
-        x.tmp[t] = ws_get(6 + 4 * t, nT);
-        if (need_abuf) x.abuf[t] = ws_get(7 + 4 * t, nbAblk);
-        ok = x.cblk[t] && x.scratch[t] && x.tmp[t] && (!need_abuf || x.abuf[t]);
-    }
-    if (ok) {
-        unsigned csr = csr_enter();
-        if (nt == 1) {
-            thread_body(&x, 0, 1);
-        } else {
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-            {
-                /* If the runtime gives fewer threads, the shares follow the real count (buffers exist for nt). */
-                unsigned wcsr = csr_enter();
-                thread_body(&x, omp_get_thread_num(), omp_get_num_threads());
-                csr_leave(wcsr);
-            }
-#else
-            thread_body(&x, 0, 1);
-#endif
-        }
-        csr_leave(csr);
+    if (get_buffers(&x, &z, kslot, bkey)) {
+        run_threads(&x);
         st = MXFP8_OK;
-        if (kslot >= 0) {
-            g_wsc.key[kslot] = bkey;
-            g_wsc.kuk[kslot] = uk;
-        }
+        if (kslot >= 0) mxfp8i_ws_keyed_done(kslot, bkey, x.uk);
     }
-    for (int t = 0; t < nt; t++) {
-        if (x.cblk) ws_put(x.cblk[t]);
-        if (x.scratch) ws_put(x.scratch[t]);
-        if (x.tmp) ws_put(x.tmp[t]);
-        if (x.abuf) ws_put(x.abuf[t]);
-    }
-    free(x.cblk);
-    free(x.scratch);
-    free(x.tmp);
-    free(x.abuf);
-    ws_put(x.Bp);
-    ws_put(x.Ap);
-    ws_put(x.ash[0]);
-    ws_put(x.ash[1]);
+    put_buffers(&x);
     return st;
-}
-
-mxfp8_status mxfp8i_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
-                         int accumulate, mxfp8_tensor *c, int num_threads) {
-    mxfp8_matmul_config defaults;
-    if (!config) {
-        mxfp8_matmul_config_init(&defaults);
-        config = &defaults;
-    }
-    mxfp8i_gop ga, gb;
-    mxfp8_status st;
-    int a_x4 = a->values.dtype == MXFP8_DTYPE_U32 && !a->swizzled;
-    int64_t hint = config->K > 0 ? config->K : -1;
-    if (a_x4 && hint < 0) {
-        if ((st = mxfp8i_gop_from_operand("mxfp8_gemm", "b", b, -1, config->float8_dtype, config->quant_scheme,
-                                          &gb)))
-            return st;
-        hint = gb.x4 && !gb.swizzled ? -1 : gb.K;
-    }
-    if ((st = mxfp8i_gop_from_operand("mxfp8_gemm", "a", a, hint, config->float8_dtype, config->quant_scheme, &ga)))
-        return st;
-    if ((st = mxfp8i_gop_from_operand("mxfp8_gemm", "b", b, ga.K, config->float8_dtype, config->quant_scheme, &gb)))
-        return st;
-    return mxfp8i_gemm_gop(&ga, &gb, config, accumulate, c, num_threads);
 }

@@ -6,15 +6,21 @@
  * Both operands are logically [R, K] with the contraction axis K last (R = M for A, N for B). Each is either high
  * precision (F32/BF16/F16, MX-quantized on the fly along K with the config's format, rule and group scheme, then
  * dequantized exactly) or pre-quantized (FP8 codes, or x4-packed U32 words, plus E8M0 scales in any
- * mxfp8_scale_layout), optionally in NKI's swizzled arrangement. The dequantized FP32 values feed microkernels that
- * accumulate with fmaf in ascending k from +0 (src/gemm/ukernel.h), so the result does not depend on blocking, loop
- * order, thread count, spill_reload or ISA. With accumulate, C (F32) gets C + sum (one rounding); otherwise the sum
- * is rounded once (RNE) to C's dtype. Every element of C is written by exactly one thread.
+ * mxfp8_scale_layout), optionally in NKI's swizzled arrangement. The dequantized FP32 values feed the registry's
+ * microkernel (src/kernels/ukernel.h), which accumulates with fmaf in ascending k from +0, so the result does not
+ * depend on blocking, loop order, thread count, spill_reload or ISA. With accumulate, C (F32) gets C + sum (one
+ * rounding); otherwise the sum is rounded once (RNE) to C's dtype. Every element of C is written by one thread.
+ *
+ * Validate once at the edge (as oneDNN's brgemm_desc_init -> brgemm_kernel_execute): public entries turn their
+ * operands into mxfp8i_gop descriptors with mxfp8i_gop_from_operand (operand.c) and check the config with
+ * mxfp8i_check_config (config.c); the MoE layer builds its descriptors itself from validated tensors. The driver
+ * (mxfp8i_gemm_gop, driver.c) checks nothing and fails only with OUT_OF_MEMORY.
  */
 #ifndef MXFP8_GEMM_GEMM_H
 #define MXFP8_GEMM_GEMM_H
 
-#include "../internal.h"
+#include "../kernels/ukernel.h"
+#include "../runtime/tensor.h"
 
 /** A validated operand, flattened for the packer. */
 typedef struct mxfp8i_gop {
@@ -27,12 +33,41 @@ typedef struct mxfp8i_gop {
     const uint8_t *scales;     /**< pre-quantized only */
     mxfp8_scale_layout layout;
     int64_t ss0, ss1;          /**< strides of the scales view (for SWIZZLE_128X4 on a 1-D view: ss0 = C', ss1 = 1) */
+    int64_t scols;             /**< columns of the layout's 2-D shape (src/quant/layout.h) */
 } mxfp8i_gop;
 
-/** Resolve the speed knobs of a config (copy in `out`): every 0 / auto field gets its value, tiles are rounded to the
- *  microkernel's register tile. Never fails (the config must have been validated). */
-void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, int64_t M, int64_t N, int64_t K, int nthreads,
-                         mxfp8_matmul_config *out);
+/** A high-precision operand [R, K]: element (r, k) at data[r*s0 + k*s1] (strides in elements of dtype). */
+static inline mxfp8i_gop mxfp8i_gop_hp(const void *data, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t s0,
+                                       int64_t s1) {
+    mxfp8i_gop g;
+    memset(&g, 0, sizeof g);
+    g.data = (const char *)data;
+    g.dtype = dtype;
+    g.R = R;
+    g.K = K;
+    g.s0 = s0;
+    g.s1 = s1;
+    return g;
+}
+/** A pre-quantized operand [R, K] with 1x32 compact scales: code (r, k) at codes[r*s0 + k*s1], scale (r, g) at
+ *  scales[r*ss0 + g*ss1]. */
+static inline mxfp8i_gop mxfp8i_gop_codes(const uint8_t *codes, int64_t R, int64_t K, int64_t s0, int64_t s1,
+                                          const uint8_t *scales, int64_t ss0, int64_t ss1) {
+    mxfp8i_gop g = mxfp8i_gop_hp(codes, MXFP8_DTYPE_U8, R, K, s0, s1);
+    g.prequant = 1;
+    g.scales = scales;
+    g.layout = MXFP8_SCALES_COMPACT;
+    g.ss0 = ss0;
+    g.ss1 = ss1;
+    g.scols = mxfp8i_ceil_div(K, 32);
+    return g;
+}
+
+/** Resolve the speed knobs of a config for kernel `uk` (copy in `out`): every 0 / auto field gets its value (tile
+ *  defaults from the kernel), tiles are rounded to the kernel's register tile. Never fails (the config must have
+ *  been validated). */
+void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, const mxfp8i_ukernel *uk, int64_t M, int64_t N, int64_t K,
+                         int nthreads, mxfp8_matmul_config *out);
 
 /** Validate the non-tensor fields of a config (enum ranges, negative sizes). `fn` names the caller. */
 mxfp8_status mxfp8i_check_config(const char *fn, const char *name, const mxfp8_matmul_config *cfg);
@@ -43,8 +78,9 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
                                      mxfp8_format fmt, mxfp8_group_scheme group, mxfp8i_gop *out);
 
 /** The GEMM on validated operands (a.K == b.K; C [a.R, b.R] F32/BF16/F16 view, F32 when accumulate), with
- *  `config` (validated; resolved inside) and at most `num_threads` threads (1 = run on the calling thread, which may
- *  be inside the caller's own parallel region). Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (then C is untouched). */
+ *  `config` (validated, NULL = defaults; resolved inside) and at most `num_threads` threads (1 = run on the calling
+ *  thread, which may be inside the caller's own parallel region). Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (then C
+ *  is untouched). */
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads);
 
@@ -58,35 +94,25 @@ void mxfp8i_gemm_ws_end(void);
 /** Inside a scope: the next GEMM started from this thread, if its B operand's data pointer is b_data, keeps its
  *  packed B panels in keyed slot `slot` (0 or 1) under `key` (nonzero); a later GEMM of the scope given the same
  *  slot, key and B size skips packing B and reuses them. The caller guarantees that equal keys mean equal B values
- *  (e.g. key = expert + 1 for one expert's quantized weights) and equal quantization settings. Speed only: the
- *  panels are the same bytes the GEMM would pack. Costs one more B panel set per slot in the scope's peak. */
+ *  (e.g. key = expert + 1 for one expert's weights) and equal quantization settings. Speed only: the panels are the
+ *  same bytes the GEMM would pack. Costs one more B panel set per slot in the scope's peak. */
 void mxfp8i_gemm_ws_bkey(int slot, uint64_t key, const void *b_data);
 
-/** mxfp8_gemm without the validation and with an explicit thread count (for src/ops/moe.c and friends): same
- *  arguments and semantics as mxfp8_gemm (config may be NULL = defaults). The caller guarantees what mxfp8_gemm
- *  would check (views valid, shapes agree, no aliasing, dtypes accepted). Returns MXFP8_OK or OUT_OF_MEMORY (or the
- *  error of an operand that fails mxfp8i_gop_from_operand, with the message set). */
-mxfp8_status mxfp8i_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
-                         int accumulate, mxfp8_tensor *c, int num_threads);
-
+/* ---- packing (pack.c) ---- */
 /** Dequantized values of row r of an operand for k in [0, K): out[k] (exact FP32). Quantizes high-precision rows
  *  group by group (reference quantizer). `tmp` holds at least K floats of scratch. */
 void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_scale_rule rule,
                         mxfp8_group_scheme group, float *out, float *tmp);
-
 /** The fused pack of W rows [r0, r0 + W) of an operand over all of K: panel[k*W + i] = deq(op)[r0 + i, k] (rows past
- *  R are zero). Uses the quantization fast paths (mxfp8i_quantize_panel / mxfp8i_dequantize_panel, bit-identical to
- *  the reference) for unit-stride geometries, the reference group path otherwise. Scratch: scratch >= W*K floats,
- *  sbuf >= W*ceil(K/32) bytes, tmp >= K floats. */
+ *  R are zero). Uses the quantization kernels (bit-identical to the reference) for unit-stride geometries, the
+ *  reference group path otherwise. Scratch: scratch >= W*K floats, sbuf >= W*ceil(K/32) bytes, tmp >= K floats. */
 void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
                            int64_t r0, int W, float *panel, float *scratch, uint8_t *sbuf, float *tmp);
-
 /** Rows [r0, r0 + rows) of an operand over all of K, dequantized (quantized first when high precision), into
  *  out[i*K + k]. sbuf, tmp as mxfp8i_gop_pack_panel; t2 (rows*K floats, or NULL) lets a column-geometry operand
  *  (a transposed view) take the fast column quantizer before a transpose. */
 void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
                          int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp, float *t2);
-
 /** Row r of an operand as FP32 without quantizing: the high-precision values, or the exact dequantized values of a
  *  pre-quantized operand. out[0..K). */
 void mxfp8i_gop_load_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_group_scheme group, float *out);

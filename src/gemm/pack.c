@@ -1,6 +1,6 @@
 /*
- * pack.c -- GEMM operands: validation/flattening of a public mxfp8_operand, element and scale addressing for every
- * accepted arrangement, and the fused "quantize -> dequantize -> write the microkernel's panel" pass.
+ * pack.c -- GEMM operands: element and scale addressing for every accepted arrangement, and the fused
+ * "quantize -> dequantize -> write the microkernel's panel" pass (validation happens at the edge: operand.c).
  *
  * Arrangements of the values (logical [R, K], contraction axis K):
  *   plain       view [R, K], element (r, k) at r*s0 + k*s1
@@ -12,146 +12,19 @@
  * group j of the tile at k0 is k0/32 + j).
  */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 
+#include "../kernels/qpanel.h"
+#include "../format/groups.h"
+#include "../quant/layout.h"
+#include "../quant/panel.h"
 #include "gemm.h"
-#include "ukernel.h"
 
-/* ---------------------------------------------------------------------------------------------------------- */
-/* scale layouts                                                                                               */
-/* ---------------------------------------------------------------------------------------------------------- */
-static void layout_shape(mxfp8_scale_layout layout, int64_t F, int64_t K, int64_t shape[2]) {
-    int64_t G = mxfp8i_ceil_div(K, 32);
-    switch (layout) {
-    case MXFP8_SCALES_COMPACT: shape[0] = F; shape[1] = G; break;
-    case MXFP8_SCALES_NKI_UNPACKED: shape[0] = mxfp8i_ceil_div(G, 4) * 32; shape[1] = F; break;
-    case MXFP8_SCALES_NKI_PACKED: shape[0] = mxfp8i_ceil_div(K, 2048) * 128; shape[1] = F; break;
-    default: shape[0] = mxfp8i_ceil_div(F, 128) * 128; shape[1] = mxfp8i_ceil_div(G, 4) * 4; break;
-    }
-}
-
+/* Scale (r, g) of a pre-quantized operand, through the one layout formula (src/quant/layout.h). */
 static inline uint8_t scale_at(const mxfp8i_gop *op, int64_t r, int64_t g) {
     int64_t row, col;
-    switch (op->layout) {
-    case MXFP8_SCALES_COMPACT: row = r; col = g; break;
-    case MXFP8_SCALES_NKI_UNPACKED: row = (g / 4) * 32 + g % 4; col = r; break;
-    case MXFP8_SCALES_NKI_PACKED:
-        row = (g / 64) * 128 + ((g % 64) / 16) * 4 + ((g % 16) / 4) * 32 + g % 4;
-        col = r;
-        break;
-    default: {
-        int64_t C4 = mxfp8i_ceil_div(mxfp8i_ceil_div(op->K, 32), 4) * 4;
-        int64_t off = ((r / 128) * (C4 / 4) + g / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + g % 4;
-        row = off / C4;
-        col = off % C4;
-        break;
-    }
-    }
+    mxfp8i_layout_pos(op->layout, r, g, op->scols, &row, &col);
     return op->scales[row * op->ss0 + col * op->ss1];
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* validation                                                                                                  */
-/* ---------------------------------------------------------------------------------------------------------- */
-mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxfp8_operand *op, int64_t K_hint,
-                                     mxfp8_format fmt, mxfp8_group_scheme group, mxfp8i_gop *out) {
-    mxfp8_status st;
-    if (!op) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: operand %s is NULL", fn, name);
-    const mxfp8_tensor *v = &op->values;
-    if ((st = mxfp8i_check_rank(fn, name, v, 2))) return st;
-    memset(out, 0, sizeof *out);
-    out->data = (const char *)v->data;
-    out->dtype = v->dtype;
-    out->s0 = v->strides[0];
-    out->s1 = v->strides[1];
-    out->swizzled = op->swizzled != 0;
-    switch (v->dtype) {
-    case MXFP8_DTYPE_F32: case MXFP8_DTYPE_BF16: case MXFP8_DTYPE_F16: out->prequant = 0; break;
-    case MXFP8_DTYPE_E4M3: case MXFP8_DTYPE_E5M2:
-        if (v->dtype != mxfp8i_fmt_dtype(fmt))
-            return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: %s holds %s codes but float8_dtype is %s", fn, name,
-                                mxfp8_dtype_name(v->dtype), mxfp8_dtype_name(mxfp8i_fmt_dtype(fmt)));
-        out->prequant = 1;
-        break;
-    case MXFP8_DTYPE_U8: out->prequant = 1; break;
-    case MXFP8_DTYPE_U32: out->prequant = 1; out->x4 = 1; break;
-    default:
-        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: %s has dtype %s (want f32, bf16, f16, e4m3, e5m2, u8 or u32)", fn,
-                            name, mxfp8_dtype_name(v->dtype));
-    }
-    if (out->swizzled) {
-        out->K = v->shape[0] * 4;
-        if (out->x4) out->R = v->shape[1];
-        else {
-            if (v->shape[1] % 4)
-                return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                                    "%s: swizzled %s has %lld columns, not a multiple of 4 ([K/4, 4R] expected)", fn,
-                                    name, (long long)v->shape[1]);
-            out->R = v->shape[1] / 4;
-        }
-        if (out->K % 128)
-            return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
-                                "%s: swizzled %s needs its contraction length %% 128 == 0, but it is %lld", fn, name,
-                                (long long)out->K);
-    } else {
-        out->R = v->shape[0];
-        if (out->x4) {
-            if (K_hint >= 0) {
-                if (mxfp8i_ceil_div(K_hint, 4) != v->shape[1])
-                    return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                                        "%s: x4-packed %s has %lld words per row, but K = %lld needs %lld", fn, name,
-                                        (long long)v->shape[1], (long long)K_hint,
-                                        (long long)mxfp8i_ceil_div(K_hint, 4));
-                out->K = K_hint;
-            } else out->K = v->shape[1] * 4;
-        } else out->K = v->shape[1];
-    }
-    if (K_hint >= 0 && out->K != K_hint)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s has contraction length %lld, expected %lld", fn, name,
-                            (long long)out->K, (long long)K_hint);
-    if (group == MXFP8_GROUP_WRAPX && out->K % 128)
-        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
-                            "%s: quant_scheme wrapX needs the contraction length %% 128 == 0, but %s's is %lld",
-                            fn, name, (long long)out->K);
-    const mxfp8_tensor *s = &op->scales;
-    if (!out->prequant) {
-        if (s->data)
-            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT,
-                                "%s: %s is high precision (%s) but scales were given", fn, name,
-                                mxfp8_dtype_name(v->dtype));
-        return MXFP8_OK;
-    }
-    if (!s->data)
-        return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s holds FP8 codes but its scales are absent", fn, name);
-    if ((unsigned)op->scale_layout > MXFP8_SCALES_SWIZZLE_128X4)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s scale_layout %d is not a mxfp8_scale_layout", fn,
-                            name, (int)op->scale_layout);
-    char sname[128]; /* messages about the scales view say so ("a scales has ...") */
-    snprintf(sname, sizeof sname, "%s scales", name);
-    if ((st = mxfp8i_check_view(fn, sname, s))) return st;
-    if ((st = mxfp8i_check_dtype(fn, sname, s, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
-    int64_t shp[2];
-    layout_shape(op->scale_layout, out->R, out->K, shp);
-    out->scales = (const uint8_t *)s->data;
-    out->layout = op->scale_layout;
-    if (op->scale_layout == MXFP8_SCALES_SWIZZLE_128X4 && s->ndim == 1) {
-        if (s->shape[0] != shp[0] * shp[1])
-            return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s scales (128x4 swizzle) have %lld elements, want %lld",
-                                fn, name, (long long)s->shape[0], (long long)(shp[0] * shp[1]));
-        out->ss0 = shp[1] * s->strides[0];
-        out->ss1 = s->strides[0];
-        return MXFP8_OK;
-    }
-    char sb[160];
-    if (s->ndim != 2 || s->shape[0] != shp[0] || s->shape[1] != shp[1])
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                            "%s: %s scales must have shape [%lld, %lld] for layout %s (R = %lld, K = %lld), got %s",
-                            fn, name, (long long)shp[0], (long long)shp[1], mxfp8i_layout_name(op->scale_layout),
-                            (long long)out->R, (long long)out->K, mxfp8i_shape_str(s, sb, sizeof sb));
-    out->ss0 = s->strides[0];
-    out->ss1 = s->strides[1];
-    return MXFP8_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -206,8 +79,6 @@ static void load_row_hp(const mxfp8i_gop *op, int64_t r, float *x) {
     int byte;
     for (int64_t k = 0; k < K; k++) x[k] = mxfp8i_load_f32(op->data, op->dtype, elem_off(op, r, k, &byte));
 }
-
-/* Member list of compact group g: idx[0..n). Members are given in ascending k. */
 
 void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_scale_rule rule,
                         mxfp8_group_scheme group, float *out, float *tmp) {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "../gemm/gemm.h"
+#include "../runtime/cpu.h"
 
 /* A 2-D output view must address M*N distinct elements (threads write disjoint elements). */
 static mxfp8_status check_injective(const char *fn, const char *name, const mxfp8_tensor *t) {
@@ -93,7 +94,7 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     int64_t hint = config->K > 0 ? config->K : -1;
     mxfp8i_gop ga, gb;
     int a_x4 = a->values.dtype == MXFP8_DTYPE_U32 && !a->swizzled;
-    /* issue 6: a config.K that disagrees with a plain operand's K is the config's error, not the operand's */
+    /* a config.K that disagrees with a plain operand's K is the config's error, not the operand's */
     if (hint > 0 && !a_x4 && !a->swizzled && a->values.ndim == 2 && a->values.shape[1] >= 0 &&
         a->values.shape[1] != hint)
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: config.K = %lld disagrees with %s's K = %lld", fn,
@@ -184,65 +185,42 @@ static void phase_config(const mxfp8_matmul_bwd_args *a, const mxfp8_matmul_conf
     out->M = out->K = out->N = 0;
 }
 
-mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
-                                   mxfp8_tensor *weight_grad) {
-    static const char *fn = "mxfp8_matmul_backward";
-    mxfp8i_clear_error();
-    mxfp8_status st;
-    if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
-    if (!input_grad) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: input_grad is NULL", fn);
-    if (!weight_grad) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: weight_grad is NULL", fn);
+/* The scalar arguments and the phase configs. */
+static mxfp8_status check_bwd_args(const char *fn, const mxfp8_matmul_bwd_args *args) {
     const int flag[6] = {args->run_with_lnc2, args->use_scale_packing, args->spill_reload,
                          args->output_grad_is_swizzled, args->weights_is_swizzled, args->input_is_swizzled};
     static const char *flag_nm[6] = {"run_with_lnc2", "use_scale_packing", "spill_reload", "output_grad_is_swizzled",
                                      "weights_is_swizzled", "input_is_swizzled"};
-    for (int i = 0; i < 6; i++) /* issue 6: booleans are 0 or 1, not "any nonzero" */
-        if (flag[i] != 0 && flag[i] != 1)
-            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: args.%s %d is not 0 or 1", fn, flag_nm[i], flag[i]);
-    if (args->lnc_2_shard_rhs < -1 || args->lnc_2_shard_rhs > 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: args.lnc_2_shard_rhs %d is not 1 (N), 0 (M) or -1 (auto)",
-                            fn, args->lnc_2_shard_rhs);
-    if ((unsigned)args->tile_loop_order > MXFP8_LOOP_KNM)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: tile_loop_order %d is not a loop order", fn,
-                            (int)args->tile_loop_order);
-    if ((unsigned)args->float8_dtype > MXFP8_FMT_E5M2)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: float8_dtype %d is not E4M3 (0) or E5M2 (1)", fn,
-                            (int)args->float8_dtype);
-    if (!mxfp8i_is_float_dtype(args->output_dtype))
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: output_dtype %d is not f32, bf16 or f16", fn,
-                            (int)args->output_dtype);
-    if ((unsigned)args->scale_layout > MXFP8_SCALES_SWIZZLE_128X4)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: scale_layout %d is not a mxfp8_scale_layout", fn,
-                            (int)args->scale_layout);
-    if ((unsigned)args->scale_rule > MXFP8_SCALE_RCEIL)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: scale_rule %d is not a mxfp8_scale_rule", fn,
-                            (int)args->scale_rule);
-    if ((unsigned)args->quant_scheme > MXFP8_GROUP_WRAPX)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: quant_scheme %d is not 1x32 (0) or wrapX (1)", fn,
-                            (int)args->quant_scheme);
-    if (args->input_grad_config && (st = mxfp8i_check_config(fn, "input_grad_config", args->input_grad_config)))
-        return st;
-    if (args->weight_grad_config && (st = mxfp8i_check_config(fn, "weight_grad_config", args->weight_grad_config)))
-        return st;
-    /* Dimensions come from the outputs: dX [M, K], dW [N, K]. */
-    if ((st = mxfp8i_check_rank(fn, "input_grad", input_grad, 2))) return st;
-    if ((st = mxfp8i_check_rank(fn, "weight_grad", weight_grad, 2))) return st;
-    int64_t M = input_grad->shape[0], K = input_grad->shape[1], N = weight_grad->shape[0];
-    if ((st = check_output(fn, "input_grad", input_grad, M, K, 0))) return st;
-    if ((st = check_output(fn, "weight_grad", weight_grad, N, K, 0))) return st;
-    if (input_grad->dtype != args->output_dtype || weight_grad->dtype != args->output_dtype)
-        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: input_grad (%s) and weight_grad (%s) must have output_dtype %s", fn,
-                            mxfp8_dtype_name(input_grad->dtype), mxfp8_dtype_name(weight_grad->dtype),
-                            mxfp8_dtype_name(args->output_dtype));
+    for (int i = 0; i < 6; i++) /* booleans are 0 or 1, not "any nonzero" */
+        MXFP8I_RETURN_ERROR_IF(flag[i] != 0 && flag[i] != 1, MXFP8_ERR_INVALID_ARGUMENT, "%s: args.%s %d is not 0 or 1",
+                               fn, flag_nm[i], flag[i]);
+    MXFP8I_RETURN_ERROR_IF(args->lnc_2_shard_rhs < -1 || args->lnc_2_shard_rhs > 1, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: args.lnc_2_shard_rhs %d is not 1 (N), 0 (M) or -1 (auto)", fn, args->lnc_2_shard_rhs);
+    MXFP8I_RETURN_ERROR_IF((unsigned)args->tile_loop_order > MXFP8_LOOP_KNM, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: tile_loop_order %d is not a loop order", fn, (int)args->tile_loop_order);
+    MXFP8I_RETURN_ERROR_IF((unsigned)args->float8_dtype > MXFP8_FMT_E5M2, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: float8_dtype %d is not E4M3 (0) or E5M2 (1)", fn, (int)args->float8_dtype);
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_is_float_dtype(args->output_dtype), MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: output_dtype %d is not f32, bf16 or f16", fn, (int)args->output_dtype);
+    MXFP8I_RETURN_ERROR_IF((unsigned)args->scale_layout > MXFP8_SCALES_SWIZZLE_128X4, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: scale_layout %d is not a mxfp8_scale_layout", fn, (int)args->scale_layout);
+    MXFP8I_RETURN_ERROR_IF((unsigned)args->scale_rule > MXFP8_SCALE_RCEIL, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: scale_rule %d is not a mxfp8_scale_rule", fn, (int)args->scale_rule);
+    MXFP8I_RETURN_ERROR_IF((unsigned)args->quant_scheme > MXFP8_GROUP_WRAPX, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: quant_scheme %d is not 1x32 (0) or wrapX (1)", fn, (int)args->quant_scheme);
+    if (args->input_grad_config)
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_config(fn, "input_grad_config", args->input_grad_config));
+    if (args->weight_grad_config)
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_config(fn, "weight_grad_config", args->weight_grad_config));
+    return MXFP8_OK;
+}
+
+/* The three operands for (M, N, K) read from the outputs, as descriptors; shapes, wrapX and aliasing. */
+static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *args, const mxfp8_tensor *input_grad,
+                                 const mxfp8_tensor *weight_grad, int64_t M, int64_t N, int64_t K, mxfp8i_gop *g_dy,
+                                 mxfp8i_gop *g_w, mxfp8i_gop *g_x) {
     mxfp8_scale_layout lay = args->use_scale_packing ? MXFP8_SCALES_NKI_PACKED : args->scale_layout;
-    mxfp8_matmul_config cx, cw;
-    phase_config(args, args->input_grad_config, &cx);
-    phase_config(args, args->weight_grad_config, &cw);
-    if (args->input_grad_config && (st = check_dims(fn, "input_grad_config", args->input_grad_config, M, N, K)))
-        return st;
-    if (args->weight_grad_config && (st = check_dims(fn, "weight_grad_config", args->weight_grad_config, N, M, K)))
-        return st;
-    /* dgrad operands: dY [M, N] (contraction N last), W [N, K] as [K, N]. */
+    /* dgrad operands: dY [M, N] (contraction N last), W [N, K] as [K, N]; wgrad's X [M, K] as [K, M]. */
     mxfp8_operand op_dy, op_w, op_x;
     memset(&op_dy, 0, sizeof op_dy);
     op_dy.values = args->output_grad;
@@ -251,42 +229,66 @@ mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tens
     op_dy.swizzled = args->output_grad_is_swizzled;
     op_w = operand_cf(&args->weights, &args->weight_scales, lay, args->weights_is_swizzled);
     op_x = operand_cf(&args->input_activation, &args->input_scales, lay, args->input_is_swizzled);
-    mxfp8i_gop g_dy, g_w, g_x;
-    if ((st = mxfp8i_gop_from_operand(fn, "output_grad", &op_dy, N, args->float8_dtype, args->quant_scheme, &g_dy)))
-        return st;
-    if ((st = mxfp8i_gop_from_operand(fn, "weights", &op_w, N, args->float8_dtype, args->quant_scheme, &g_w)))
-        return st;
-    if ((st = mxfp8i_gop_from_operand(fn, "input_activation", &op_x, M, args->float8_dtype, args->quant_scheme,
-                                      &g_x)))
-        return st;
-    if (g_dy.R != M)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: output_grad has %lld rows but input_grad has M = %lld", fn,
-                            (long long)g_dy.R, (long long)M);
-    if (g_w.R != K)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: weights has %lld columns but input_grad has K = %lld", fn,
-                            (long long)g_w.R, (long long)K);
-    if (g_x.R != K)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: input_activation has %lld columns, expected K = %lld", fn,
-                            (long long)g_x.R, (long long)K);
-    if (args->quant_scheme == MXFP8_GROUP_WRAPX && M % 128)
-        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
-                            "%s: quant_scheme wrapX needs M %% 128 == 0 (dY is quantized along M), but M = %lld", fn,
-                            (long long)M);
+    const mxfp8_format f = args->float8_dtype;
+    const mxfp8_group_scheme grp = args->quant_scheme;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "output_grad", &op_dy, N, f, grp, g_dy));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "weights", &op_w, N, f, grp, g_w));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "input_activation", &op_x, M, f, grp, g_x));
+    MXFP8I_RETURN_ERROR_IF(g_dy->R != M, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: output_grad has %lld rows but input_grad has M = %lld", fn, (long long)g_dy->R,
+                           (long long)M);
+    MXFP8I_RETURN_ERROR_IF(g_w->R != K, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: weights has %lld columns but input_grad has K = %lld", fn, (long long)g_w->R,
+                           (long long)K);
+    MXFP8I_RETURN_ERROR_IF(g_x->R != K, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: input_activation has %lld columns, expected K = %lld", fn, (long long)g_x->R,
+                           (long long)K);
+    MXFP8I_RETURN_ERROR_IF(grp == MXFP8_GROUP_WRAPX && M % 128, MXFP8_ERR_UNSUPPORTED,
+                           "%s: quant_scheme wrapX needs M %% 128 == 0 (dY is quantized along M), but M = %lld", fn,
+                           (long long)M);
     const mxfp8_tensor *ins[6] = {&args->output_grad, &args->weights, &args->input_activation,
                                   &args->output_grad_scales, &args->weight_scales, &args->input_scales};
     static const char *inames[6] = {"output_grad", "weights", "input_activation", "output_grad_scales",
                                     "weight_scales", "input_scales"};
     for (int i = 0; i < 6; i++) {
-        if ((st = check_out_alias(fn, "input_grad", input_grad, inames[i], ins[i]))) return st;
-        if ((st = check_out_alias(fn, "weight_grad", weight_grad, inames[i], ins[i]))) return st;
+        MXFP8I_FORWARD_IF_ERROR(check_out_alias(fn, "input_grad", input_grad, inames[i], ins[i]));
+        MXFP8I_FORWARD_IF_ERROR(check_out_alias(fn, "weight_grad", weight_grad, inames[i], ins[i]));
     }
-    if ((st = mxfp8i_check_no_alias(fn, "input_grad", input_grad, "weight_grad", weight_grad))) return st;
+    return mxfp8i_check_no_alias(fn, "input_grad", input_grad, "weight_grad", weight_grad);
+}
 
-    int nt = mxfp8i_num_threads();
+mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
+                                   mxfp8_tensor *weight_grad) {
+    static const char *fn = "mxfp8_matmul_backward";
+    mxfp8i_clear_error();
+    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!input_grad, MXFP8_ERR_NULL_POINTER, "%s: input_grad is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!weight_grad, MXFP8_ERR_NULL_POINTER, "%s: weight_grad is NULL", fn);
+    MXFP8I_FORWARD_IF_ERROR(check_bwd_args(fn, args));
+    /* Dimensions come from the outputs: dX [M, K], dW [N, K]. */
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "input_grad", input_grad, 2));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "weight_grad", weight_grad, 2));
+    int64_t M = input_grad->shape[0], K = input_grad->shape[1], N = weight_grad->shape[0];
+    MXFP8I_FORWARD_IF_ERROR(check_output(fn, "input_grad", input_grad, M, K, 0));
+    MXFP8I_FORWARD_IF_ERROR(check_output(fn, "weight_grad", weight_grad, N, K, 0));
+    MXFP8I_RETURN_ERROR_IF(input_grad->dtype != args->output_dtype || weight_grad->dtype != args->output_dtype,
+                           MXFP8_ERR_DTYPE, "%s: input_grad (%s) and weight_grad (%s) must have output_dtype %s", fn,
+                           mxfp8_dtype_name(input_grad->dtype), mxfp8_dtype_name(weight_grad->dtype),
+                           mxfp8_dtype_name(args->output_dtype));
+    mxfp8_matmul_config cx, cw;
+    phase_config(args, args->input_grad_config, &cx);
+    phase_config(args, args->weight_grad_config, &cw);
+    if (args->input_grad_config) MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "input_grad_config", args->input_grad_config, M, N, K));
+    if (args->weight_grad_config)
+        MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "weight_grad_config", args->weight_grad_config, N, M, K));
+    mxfp8i_gop g_dy, g_w, g_x;
+    MXFP8I_FORWARD_IF_ERROR(bwd_operands(fn, args, input_grad, weight_grad, M, N, K, &g_dy, &g_w, &g_x));
+
     /* wgrad operand dY^T [N, M]: the high-precision dY, transposed; when dY is swizzled or pre-quantized, its FP32
      * values (exact dequantized values) are first written to a plain [M, N] workspace. */
     float *dyf = NULL;
-    mxfp8i_gop g_dyt;
+    mxfp8i_gop g_dyt = mxfp8i_gop_hp(args->output_grad.data, args->output_grad.dtype, N, M,
+                                     args->output_grad.strides[1], args->output_grad.strides[0]);
     if (M > 0 && N > 0 && (g_dy.prequant || g_dy.swizzled)) {
         int64_t n;
         if (!mxfp8i_mul_size(M, N, &n) || !(dyf = malloc((size_t)n * sizeof(float))))
@@ -294,23 +296,10 @@ mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tens
                                 (long long)M, (long long)N);
         for (int64_t m = 0; m < M; m++)
             mxfp8i_gop_load_row(&g_dy, m, args->float8_dtype, args->quant_scheme, dyf + m * N);
-        int64_t shp[2] = {M, N};
-        mxfp8_tensor t = mxfp8_tensor_make(dyf, MXFP8_DTYPE_F32, 2, shp);
-        mxfp8_operand o;
-        memset(&o, 0, sizeof o);
-        o.values = transpose2(&t);
-        st = mxfp8i_gop_from_operand(fn, "output_grad", &o, M, args->float8_dtype, args->quant_scheme, &g_dyt);
-    } else {
-        mxfp8_operand o;
-        memset(&o, 0, sizeof o);
-        o.values = transpose2(&args->output_grad);
-        st = mxfp8i_gop_from_operand(fn, "output_grad", &o, M, args->float8_dtype, args->quant_scheme, &g_dyt);
+        g_dyt = mxfp8i_gop_hp(dyf, MXFP8_DTYPE_F32, N, M, 1, N);
     }
-    if (st) { /* cannot happen after the checks above; keep outputs untouched */
-        free(dyf);
-        return st;
-    }
-    st = mxfp8i_gemm_gop(&g_dy, &g_w, &cx, 0, input_grad, nt);
+    int nt = mxfp8i_num_threads();
+    mxfp8_status st = mxfp8i_gemm_gop(&g_dy, &g_w, &cx, 0, input_grad, nt);
     if (!st) st = mxfp8i_gemm_gop(&g_dyt, &g_x, &cw, 0, weight_grad, nt);
     free(dyf);
     if (st) return mxfp8i_error(st, "%s: out of memory for the packed operands", fn);

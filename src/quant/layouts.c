@@ -11,51 +11,24 @@
  * Positions that hold no scale are written 0 by mxfp8_scales_to_layout. These are plain copies (no arithmetic);
  * speed is not a concern here (scales are 1/32 of the data).
  */
-#include "../internal.h"
-
-static bool layout_known(mxfp8_scale_layout l) { return (unsigned)l <= (unsigned)MXFP8_SCALES_SWIZZLE_128X4; }
+#include "../runtime/tensor.h"
+#include "../format/groups.h"
+#include "layout.h"
 
 /* ceil(a/b) for 0 <= a (no overflow near INT64_MAX) */
-static int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
-static int64_t round_up(int64_t a, int64_t b) { return cdiv(a, b) * b; }
-
-/* Shape of `layout` for (F, K); false on overflow. */
-static bool layout_shape(mxfp8_scale_layout layout, int64_t F, int64_t K, int64_t shape[2]) {
-    if (F < 0 || K < 0 || F > INT64_MAX / 4 || K > INT64_MAX / 4) return false;
-    int64_t G = cdiv(K, 32), n;
-    switch (layout) {
-    case MXFP8_SCALES_COMPACT:
-        shape[0] = F;
-        shape[1] = G;
-        break;
-    case MXFP8_SCALES_NKI_UNPACKED:
-        shape[0] = cdiv(G, 4) * 32;
-        shape[1] = F;
-        break;
-    case MXFP8_SCALES_NKI_PACKED:
-        shape[0] = cdiv(K, 2048) * 128;
-        shape[1] = F;
-        break;
-    case MXFP8_SCALES_SWIZZLE_128X4:
-        shape[0] = round_up(F, 128);
-        shape[1] = round_up(G, 4);
-        break;
-    default: return false;
-    }
-    return shape[0] >= 0 && shape[1] >= 0 && mxfp8i_mul_size(shape[0], shape[1], &n);
-}
+static int64_t cdiv(int64_t a, int64_t b) { return mxfp8i_layout_cdiv(a, b); }
 
 mxfp8_status mxfp8_scale_layout_shape(mxfp8_scale_layout layout, int64_t F, int64_t K, int64_t shape[2]) {
     static const char *fn = "mxfp8_scale_layout_shape";
     mxfp8i_clear_error();
     if (!shape) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: shape is NULL", fn);
-    if (!layout_known(layout))
+    if (!mxfp8i_layout_known(layout))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
     if (F < 0 || K < 0)
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: F %lld and K %lld must be >= 0", fn, (long long)F,
                             (long long)K);
     int64_t s[2];
-    if (!layout_shape(layout, F, K, s))
+    if (!mxfp8i_layout_shape(layout, F, K, s))
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: the layout's size overflows for F %lld, K %lld", fn,
                             (long long)F, (long long)K);
     shape[0] = s[0];
@@ -63,31 +36,12 @@ mxfp8_status mxfp8_scale_layout_shape(mxfp8_scale_layout layout, int64_t F, int6
     return MXFP8_OK;
 }
 
-/* Element offset (in elements, with the view's strides) of scale (f, g) in a validated layout view. */
+/* Element offset (in elements, with the view's strides) of scale (f, g) in a validated layout view (the 128x4
+ * swizzle may be the flat 1-D view). Cp: columns of the layout's 2-D shape. */
 static int64_t layout_offset(const mxfp8_tensor *t, mxfp8_scale_layout layout, int64_t f, int64_t g, int64_t Cp) {
     int64_t r, c;
-    switch (layout) {
-    case MXFP8_SCALES_COMPACT:
-        r = f;
-        c = g;
-        break;
-    case MXFP8_SCALES_NKI_UNPACKED:
-        r = (g / 4) * 32 + g % 4;
-        c = f;
-        break;
-    case MXFP8_SCALES_NKI_PACKED:
-        r = (g / 64) * 128 + ((g % 64) / 16) * 4 + ((g % 16) / 4) * 32 + g % 4;
-        c = f;
-        break;
-    case MXFP8_SCALES_SWIZZLE_128X4:
-    default: {
-        int64_t off = ((f / 128) * (Cp / 4) + g / 4) * 512 + (f % 32) * 16 + ((f % 128) / 32) * 4 + g % 4;
-        if (t->ndim == 1) return off * t->strides[0];
-        r = off / Cp;
-        c = off % Cp;
-        break;
-    }
-    }
+    mxfp8i_layout_pos(layout, f, g, Cp, &r, &c);
+    if (t->ndim == 1) return (r * Cp + c) * t->strides[0];
     return r * t->strides[0] + c * t->strides[1];
 }
 
@@ -97,7 +51,7 @@ static mxfp8_status check_layout_view(const char *fn, const char *name, const mx
     mxfp8_status st;
     if ((st = mxfp8i_check_view(fn, name, t))) return st;
     if ((st = mxfp8i_check_dtype(fn, name, t, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
-    if (!layout_shape(layout, F, K, shape))
+    if (!mxfp8i_layout_shape(layout, F, K, shape))
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: the layout's size overflows for F %lld, K %lld", fn,
                             (long long)F, (long long)K);
     bool ok = t->ndim == 2 && t->shape[0] == shape[0] && t->shape[1] == shape[1];
@@ -128,7 +82,7 @@ mxfp8_status mxfp8_scales_to_layout(const mxfp8_tensor *compact, int64_t K, mxfp
     mxfp8i_clear_error();
     mxfp8_status st;
     if ((st = check_compact(fn, compact, K))) return st;
-    if (!layout_known(layout))
+    if (!mxfp8i_layout_known(layout))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
     int64_t F = compact->shape[0], G = compact->shape[1], sh[2];
     if ((st = check_layout_view(fn, "out", out, layout, F, K, sh))) return st;
@@ -154,7 +108,7 @@ mxfp8_status mxfp8_scales_from_layout(const mxfp8_tensor *in, int64_t K, mxfp8_s
     mxfp8i_clear_error();
     mxfp8_status st;
     if ((st = check_compact(fn, compact, K))) return st;
-    if (!layout_known(layout))
+    if (!mxfp8i_layout_known(layout))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
     int64_t F = compact->shape[0], G = compact->shape[1], sh[2];
     if ((st = check_layout_view(fn, "in", in, layout, F, K, sh))) return st;

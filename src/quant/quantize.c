@@ -2,10 +2,10 @@
  * quantize.c -- MX quantization and dequantization along an axis of an N-D tensor [OCP §6.3], [NKI-Q].
  *
  * Contract: mxfp8_quantize / mxfp8_dequantize (include/mxfp8.h) validate everything, then cut the tensor into
- * "panels" (src/internal.h, mxfp8i_qpanel): `lines` lines of K values along the axis. When the axis has unit
- * stride (rows) or another dimension has unit stride in every tensor (cols), the AVX-512 kernels run; otherwise
- * the reference panel handles any strides. Every group goes through the arithmetic of
- * mxfp8i_quantize_group_ref (the executable specification), so all paths agree bit for bit.
+ * "panels" (src/kernels/qpanel.h): `lines` lines of K values along the axis, run by the registry's quantization
+ * kernel (src/quant/panel.c): the AVX-512 kernel where the axis has unit stride (rows) or another dimension has unit
+ * stride in every tensor (cols), the reference panel for any other strides. Every group goes through the
+ * arithmetic of mxfp8i_quantize_group_ref (the executable specification), so all paths agree bit for bit.
  * Threads: panels are split into chunks of lines; each output element is written by exactly one thread.
  */
 #include <math.h>
@@ -15,167 +15,10 @@
 #include <omp.h>
 #endif
 
-#include "../internal.h"
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* Reference panels (any strides)                                                                             */
-/* ---------------------------------------------------------------------------------------------------------- */
-static inline int64_t store_value(void *out, mxfp8_dtype dt, int64_t off, float v) {
-    switch (dt) {
-    case MXFP8_DTYPE_F32: ((float *)out)[off] = v; return 0;
-    case MXFP8_DTYPE_BF16: {
-        uint16_t b = mxfp8_fp32_to_bf16(v);
-        ((uint16_t *)out)[off] = b;
-        return (v == v && mxfp8_bf16_to_fp32(b) != v) ? 1 : 0;
-    }
-    case MXFP8_DTYPE_F16: {
-        uint16_t h = mxfp8_fp32_to_fp16(v);
-        ((uint16_t *)out)[off] = h;
-        return (v == v && mxfp8_fp16_to_fp32(h) != v) ? 1 : 0;
-    }
-    default: return 0;
-    }
-}
-
-int64_t mxfp8i_quantize_panel__ref(const mxfp8i_qpanel *p) {
-    int64_t G = mxfp8i_ceil_div(p->K, 32), inexact = 0, idx[32];
-    bool codes_out = !mxfp8i_is_float_dtype(p->out_dtype);
-    float x[32], v[32];
-    uint8_t c[32];
-    for (int64_t l = 0; l < p->lines; l++) {
-        for (int64_t g = 0; g < G; g++) {
-            int n = mxfp8i_group_members(p->K, p->group, g, idx);
-            for (int i = 0; i < n; i++)
-                x[i] = mxfp8i_load_f32(p->src, p->src_dtype, l * p->src_ls + idx[i] * p->src_ks);
-            uint8_t s = mxfp8i_quantize_group_ref(x, n, p->fmt, p->rule, c);
-            if (p->scales) p->scales[l * p->sc_ls + g * p->sc_gs] = s;
-            if (codes_out) {
-                uint8_t *o = (uint8_t *)p->out;
-                for (int i = 0; i < n; i++) o[l * p->out_ls + idx[i] * p->out_ks] = c[i];
-            } else {
-                mxfp8i_dequantize_group_ref(c, n, s, p->fmt, v);
-                for (int i = 0; i < n; i++)
-                    inexact += store_value(p->out, p->out_dtype, l * p->out_ls + idx[i] * p->out_ks, v[i]);
-            }
-        }
-    }
-    return inexact;
-}
-
-int64_t mxfp8i_dequantize_panel__ref(const mxfp8i_dqpanel *p) {
-    int64_t G = mxfp8i_ceil_div(p->K, 32), inexact = 0, idx[32];
-    float v[32];
-    uint8_t c[32];
-    for (int64_t l = 0; l < p->lines; l++) {
-        for (int64_t g = 0; g < G; g++) {
-            int n = mxfp8i_group_members(p->K, p->group, g, idx);
-            for (int i = 0; i < n; i++) c[i] = p->codes[l * p->codes_ls + idx[i] * p->codes_ks];
-            mxfp8i_dequantize_group_ref(c, n, p->scales[l * p->sc_ls + g * p->sc_gs], p->fmt, v);
-            for (int i = 0; i < n; i++)
-                inexact += store_value(p->out, p->out_dtype, l * p->out_ls + idx[i] * p->out_ks, v[i]);
-        }
-    }
-    return inexact;
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* Dispatch and the wrappers of src/internal.h                                                                */
-/* ---------------------------------------------------------------------------------------------------------- */
-/* The arithmetic above and in the SIMD kernels assumes IEEE defaults: round to nearest-even, subnormals neither
- * flushed (FTZ) nor read as zero (DAZ). A caller may have changed MXCSR (fast-math start-up code, a framework's
- * "flush denormals" switch); each panel runs under the defaults and restores the caller's state. MXCSR is per
- * thread, so this is done per panel, on whichever thread runs it. */
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#define MXCSR_NONDEFAULT 0xE040u /* FTZ (bit 15), rounding control (bits 13-14), DAZ (bit 6) */
-static inline unsigned ieee_begin(void) {
-    unsigned old = _mm_getcsr();
-    if (old & MXCSR_NONDEFAULT) _mm_setcsr(old & ~MXCSR_NONDEFAULT);
-    return old;
-}
-static inline void ieee_end(unsigned old) {
-    if (old & MXCSR_NONDEFAULT) _mm_setcsr(old);
-}
-#else
-static inline unsigned ieee_begin(void) { return 0; }
-static inline void ieee_end(unsigned old) { (void)old; }
-#endif
-
-int64_t mxfp8i_quantize_panel(const mxfp8i_qpanel *p) {
-    if (p->lines <= 0 || p->K <= 0) return 0;
-    unsigned csr = ieee_begin();
-    int64_t r = -1;
-    if (mxfp8i_use_avx512()) r = mxfp8i_quantize_panel__avx512(p);
-    if (r < 0) r = mxfp8i_quantize_panel__ref(p);
-    ieee_end(csr);
-    return r;
-}
-
-int64_t mxfp8i_dequantize_panel(const mxfp8i_dqpanel *p) {
-    if (p->lines <= 0 || p->K <= 0) return 0;
-    unsigned csr = ieee_begin();
-    int64_t r = -1;
-    if (mxfp8i_use_avx512()) r = mxfp8i_dequantize_panel__avx512(p);
-    if (r < 0) r = mxfp8i_dequantize_panel__ref(p);
-    ieee_end(csr);
-    return r;
-}
-
-static int64_t qrows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
-                     mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype, int64_t ld_out,
-                     uint8_t *scales, int64_t ld_scales) {
-    mxfp8i_qpanel p = {src, dtype, R, K, ld_src, 1, fmt, rule, group, out, out_dtype, ld_out, 1, scales, ld_scales, 1};
-    return mxfp8i_quantize_panel(&p);
-}
-static int64_t qcols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
-                     mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype, int64_t ld_out,
-                     uint8_t *scales, int64_t ld_scales) {
-    mxfp8i_qpanel p = {src, dtype, C, K, 1, ld_src, fmt, rule, group, out, out_dtype, 1, ld_out, scales, 1, ld_scales};
-    return mxfp8i_quantize_panel(&p);
-}
-
-void mxfp8i_quantize_rows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
-                          mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes, int64_t ld_codes,
-                          uint8_t *scales, int64_t ld_scales) {
-    qrows(src, dtype, R, K, ld_src, fmt, rule, group, codes, MXFP8_DTYPE_U8, ld_codes, scales, ld_scales);
-}
-void mxfp8i_quantize_cols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
-                          mxfp8_scale_rule rule, mxfp8_group_scheme group, uint8_t *codes, int64_t ld_codes,
-                          uint8_t *scales, int64_t ld_scales) {
-    qcols(src, dtype, K, C, ld_src, fmt, rule, group, codes, MXFP8_DTYPE_U8, ld_codes, scales, ld_scales);
-}
-int64_t mxfp8i_qdq_rows_bf16(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
-                             mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out, int64_t ld_out,
-                             uint8_t *scales, int64_t ld_scales) {
-    return qrows(src, dtype, R, K, ld_src, fmt, rule, group, out, MXFP8_DTYPE_BF16, ld_out, scales, ld_scales);
-}
-int64_t mxfp8i_qdq_cols_bf16(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
-                             mxfp8_scale_rule rule, mxfp8_group_scheme group, uint16_t *out, int64_t ld_out,
-                             uint8_t *scales, int64_t ld_scales) {
-    return qcols(src, dtype, K, C, ld_src, fmt, rule, group, out, MXFP8_DTYPE_BF16, ld_out, scales, ld_scales);
-}
-void mxfp8i_qdq_rows_f32(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
-                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out, uint8_t *scales,
-                         int64_t ld_scales) {
-    qrows(src, dtype, R, K, ld_src, fmt, rule, group, out, MXFP8_DTYPE_F32, ld_out, scales, ld_scales);
-}
-void mxfp8i_qdq_cols_f32(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
-                         mxfp8_scale_rule rule, mxfp8_group_scheme group, float *out, int64_t ld_out, uint8_t *scales,
-                         int64_t ld_scales) {
-    qcols(src, dtype, K, C, ld_src, fmt, rule, group, out, MXFP8_DTYPE_F32, ld_out, scales, ld_scales);
-}
-int64_t mxfp8i_dequantize_rows(const uint8_t *codes, int64_t R, int64_t K, int64_t ld_codes, mxfp8_format fmt,
-                               const uint8_t *scales, int64_t ld_scales, mxfp8_group_scheme group, void *out,
-                               mxfp8_dtype out_dtype, int64_t ld_out) {
-    mxfp8i_dqpanel p = {codes, fmt, R, K, ld_codes, 1, scales, ld_scales, 1, group, out, out_dtype, ld_out, 1};
-    return mxfp8i_dequantize_panel(&p);
-}
-int64_t mxfp8i_dequantize_cols(const uint8_t *codes, int64_t K, int64_t C, int64_t ld_codes, mxfp8_format fmt,
-                               const uint8_t *scales, int64_t ld_scales, mxfp8_group_scheme group, void *out,
-                               mxfp8_dtype out_dtype, int64_t ld_out) {
-    mxfp8i_dqpanel p = {codes, fmt, C, K, 1, ld_codes, scales, 1, ld_scales, group, out, out_dtype, 1, ld_out};
-    return mxfp8i_dequantize_panel(&p);
-}
+#include "../format/groups.h"
+#include "../runtime/cpu.h"
+#include "../runtime/tensor.h"
+#include "panel.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* N-D decomposition into panels                                                                              */

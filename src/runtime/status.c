@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "../internal.h"
+#include "error.h"
 
 static _Thread_local char g_last_error[512];
 

@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "../internal.h"
+#include "tensor.h"
 
 size_t mxfp8_dtype_size(mxfp8_dtype dtype) {
     switch (dtype) {
@@ -136,7 +136,7 @@ mxfp8_status mxfp8i_check_no_alias(const char *fn, const char *na, const mxfp8_t
     return MXFP8_OK;
 }
 
-/* Issue 6 (reliability): outputs must address distinct elements, or threads would race on shared bytes and the
+/* Outputs must address distinct elements, or threads would race on shared bytes and the
  * result would depend on the schedule. Sufficient rule (the usual "nested strides" one): the dimensions with extent
  * > 1, taken by increasing |stride|, each step past everything the smaller ones span. */
 mxfp8_status mxfp8i_check_distinct(const char *fn, const char *name, const mxfp8_tensor *t) {
@@ -177,12 +177,11 @@ const char *mxfp8i_shape_str(const mxfp8_tensor *t, char *buf, size_t size) {
     return buf;
 }
 
-const char *mxfp8i_layout_name(mxfp8_scale_layout layout) {
-    switch (layout) {
-    case MXFP8_SCALES_COMPACT: return "compact";
-    case MXFP8_SCALES_NKI_UNPACKED: return "nki_unpacked";
-    case MXFP8_SCALES_NKI_PACKED: return "nki_packed";
-    case MXFP8_SCALES_SWIZZLE_128X4: return "swizzle_128x4";
-    default: return "unknown";
+bool mxfp8i_is_contiguous(const mxfp8_tensor *t) {
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && t->strides[d] != s) return false;
+        s *= t->shape[d];
     }
+    return true;
 }

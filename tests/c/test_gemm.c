@@ -14,9 +14,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
 #include "gemm/gemm.h"
-#include "gemm/ukernel.h"
+#include "kernels/qpanel.h"
+#include "kernels/ref/ref.h"
+#include "kernels/registry.h"
+
+/* The kernels mxfp8_gemm is run with: the registry's choice (NULL), then every runtime kernel this CPU supports,
+ * whatever MXFP8_ISA says, that passed its self-test here (test_kernels checks those that fail). Returns the count. */
+static int gemm_kernels(const mxfp8i_ukernel *out[16]) {
+    int n = 0;
+    out[n++] = NULL;
+    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && n < 16; it++)
+        if (mxfp8i_ukernel_usable(*it)) out[n++] = *it;
+    return n;
+}
 
 static int failures;
 #define FAIL(...)                                                                                                      \
@@ -52,21 +63,17 @@ static float deq_value(int kind) {
 static int bits_eq(float a, float b) { return memcmp(&a, &b, 4) == 0; }
 
 static void test_ukernels(void) {
-    if (!mxfp8i_use_avx512()) {
-        printf("skip: AVX-512 microkernel (cpu lacks AVX-512F/BW or MXFP8_ISA=scalar)\n");
-        return;
-    }
-    const mxfp8i_ukernel *ref = mxfp8i_ref_ukernel();
-    /* [perf] the selected kernel may use its own panels (no fn; tested by test_amx_kernel): also test the F32 one */
-    static const mxfp8i_ukernel avx512f = {.name = "f32_gemm_8x32__avx512f", .panel = MXFP8I_PANEL_F32,
-                                           .fn = mxfp8i_f32_gemm_8x32__avx512f};
-    const mxfp8i_ukernel *uks[] = {mxfp8i_select_ukernel(), &avx512f};
+    /* every F32-panel kernel this CPU supports (whatever MXFP8_ISA says) against the reference microkernel */
+    const mxfp8i_ukernel *ref = &mxfp8i_f32_gemm_8x32__ref_ukernel, *uks[16];
+    int nuk = 0;
+    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && nuk < 16; it++)
+        if ((*it)->fn && *it != ref && mxfp8i_cpu_has((*it)->needs)) uks[nuk++] = *it;
+    if (!nuk) printf("test_gemm: SKIP the F32 SIMD microkernels: this CPU lacks AVX-512F/BW\n");
     int64_t kcs[] = {1, 2, 7, 31, 32, 33, 255, 256, 257, 600};
     int nrs[] = {1, 2, 15, 16, 17, 31, 32};
     int64_t ldcs[] = {32, 33, 47, 101};
-    for (unsigned u = 0; u < sizeof uks / sizeof *uks; u++) {
+    for (int u = 0; u < nuk; u++) {
         const mxfp8i_ukernel *uk = uks[u];
-        if (uk == ref || !uk->fn) continue;
         for (unsigned ik = 0; ik < sizeof kcs / sizeof *kcs; ik++)
             for (int mr = 1; mr <= MXFP8I_MR; mr++)
                 for (unsigned in = 0; in < sizeof nrs / sizeof *nrs; in++)
@@ -137,7 +144,8 @@ static void naive(const float *A, const float *B, int64_t M, int64_t N, int64_t 
 /* wrapX groups (K % 128 == 0) on every kernel, with B plain and transposed. */
 static void test_gemm_wrapx(void) {
     int64_t shapes[][3] = {{20, 40, 384}, {9, 70, 640}, {33, 5, 128}};
-    const mxfp8i_ukernel *kernels[3] = {NULL, mxfp8i_f32_avx512_ukernel(), mxfp8i_ref_ukernel()};
+    const mxfp8i_ukernel *kernels[16];
+    const int nk = gemm_kernels(kernels);
     for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K), *Bt = malloc(sizeof(float) * N * K);
@@ -148,9 +156,8 @@ static void test_gemm_wrapx(void) {
             for (int64_t k = 0; k < K; k++) Bt[k * N + n] = B[n * K + k];
         for (int f = 0; f < 2; f++) {
             naive_g(A, B, M, N, K, (mxfp8_format)f, MXFP8_SCALE_RCEIL, MXFP8_GROUP_WRAPX, C0);
-            for (int kk = 0; kk < 3; kk++)
+            for (int kk = 0; kk < nk; kk++)
                 for (int bt = 0; bt < 2; bt++) {
-                    if (kk > 0 && !kernels[kk]) continue;
                     int64_t sa[2] = {M, K}, sb[2] = {N, K}, sbt[2] = {K, N}, sc[2] = {M, N};
                     mxfp8_operand oa = {0}, ob = {0};
                     oa.values = mxfp8_tensor_make(A, MXFP8_DTYPE_F32, 2, sa);
@@ -166,7 +173,7 @@ static void test_gemm_wrapx(void) {
                     cfg.spill_reload = bt;
                     mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
                     if (kk) mxfp8i_force_ukernel(kernels[kk]);
-                    const char *kname = mxfp8i_select_ukernel()->name;
+                    const char *kname = mxfp8i_gemm_ukernel()->name;
                     mxfp8_status st = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
                     mxfp8i_force_ukernel(NULL);
                     if (st) { FAIL("wrapX gemm (%s): status %d %s", kname, st, mxfp8_last_error_message()); continue; }
@@ -260,7 +267,8 @@ static mxfp8_operand b_operand(const bops *o, float *B, int64_t N, int64_t K, mx
 
 static void test_gemm_vs_naive(void) {
     int64_t shapes[][3] = {{1, 1, 1}, {9, 33, 65}, {33, 97, 40}, {64, 128, 64}, {130, 70, 300}};
-    const mxfp8i_ukernel *kernels[3] = {NULL, mxfp8i_f32_avx512_ukernel(), mxfp8i_ref_ukernel()};
+    const mxfp8i_ukernel *kernels[16];
+    const int nk = gemm_kernels(kernels);
     for (unsigned s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K);
@@ -275,8 +283,7 @@ static void test_gemm_vs_naive(void) {
             int64_t sa[2] = {M, K}, sc[2] = {M, N};
             mxfp8_operand oa = {0};
             oa.values = mxfp8_tensor_make(A, MXFP8_DTYPE_F32, 2, sa);
-            for (int kk = 0; kk < 3; kk++) {
-                if (kk > 0 && !kernels[kk]) continue;
+            for (int kk = 0; kk < nk; kk++) {
                 for (int v = 0; v < 10; v++) {
                     int bkind = v % 5;
                     mxfp8_operand ob = b_operand(&bo, B, N, K, (mxfp8_format)f, bkind);
@@ -293,7 +300,7 @@ static void test_gemm_vs_naive(void) {
                     mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
                     for (int64_t i = 0; i < M * N; i++) C[i] = NAN;
                     if (kk) mxfp8i_force_ukernel(kernels[kk]);
-                    const char *kname = mxfp8i_select_ukernel()->name;
+                    const char *kname = mxfp8i_gemm_ukernel()->name;
                     mxfp8_status st = mxfp8_gemm(&oa, &ob, &cfg, 0, &c);
                     if (st) {
                         FAIL("mxfp8_gemm (%s, B kind %d) status %d: %s", kname, bkind, st, mxfp8_last_error_message());
@@ -357,8 +364,10 @@ static void rm_run(int64_t k0, int64_t kc, const void *a, const void *b, float *
             c[i * ldc + j] = acc;
         }
 }
-static const mxfp8i_ukernel k_rowmajor = {"f32_gemm_16x24__test_rowmajor", MXFP8I_PANEL_OTHER, 16, 24, 32, 1, NULL,
-                                          rm_bytes, rm_pack, rm_run};
+static const mxfp8i_ukernel k_rowmajor = {
+    .name = "f32_gemm_16x24__test_rowmajor", .isa_name = "scalar", .panel = MXFP8I_PANEL_BF16C /* not F32 panels */,
+    .mr = 16, .nr = 24, .kalign = 32, .tile_m = 128, .tile_n = 256, .tile_k = 128, .panel_bytes = rm_bytes,
+    .pack = rm_pack, .run = rm_run};
 
 static void test_generic_slot(void) {
     int64_t shapes[][3] = {{17, 50, 100}, {40, 24, 33}, {3, 5, 64}};
@@ -544,6 +553,6 @@ int main(void) {
         printf("test_gemm: %d failure(s)\n", failures);
         return 1;
     }
-    printf("test_gemm: ok (ukernel %s)\n", mxfp8i_select_ukernel()->name);
+    printf("test_gemm: ok (ukernel %s)\n", mxfp8i_gemm_ukernel()->name);
     return 0;
 }

@@ -13,9 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
 #include "gemm/gemm.h"
-#include "gemm/ukernel.h"
+#include "kernels/avx512/avx512.h"
+#include "kernels/ref/ref.h"
+#include "kernels/registry.h"
 #include "testutil.h"
 
 #if defined(__x86_64__)
@@ -71,11 +72,14 @@ static void test_gemm_modes(void) {
     for (int64_t i = 0; i < M * N; i++) /* accumulate starts from subnormal, tiny and ordinary values */
         c0[i] = i % 3 == 0 ? ldexpf(1.0f + (float)(i % 7), -140) : i % 3 == 1 ? ldexpf(1.0f, -120) : 0.5f;
     void *zero = calloc((size_t)(M * N), 4), *ref = tu_alloc((size_t)(M * N) * 4), *got = tu_alloc((size_t)(M * N) * 4);
-    const mxfp8i_ukernel *kernels[3] = {NULL, mxfp8i_f32_avx512_ukernel(), mxfp8i_ref_ukernel()};
-    static const char *kname[3] = {"selected", "f32 avx512f", "f32 ref"};
+    /* the registry's choice, then every runtime kernel this CPU supports (whatever MXFP8_ISA says) */
+    const mxfp8i_ukernel *kernels[16] = {NULL};
+    const char *kname[16] = {"selected"};
+    int nk = 1;
+    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && nk < 16; it++)
+        if (mxfp8i_ukernel_usable(*it)) kname[nk] = (*it)->name, kernels[nk++] = *it;
     static const mxfp8_dtype cds[3] = {MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16};
-    for (int kk = 0; kk < 3; kk++) {
-        if (kk == 1 && !kernels[1]) continue;
+    for (int kk = 0; kk < nk; kk++) {
         mxfp8i_force_ukernel(kernels[kk]);
         for (int nt = 1; nt <= 2; nt++) {
             mxfp8_set_num_threads(nt);
@@ -110,8 +114,9 @@ static void test_control(void) {
     tu_rng r = {7};
     for (int i = 0; i < KC * MXFP8I_MR; i++) a[i] = ldexpf(1.0f + (float)(tu_uniform(&r) * 0.9), i % 2 ? -70 : 3);
     for (int i = 0; i < KC * MXFP8I_NR; i++) b[i] = ldexpf(1.0f + (float)(tu_uniform(&r) * 0.9), -71 + (i % 3));
-    const mxfp8i_ukernel *uk = mxfp8i_f32_avx512_ukernel();
-    if (!uk) uk = mxfp8i_ref_ukernel();
+    const mxfp8i_ukernel *uk = mxfp8i_cpu_has(mxfp8i_f32_gemm_8x32__avx512f_ukernel.needs)
+                                   ? &mxfp8i_f32_gemm_8x32__avx512f_ukernel
+                                   : &mxfp8i_f32_gemm_8x32__ref_ukernel;
     static const unsigned modes[2] = {0x8040u, 0x6000u};
     for (int m = 0; m < 2; m++) {
         uk->fn(KC, a, b, c1, MXFP8I_NR, MXFP8I_MR, MXFP8I_NR, 0);

@@ -7,7 +7,14 @@
  */
 #include <math.h>
 
-#include "internal.h"
+#include "format/codec.h"
+#include "format/groups.h"
+#include "kernels/avx512/avx512.h"
+#include "kernels/qpanel.h"
+#include "kernels/ref/ref.h"
+#include "kernels/registry.h"
+#include "quant/panel.h"
+#include "runtime/tensor.h"
 #include "testutil.h"
 
 static const char *FMT_NAME[2] = {"e4m3", "e5m2"};

@@ -9,7 +9,14 @@
  */
 #include <math.h>
 
-#include "internal.h"
+#include "format/codec.h"
+#include "format/groups.h"
+#include "kernels/avx512/avx512.h"
+#include "kernels/qpanel.h"
+#include "kernels/ref/ref.h"
+#include "kernels/registry.h"
+#include "quant/panel.h"
+#include "runtime/tensor.h"
 #include "testutil.h"
 
 static const mxfp8_dtype OUT_DT[4] = {MXFP8_DTYPE_U8, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16};

@@ -17,7 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "format/codec.h"
+#include "format/groups.h"
+#include "kernels/avx512/avx512.h"
+#include "kernels/qpanel.h"
+#include "kernels/ref/ref.h"
+#include "kernels/registry.h"
+#include "quant/panel.h"
+#include "runtime/tensor.h"
 #include "fuzz_assert.h"
 
 

@@ -1,12 +1,13 @@
 /*
  * gemm_f32_avx512.c -- AVX-512F FMA microkernel, 8 x 32 register tile, for the F32 panel contract of
- * src/gemm/ukernel.h. Each of the 16 accumulators is one zmm; step k does acc = fma(a[k][i] (broadcast), b[k][j..],
+ * src/kernels/ukernel.h. Each of the 16 accumulators is one zmm; step k does acc = fma(a[k][i] (broadcast), b[k][j..],
  * acc): exactly the reference's per-element sequence, so the result equals mxfp8i_f32_gemm_8x32__ref bit for bit
- * (MXCSR is left at its default: no FTZ/DAZ, round to nearest even).
+ * (the driver runs it under src/runtime/fenv.h's IEEE defaults: no FTZ/DAZ, round to nearest even).
  */
 #include <immintrin.h>
 
-#include "../../gemm/ukernel.h"
+#include "../ref/ref.h" /* the F32 panel format */
+#include "avx512.h"
 
 void mxfp8i_f32_gemm_8x32__avx512f(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
                                    int load_c) {
@@ -45,3 +46,15 @@ void mxfp8i_f32_gemm_8x32__avx512f(int64_t kc, const float *a, const float *b, f
     ST(4, c40, c41) ST(5, c50, c51) ST(6, c60, c61) ST(7, c70, c71)
 #undef ST
 }
+
+static void run_avx512f(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
+                        int load_c) {
+    mxfp8i_f32_gemm_8x32__avx512f(kc, (const float *)a + k0 * MXFP8I_MR, (const float *)b + k0 * MXFP8I_NR, c, ldc,
+                                  mr, nr, load_c);
+}
+
+const mxfp8i_ukernel mxfp8i_f32_gemm_8x32__avx512f_ukernel = {
+    .name = "f32_gemm_8x32__avx512f", .isa_name = "avx512", .isa_level = 1, .needs = MXFP8I_NEEDS_AVX512,
+    .test_only = 0, .panel = MXFP8I_PANEL_F32, .mr = MXFP8I_MR, .nr = MXFP8I_NR, .kalign = 1,
+    .tile_m = 128, .tile_n = 256, .tile_k = 128, .fn = mxfp8i_f32_gemm_8x32__avx512f,
+    .panel_bytes = mxfp8i_f32_panel_bytes, .pack = mxfp8i_f32_pack, .pack_cm = NULL, .run = run_avx512f};

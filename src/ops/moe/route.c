@@ -8,7 +8,7 @@
  */
 #include <stdlib.h>
 
-#include "moe_internal.h"
+#include "moe.h"
 
 static int64_t ceil_div_signed(int64_t num, int64_t den) { /* den > 0; rounds toward +inf */
     return num >= 0 ? (num + den - 1) / den : -((-num) / den);
@@ -36,17 +36,17 @@ mxfp8_status mxfp8_moe_num_blocks(int64_t T, int64_t top_k, int64_t num_experts,
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *topk_weights, int64_t num_experts,
-                             int64_t block_size, int32_t padding_id, mxfp8_tensor *token_position_to_id,
-                             mxfp8_tensor *block_to_expert, mxfp8_tensor *expert_affinities_masked) {
-    static const char *fn = "mxfp8_moe_route";
-    mxfp8i_clear_error();
+/* Every check of mxfp8_moe_route's arguments except the ids themselves; *N = the number of blocks. */
+static mxfp8_status check_route(const char *fn, const mxfp8_tensor *topk_ids, const mxfp8_tensor *topk_weights,
+                                int64_t num_experts, int64_t block_size, int32_t padding_id,
+                                const mxfp8_tensor *token_position_to_id, const mxfp8_tensor *block_to_expert,
+                                const mxfp8_tensor *expert_affinities_masked, int64_t *n_blocks) {
     mxfp8_status st;
     {
         const void *args[5] = {topk_ids, topk_weights, token_position_to_id, block_to_expert, expert_affinities_masked};
         const char *argn[5] = {"topk_ids", "topk_weights", "token_position_to_id", "block_to_expert",
                                "expert_affinities_masked"};
-        for (int i = 0; i < 5; i++) /* issue 6: the message names the parameter */
+        for (int i = 0; i < 5; i++) /* the message names the parameter */
             if (!args[i]) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, argn[i]);
     }
     if ((st = mxfp8i_check_rank(fn, "topk_ids", topk_ids, 2))) return st;
@@ -57,19 +57,18 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
                             mxfp8_dtype_name(topk_weights->dtype));
     if ((st = mxfp8i_check_same_shape(fn, "topk_ids", topk_ids, "topk_weights", topk_weights))) return st;
     const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], E = num_experts, B = block_size;
+    int64_t N, NB, TE;
     if (padding_id != -1 && (int64_t)padding_id != T)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: padding_id %d must be -1 or T = %lld", fn,
                             (int)padding_id, (long long)T);
     if (T > INT32_MAX - 1)
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: T = %lld does not fit int32 token ids", fn, (long long)T);
-    int64_t N;
     if ((st = mxfp8_moe_num_blocks(T, K, E, B, &N))) {
         /* re-raise with this function's name */
         return mxfp8i_error(st, "%s: T = %lld, top_k = %lld, num_experts = %lld, block_size = %lld: %s", fn,
                             (long long)T, (long long)K, (long long)E, (long long)B, "invalid routing sizes (need "
                             "num_experts >= 1, 1 <= top_k <= num_experts, block_size >= 1)");
     }
-    int64_t NB, TE;
     if (!mxfp8i_mul_size(N, B, &NB) || !mxfp8i_mul_size(T, E, &TE))
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: N*B or T*E overflows", fn);
     if ((st = mxfp8i_check_rank(fn, "token_position_to_id", token_position_to_id, 1))) return st;
@@ -96,31 +95,24 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
                 (st = mxfp8i_moe_check_alias(fn, names[o], outs[o], 5, ins, inames)))
                 return st;
     }
+    *n_blocks = N;
+    return MXFP8_OK;
+}
 
-    /* Read and check every id. */
-    int64_t *count = (int64_t *)calloc((size_t)E, sizeof(int64_t));
-    int64_t *cursor = (int64_t *)calloc((size_t)E, sizeof(int64_t));
-    int64_t *seen = (int64_t *)malloc((size_t)E * sizeof(int64_t));
-    if (!count || !cursor || !seen) {
-        free(count); free(cursor); free(seen);
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld expert counters", fn, (long long)E);
-    }
+/* count[e] = tokens routed to e (ids checked: in range, distinct within a row); cursor[e] = first position of e. */
+static mxfp8_status count_ids(const char *fn, const mxfp8_tensor *topk_ids, int64_t E, int64_t B, int64_t N,
+                              int64_t *count, int64_t *cursor, int64_t *seen) {
+    const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1];
     for (int64_t e = 0; e < E; e++) seen[e] = -1;
     const int32_t *ids = (const int32_t *)topk_ids->data;
     for (int64_t t = 0; t < T; t++)
         for (int64_t k = 0; k < K; k++) {
             int32_t e = ids[t * topk_ids->strides[0] + k * topk_ids->strides[1]];
-            if (e < 0 || e >= E) {
-                free(count); free(cursor); free(seen);
-                return mxfp8i_error(MXFP8_ERR_INDEX_OUT_OF_RANGE,
-                                    "%s: topk_ids[%lld, %lld] = %d is out of range [0, num_experts = %lld)", fn,
-                                    (long long)t, (long long)k, (int)e, (long long)E);
-            }
-            if (seen[e] == t) {
-                free(count); free(cursor); free(seen);
-                return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: topk_ids row %lld names expert %d twice", fn,
-                                    (long long)t, (int)e);
-            }
+            MXFP8I_RETURN_ERROR_IF(e < 0 || e >= E, MXFP8_ERR_INDEX_OUT_OF_RANGE,
+                                   "%s: topk_ids[%lld, %lld] = %d is out of range [0, num_experts = %lld)", fn,
+                                   (long long)t, (long long)k, (int)e, (long long)E);
+            MXFP8I_RETURN_ERROR_IF(seen[e] == t, MXFP8_ERR_INVALID_ARGUMENT,
+                                   "%s: topk_ids row %lld names expert %d twice", fn, (long long)t, (int)e);
             seen[e] = t;
             count[e]++;
         }
@@ -129,11 +121,34 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
         cursor[e] = used * B; /* first position of expert e */
         used += mxfp8i_ceil_div(count[e], B);
     }
-    if (used > N) { /* cannot happen: N bounds any routing */
+    MXFP8I_RETURN_ERROR_IF(used > N, MXFP8_ERR_INTERNAL, "%s: routing needs %lld blocks > N = %lld", fn,
+                           (long long)used, (long long)N); /* cannot happen: N bounds any routing */
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *topk_weights, int64_t num_experts,
+                             int64_t block_size, int32_t padding_id, mxfp8_tensor *token_position_to_id,
+                             mxfp8_tensor *block_to_expert, mxfp8_tensor *expert_affinities_masked) {
+    static const char *fn = "mxfp8_moe_route";
+    mxfp8i_clear_error();
+    int64_t N;
+    MXFP8I_FORWARD_IF_ERROR(check_route(fn, topk_ids, topk_weights, num_experts, block_size, padding_id,
+                                        token_position_to_id, block_to_expert, expert_affinities_masked, &N));
+    const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], E = num_experts, B = block_size;
+    const int64_t NB = N * B, TE = T * E;
+    int64_t *count = (int64_t *)calloc((size_t)E, sizeof(int64_t));
+    int64_t *cursor = (int64_t *)calloc((size_t)E, sizeof(int64_t));
+    int64_t *seen = (int64_t *)malloc((size_t)E * sizeof(int64_t));
+    if (!count || !cursor || !seen) {
         free(count); free(cursor); free(seen);
-        return mxfp8i_error(MXFP8_ERR_INTERNAL, "%s: routing needs %lld blocks > N = %lld", fn, (long long)used,
-                            (long long)N);
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld expert counters", fn, (long long)E);
     }
+    mxfp8_status st = count_ids(fn, topk_ids, E, B, N, count, cursor, seen);
+    if (st) {
+        free(count); free(cursor); free(seen);
+        return st;
+    }
+    const int32_t *ids = (const int32_t *)topk_ids->data;
 
     /* Write. */
     int32_t *tp = (int32_t *)token_position_to_id->data;

@@ -1,21 +1,28 @@
 /*
- * moe_internal.h -- what the blockwise MoE files (src/ops/moe_*.c) share: validated problem description, resolved
- * routing, per-expert weight preparation, the GEMM entry they use, and the FP32 / FP64 activation functions.
+ * moe.h -- what the blockwise MoE files (src/ops/moe/) share: the validated problem description with its resolved
+ * routing, the experts' weights as GEMM operands, the GEMM entry, and the FP32 / FP64 activation functions.
  *
- * The layer, its backward and every deviation from the seed page are documented in include/mxfp8.h (section
+ * The layer, its backward and every deviation from the NKI page are documented in include/mxfp8.h (section
  * "Blockwise MoE"). The files:
- *   moe_common.c  config/args defaults, validation (shared by kernels and goldens), routing, weights, GEMM wrapper
- *   moe_route.c   mxfp8_moe_num_blocks, mxfp8_moe_route
- *   moe_fwd.c     mxfp8_moe_forward
- *   moe_bwd.c     mxfp8_moe_backward (phases 1-4)
- *   moe_golden.c  FP64 references (unquantized and quantized)
+ *   config.c     config and argument defaults
+ *   validate.c   every check (config, inputs, routing, outputs, aliasing), shared by the kernels and the goldens
+ *   weights.c    the experts' weights as GEMM operands (no copy unless an axis needs one), the GEMM entry
+ *   route.c      mxfp8_moe_num_blocks, mxfp8_moe_route
+ *   fwd.c        mxfp8_moe_forward
+ *   bwd.c        mxfp8_moe_backward: workspace and the expert-major driver over the phases of bwd_block.c
+ *   bwd_block.c  one block of the backward: recompute, Phase 1, activation backward, Phase 2 + scatter, Phases 3, 4
+ *   store.c      rounding the FP32 / FP64 accumulators once into the output views
+ *   golden.c     FP64 references (unquantized and quantized)
  */
-#ifndef MXFP8_OPS_MOE_INTERNAL_H
-#define MXFP8_OPS_MOE_INTERNAL_H
+#ifndef MXFP8_OPS_MOE_H
+#define MXFP8_OPS_MOE_H
 
 #include <math.h>
 
-#include "../internal.h"
+#include "../../gemm/gemm.h"
+#include "../../quant/panel.h"
+#include "../../runtime/cpu.h"
+#include "../../runtime/tensor.h"
 
 /** Inputs common to the forward and the backward (pointers into the caller's args). */
 typedef struct mxfp8i_moe_in {
@@ -72,51 +79,42 @@ void mxfp8i_moe_load_w2(const mxfp8i_moe *p, int64_t e, float *w2f);
 void mxfp8i_moe_load_b1(const mxfp8i_moe *p, int64_t e, float *b1);
 void mxfp8i_moe_load_b2(const mxfp8i_moe *p, int64_t e, float *b2);
 
-/** One GEMM operand, logically [R, K] (K = contraction). Either FP32 values quantized on the fly along K
- *  (v != NULL: element (r, k) at v[r*rs + k*ks]) or pre-quantized 1x32 codes (codes[r*crs + k*cks]) with E8M0
- *  scales (scales[r*srs + g*sgs]). */
-typedef struct mxfp8i_moe_op {
-    const float *v;
-    int64_t rs, ks;
-    const uint8_t *codes;
-    int64_t crs, cks;
-    const uint8_t *scales;
-    int64_t srs, sgs;
-} mxfp8i_moe_op;
+/** Which weight a GEMM reads, viewed [R, K] with K its contraction axis. */
+typedef enum mxfp8i_moe_wuse {
+    MXFP8I_W1_H = 0,  /**< W1[e] as [2I, H] (row c = j*I + i), along H: forward GEMM 1 and its recomputation */
+    MXFP8I_W1_2I = 1, /**< W1[e] as [H, 2I], along 2I: backward Phase 2 */
+    MXFP8I_W2_I = 2,  /**< W2[e] as [H, I], along I: forward GEMM 2 and the AFFINITY_ON_H recomputation */
+    MXFP8I_W2_H = 3   /**< W2[e] as [I, H], along H: backward Phase 1 */
+} mxfp8i_moe_wuse;
 
-/** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k], C F32 row-major with leading dimension ldc. Both operands
- *  quantized along K with p->cfg.quant_dtype / scale_rule, 1x32. Deterministic for any thread count.
- *  Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY. */
-mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, const mxfp8i_moe_op *A,
-                             const mxfp8i_moe_op *B, int accumulate, float *C, int64_t ldc);
+/** The exact FP32 copies of one expert's weights, for the uses that need one (weights.c). */
+typedef struct mxfp8i_moe_wcopy {
+    float *w1f, *w2f; /**< W1[e] [H][2I] (column j*I + i), W2[e] [I][H]; NULL when no use needs them */
+    int64_t e1, e2;   /**< the expert each holds, -1 = none */
+} mxfp8i_moe_wcopy;
+/** 1 when `use` reads an FP32 copy instead of the caller's tensor: pre-quantized weights along another axis, or W1
+ *  whose (2, I) dimensions are not one axis of stride. */
+int mxfp8i_moe_weight_needs_copy(const mxfp8i_moe *p, mxfp8i_moe_wuse use);
+/** Allocate the copies the uses in the bitmask `uses` (1 << use) need. OUT_OF_MEMORY (nothing kept) or OK. */
+mxfp8_status mxfp8i_moe_wcopy_alloc(const mxfp8i_moe *p, unsigned uses, mxfp8i_moe_wcopy *w);
+void mxfp8i_moe_wcopy_free(mxfp8i_moe_wcopy *w);
+/** Expert e's weight as the GEMM operand of `use`: a view of the caller's tensor (high precision, or codes and
+ *  scales pre-quantized along this axis), else the FP32 copy (filled here when it holds another expert). Equal
+ *  values give equal packed panels, so the operand's data pointer keys the GEMM workspace's weight cache. */
+mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use);
 
-/** Per-expert quantized weights (built once per expert, reused by every block of that expert). */
-typedef struct mxfp8i_moe_wq {
-    int64_t e;                       /**< expert held, -1 = none */
-    int want_bwd, want_fwd;          /**< which axes to build */
-    float *w1f, *w2f;                /**< exact FP32 W1[e] [H][2I], W2[e] [I][H]: scratch written ONLY by
-                                          mxfp8i_moe_wq_prepare when it switches experts; mxfp8_moe_backward reuses
-                                          them as the current expert's dW1/dW2 accumulators after that call */
-    uint8_t *w1_2i_c, *w1_2i_s;      /**< W1 along 2I: codes [H][2I], scales [H][G(2I)]  (backward Phase 2) */
-    uint8_t *w2_h_c, *w2_h_s;        /**< W2 along H:  codes [I][H],  scales [I][G(H)]   (backward Phase 1) */
-    uint8_t *w1_h_c, *w1_h_s;        /**< W1 along H:  codes [H][2I], scales [G(H)][2I]  (forward GEMM 1) */
-    uint8_t *w2_i_c, *w2_i_s;        /**< W2 along I:  codes [I][H],  scales [G(I)][H]   (forward GEMM 2) */
-} mxfp8i_moe_wq;
-mxfp8_status mxfp8i_moe_wq_alloc(const mxfp8i_moe *p, int want_fwd, int want_bwd, mxfp8i_moe_wq *w);
-void mxfp8i_moe_wq_prepare(const mxfp8i_moe *p, int64_t e, mxfp8i_moe_wq *w);
-void mxfp8i_moe_wq_free(mxfp8i_moe_wq *w);
-/** The operands of the weights (valid after mxfp8i_moe_wq_prepare). */
-mxfp8i_moe_op mxfp8i_moe_op_w1_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w);  /* [2I, H] */
-mxfp8i_moe_op mxfp8i_moe_op_w2_i(const mxfp8i_moe *p, const mxfp8i_moe_wq *w);  /* [H, I] */
-mxfp8i_moe_op mxfp8i_moe_op_w1_2i(const mxfp8i_moe *p, const mxfp8i_moe_wq *w); /* [H, 2I] */
-mxfp8i_moe_op mxfp8i_moe_op_w2_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w);  /* [I, H] */
+/** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] with M = A->R, N = B->R, K = A->K; C F32 row-major with leading
+ *  dimension ldc. Both operands quantized along K with p->cfg.quant_dtype / scale_rule, 1x32. Deterministic for any
+ *  thread count. Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY. */
+mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, const mxfp8i_gop *A, const mxfp8i_gop *B, int accumulate, float *C,
+                             int64_t ldc);
 
 /** Clamp keeping NaN (absent limits are +-INFINITY). */
 static inline float mxfp8i_moe_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 static inline double mxfp8i_moe_clamp_d(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
 /** Gradient mask of a clamp (1 = the clamp passed the value through). An absent limit (-INFINITY lower,
  *  +INFINITY upper) masks nothing, so +-Inf and NaN pass; a present limit masks with strict comparisons where NaN
- *  counts as inside (non-finite values propagate, never hidden: issues 2 and 4). */
+ *  counts as inside (non-finite values propagate, never hidden). */
 static inline int mxfp8i_moe_clamp_pass(double x, double lo, double hi) {
     return (lo == -INFINITY || !(x <= lo)) && (hi == INFINITY || !(x >= hi));
 }
@@ -206,4 +204,4 @@ static inline int mxfp8i_moe_nt(double work) { return work < 65536.0 ? 1 : mxfp8
 /** Number of groups of 32 along an axis of length K. */
 static inline int64_t mxfp8i_moe_groups(int64_t K) { return (K + 31) / 32; }
 
-#endif /* MXFP8_OPS_MOE_INTERNAL_H */
+#endif /* MXFP8_OPS_MOE_H */

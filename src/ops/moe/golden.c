@@ -10,7 +10,7 @@
  */
 #include <stdlib.h>
 
-#include "moe_internal.h"
+#include "moe.h"
 
 typedef struct gold {
     const mxfp8i_moe *p;

@@ -1,62 +1,13 @@
 /*
- * moe_common.c -- blockwise MoE: defaults, validation shared by the kernels and the golden references, routing
- * resolution, per-expert weight quantization and the GEMM entry of the MoE phases.
- *
- * Contract (include/mxfp8.h, "Blockwise MoE"): every input is validated before any output is written; routing is
- * resolved into a flat table tok[n*B + p] (a token id in [0, V) or -1 for padding, num_valid_tokens applied) and
- * expert[n]. Weights are turned once per expert into exact FP32 copies and into 1x32 MX codes along each axis a GEMM
- * contracts them over; user pre-quantized weights are copied code for code where their axis matches, so they are
- * bitwise equal to quantizing on the fly.
+ * validate.c -- every check of the blockwise MoE layer, shared by the kernels and the golden references: config,
+ * inputs (shapes, dtypes, pre-quantized weights, biases, num_valid_tokens), routing (token and expert ids, resolved
+ * into a flat table), outputs and aliasing. Nothing here writes an output; a public entry calls these before its
+ * first store (include/mxfp8.h, "Blockwise MoE", Errors).
  */
 #include <stdio.h>
 #include <stdlib.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#include "../gemm/gemm.h"
-#include "moe_internal.h"
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* Defaults                                                                                                   */
-/* ---------------------------------------------------------------------------------------------------------- */
-/* A phase config: the matmul defaults with the MoE's E4M3 (phase outputs are FP32: weight grads accumulate in FP32). */
-static void phase_config_default(mxfp8_matmul_config *c) {
-    mxfp8_matmul_config_init(c);
-    c->float8_dtype = MXFP8_FMT_E4M3;
-}
-
-void mxfp8_moe_config_init(mxfp8_moe_config *c) {
-    if (!c) return;
-    memset(c, 0, sizeof *c);
-    c->compute_dtype = MXFP8_DTYPE_BF16;
-    c->quant_dtype = MXFP8_FMT_E4M3;
-    c->scale_rule = MXFP8_SCALE_NKI;
-    c->activation = MXFP8_ACT_SILU;
-    c->affinity_option = MXFP8_AFFINITY_ON_I;
-    phase_config_default(&c->phase1);
-    phase_config_default(&c->phase2);
-    phase_config_default(&c->phase3);
-    phase_config_default(&c->phase4);
-    c->gate_clamp_lower = -INFINITY;
-    c->gate_clamp_upper = INFINITY;
-    c->up_clamp_lower = -INFINITY;
-    c->up_clamp_upper = INFINITY;
-    c->skip_token = 1;
-}
-
-void mxfp8_moe_bwd_args_init(mxfp8_moe_bwd_args *args) {
-    if (!args) return;
-    memset(args, 0, sizeof *args);
-    args->block_size = 4096;
-}
-
-void mxfp8_moe_fwd_args_init(mxfp8_moe_fwd_args *args) {
-    if (!args) return;
-    memset(args, 0, sizeof *args);
-    args->block_size = 4096;
-}
+#include "moe.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Validation helpers                                                                                         */
@@ -145,7 +96,7 @@ static mxfp8_status check_config(const char *fn, const mxfp8_moe_config *c) {
     if (lim[2] > lim[3])
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.up_clamp_lower %g > up_clamp_upper %g", fn,
                             (double)lim[2], (double)lim[3]);
-    if (c->shard_option < 0 || c->shard_option > 2) /* issue 6: hardware-only knobs are still validated */
+    if (c->shard_option < 0 || c->shard_option > 2) /* hardware-only knobs are still validated */
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.shard_option %d is not 0, 1 or 2", fn,
                             c->shard_option);
     if (c->skip_token != 0 && c->skip_token != 1)
@@ -154,7 +105,7 @@ static mxfp8_status check_config(const char *fn, const mxfp8_moe_config *c) {
                          c->single_expert_dense, c->bias, c->use_fast_dma};
     static const char *flag_nm[6] = {"skip_weight", "accumulate_hidden_states_grad", "skip_grad_initialization",
                                      "single_expert_dense", "bias", "use_fast_dma"};
-    for (int i = 0; i < 6; i++) /* issue 6: booleans are 0 or 1, not "any nonzero" */
+    for (int i = 0; i < 6; i++) /* booleans are 0 or 1, not "any nonzero" */
         if (flag[i] != 0 && flag[i] != 1)
             return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.%s %d is not 0 or 1", fn, flag_nm[i], flag[i]);
     const int mode[5] = {c->p3_transpose_mode, c->p4_transpose_mode, c->hidden_states_swizzle_mode,
@@ -243,16 +194,12 @@ static mxfp8_status set_workspace_rows(mxfp8i_moe *p) {
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p) {
+/* hidden_states [T, H] and the weights W1 [E, H, 2, I], W2 [E, I, H] (high precision, or codes with their scales
+ * in the pass's layout); sets p->T, H, E, I and the pre-quantized flags. */
+static mxfp8_status check_hidden_and_weights(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
     mxfp8_status st;
-    memset(p, 0, sizeof *p);
-    p->fn = fn;
-    p->bwd = bwd;
-    if (in->cfg) p->cfg = *in->cfg;
-    else mxfp8_moe_config_init(&p->cfg);
-    if ((st = check_config(fn, &p->cfg))) return st;
     const mxfp8_moe_config *c = &p->cfg;
-
+    const int bwd = p->bwd;
     /* X [T, H] */
     if (!in->X) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: hidden_states is required", fn);
     if ((st = mxfp8i_check_rank(fn, "hidden_states", in->X, 2))) return st;
@@ -260,6 +207,8 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: hidden_states has dtype %s (expected f32, bf16 or f16)", fn,
                             mxfp8_dtype_name(in->X->dtype));
     const int64_t T = in->X->shape[0], H = in->X->shape[1];
+    p->T = T;
+    p->H = H;
     if (H < 1)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: hidden size H = %lld must be >= 1", fn, (long long)H);
 
@@ -269,6 +218,8 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     if (!in->W2 || !in->W2->data) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: down_proj_weight is required", fn);
     if ((st = mxfp8i_check_rank(fn, "gate_up_proj_weight", in->W1, 4))) return st;
     const int64_t E = in->W1->shape[0], I = in->W1->shape[3];
+    p->E = E;
+    p->I = I;
     if (E < 1)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: number of experts E = %lld must be >= 1", fn,
                             (long long)E);
@@ -305,6 +256,15 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
             return st;
     }
 
+    return MXFP8_OK;
+}
+
+/* expert_affinities_masked [T*E], dY [T, H] (backward), block_size, num_valid_tokens, biases; sets p->B, p->V. */
+static mxfp8_status check_side_inputs(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    mxfp8_status st;
+    const mxfp8_moe_config *c = &p->cfg;
+    const int bwd = p->bwd;
+    const int64_t T = p->T, H = p->H, E = p->E, I = p->I;
     /* a [T*E, 1] */
     int64_t TE;
     if (!mxfp8i_mul_size(T, E, &TE)) return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: T*E overflows", fn);
@@ -318,6 +278,7 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
 
     /* block size, num_valid_tokens */
     const int64_t B = in->B;
+    p->B = B;
     if (B < 1) return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: block_size %lld must be >= 1", fn, (long long)B);
     int64_t V = T;
     if (present(in->nvt)) {
@@ -349,7 +310,15 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
         if ((st = mxfp8i_moe_check_tensor(fn, "down_proj_bias", in->b2, 0, 0, 2, s2))) return st;
     }
 
-    /* routing */
+    p->V = V;
+    return MXFP8_OK;
+}
+
+/* The routing tensors' shapes (or the identity routing of single_expert_dense); sets p->N. */
+static mxfp8_status check_routing_shapes(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    mxfp8_status st;
+    const mxfp8_moe_config *c = &p->cfg;
+    const int64_t T = p->T, E = p->E, B = p->B;
     int64_t N;
     if (c->single_expert_dense) {
         if (E != 1)
@@ -378,19 +347,14 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     if (!mxfp8i_mul_size(N, B, &NB) || NB > INT64_MAX / 8)
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: N*B overflows", fn);
 
-    p->T = T; p->H = H; p->I = I; p->E = E; p->N = N; p->B = B; p->V = V;
-    p->Bw = 1; /* set from the routing below: the longest block prefix that holds a real position */
-    p->X = *in->X;
-    p->a = *in->a;
-    p->W1 = *in->W1;
-    p->W2 = *in->W2;
-    if (c->bias && present(in->b1)) p->b1 = *in->b1;
-    if (c->bias && present(in->b2)) p->b2 = *in->b2;
-    if (p->w1_prequant) p->W1s = *in->W1s;
-    if (p->w2_prequant) p->W2s = *in->W2s;
-    if (bwd) p->dY = *in->dY;
+    p->N = N;
+    return MXFP8_OK;
+}
 
-    /* Resolve and check the routing (reads every id before any output is written). */
+/* The flat routing table tok[n*B + p] (a token id in [0, V) or -1) and expert[n], every id checked. */
+static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    const mxfp8_moe_config *c = &p->cfg;
+    const int64_t T = p->T, E = p->E, N = p->N, V = p->V, NB = N * p->B;
     p->tok = (int32_t *)malloc((size_t)(NB > 0 ? NB : 1) * sizeof(int32_t));
     p->expert = (int32_t *)malloc((size_t)(N > 0 ? N : 1) * sizeof(int32_t));
     if (!p->tok || !p->expert) {
@@ -437,6 +401,33 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     return set_workspace_rows(p);
 }
 
+
+mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p) {
+    memset(p, 0, sizeof *p);
+    p->fn = fn;
+    p->bwd = bwd;
+    if (in->cfg) p->cfg = *in->cfg;
+    else mxfp8_moe_config_init(&p->cfg);
+    MXFP8I_FORWARD_IF_ERROR(check_config(fn, &p->cfg));
+    MXFP8I_FORWARD_IF_ERROR(check_hidden_and_weights(fn, in, p));
+    MXFP8I_FORWARD_IF_ERROR(check_side_inputs(fn, in, p));
+    MXFP8I_FORWARD_IF_ERROR(check_routing_shapes(fn, in, p));
+    p->Bw = 1; /* set from the routing below: the longest block prefix that holds a real position */
+    p->X = *in->X;
+    p->a = *in->a;
+    p->W1 = *in->W1;
+    p->W2 = *in->W2;
+    const mxfp8_moe_config *c = &p->cfg;
+    if (c->bias && present(in->b1)) p->b1 = *in->b1;
+    if (c->bias && present(in->b2)) p->b2 = *in->b2;
+    if (p->w1_prequant) p->W1s = *in->W1s;
+    if (p->w2_prequant) p->W2s = *in->W2s;
+    if (bwd) p->dY = *in->dY;
+
+    /* reads every id before any output is written */
+    return resolve_routing(fn, in, p);
+}
+
 void mxfp8i_moe_free(mxfp8i_moe *p) {
     free(p->tok);
     free(p->expert);
@@ -445,306 +436,138 @@ void mxfp8i_moe_free(mxfp8i_moe *p) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
-/* Weights                                                                                                    */
+/* Outputs                                                                                                    */
 /* ---------------------------------------------------------------------------------------------------------- */
-static inline float deq_code(const mxfp8i_moe *p, const mxfp8_tensor *codes, int64_t off, const mxfp8_tensor *sc,
-                             int64_t soff) {
-    uint8_t c = ((const uint8_t *)codes->data)[off];
-    uint8_t s = ((const uint8_t *)sc->data)[soff];
-    return mxfp8_fp8_to_fp32(c, p->cfg.quant_dtype) * mxfp8_e8m0_to_fp32(s);
+void mxfp8i_moe_in_fwd(const mxfp8_moe_fwd_args *a, mxfp8i_moe_in *in) {
+    memset(in, 0, sizeof *in);
+    MXFP8I_MOE_IN_COMMON(in, a);
+    in->dY = NULL;
 }
 
-void mxfp8i_moe_load_w1(const mxfp8i_moe *p, int64_t e, float *w1f) {
-    const int64_t H = p->H, I = p->I;
-    const mxfp8_tensor *w = &p->W1, *s = &p->W1s;
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt(2.0 * (double)H * (double)I))
-    for (int64_t h = 0; h < H; h++)
-        for (int64_t j = 0; j < 2; j++)
-            for (int64_t i = 0; i < I; i++) {
-                int64_t off = e * w->strides[0] + h * w->strides[1] + j * w->strides[2] + i * w->strides[3];
-                float v;
-                if (!p->w1_prequant) {
-                    v = mxfp8i_load_f32(w->data, w->dtype, off);
-                } else if (p->bwd) { /* scales [E, H, G(2I)] */
-                    int64_t c = j * I + i;
-                    v = deq_code(p, w, off, s, e * s->strides[0] + h * s->strides[1] + (c / 32) * s->strides[2]);
-                } else { /* scales [E, G(H), 2, I] */
-                    v = deq_code(p, w, off, s,
-                                 e * s->strides[0] + (h / 32) * s->strides[1] + j * s->strides[2] + i * s->strides[3]);
-                }
-                w1f[h * 2 * I + j * I + i] = v;
-            }
-}
-
-void mxfp8i_moe_load_w2(const mxfp8i_moe *p, int64_t e, float *w2f) {
-    const int64_t H = p->H, I = p->I;
-    const mxfp8_tensor *w = &p->W2, *s = &p->W2s;
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)H * (double)I))
-    for (int64_t i = 0; i < I; i++)
-        for (int64_t h = 0; h < H; h++) {
-            int64_t off = e * w->strides[0] + i * w->strides[1] + h * w->strides[2];
-            float v;
-            if (!p->w2_prequant) v = mxfp8i_load_f32(w->data, w->dtype, off);
-            else if (p->bwd) /* scales [E, I, G(H)] */
-                v = deq_code(p, w, off, s, e * s->strides[0] + i * s->strides[1] + (h / 32) * s->strides[2]);
-            else /* scales [E, G(I), H] */
-                v = deq_code(p, w, off, s, e * s->strides[0] + (i / 32) * s->strides[1] + h * s->strides[2]);
-            w2f[i * H + h] = v;
-        }
-}
-
-void mxfp8i_moe_load_b1(const mxfp8i_moe *p, int64_t e, float *b1) {
-    const int64_t I = p->I;
-    for (int64_t j = 0; j < 2; j++)
-        for (int64_t i = 0; i < I; i++)
-            b1[j * I + i] = p->b1.data ? mxfp8i_load_f32(p->b1.data, p->b1.dtype,
-                                                         e * p->b1.strides[0] + j * p->b1.strides[1] +
-                                                             i * p->b1.strides[2])
-                                       : 0.0f;
-}
-
-void mxfp8i_moe_load_b2(const mxfp8i_moe *p, int64_t e, float *b2) {
-    for (int64_t h = 0; h < p->H; h++)
-        b2[h] = p->b2.data ? mxfp8i_moe_ld2(&p->b2, e, h) : 0.0f;
-}
-
-mxfp8_status mxfp8i_moe_wq_alloc(const mxfp8i_moe *p, int want_fwd, int want_bwd, mxfp8i_moe_wq *w) {
-    memset(w, 0, sizeof *w);
-    w->e = -1;
-    w->want_fwd = want_fwd;
-    w->want_bwd = want_bwd;
-    const size_t HI = (size_t)p->H * (size_t)p->I;
-    const size_t GH = (size_t)mxfp8i_moe_groups(p->H), GI = (size_t)mxfp8i_moe_groups(p->I),
-                 G2I = (size_t)mxfp8i_moe_groups(2 * p->I);
-    bool ok = true;
-    w->w1f = (float *)malloc(2 * HI * sizeof(float));
-    w->w2f = (float *)malloc(HI * sizeof(float));
-    ok = w->w1f && w->w2f;
-    if (want_bwd) {
-        w->w1_2i_c = (uint8_t *)malloc(2 * HI);
-        w->w1_2i_s = (uint8_t *)malloc((size_t)p->H * G2I);
-        w->w2_h_c = (uint8_t *)malloc(HI);
-        w->w2_h_s = (uint8_t *)malloc((size_t)p->I * GH);
-        ok = ok && w->w1_2i_c && w->w1_2i_s && w->w2_h_c && w->w2_h_s;
+#define NUM_IN 11
+static void in_list(const mxfp8i_moe_in *in, const mxfp8_tensor *v[NUM_IN + 1], const char *names[NUM_IN + 1]) {
+    const mxfp8_tensor *t[NUM_IN + 1] = {in->X, in->a, in->W1, in->W2, in->tok, in->b2e, in->b1, in->b2, in->W1s,
+                                         in->W2s, in->nvt, in->dY};
+    const char *n[NUM_IN + 1] = {"hidden_states", "expert_affinities_masked", "gate_up_proj_weight",
+                                 "down_proj_weight", "token_position_to_id", "block_to_expert",
+                                 "gate_and_up_proj_bias", "down_proj_bias", "gate_up_weight_scales",
+                                 "down_weight_scales", "num_valid_tokens", "output_hidden_states_grad"};
+    for (int i = 0; i <= NUM_IN; i++) {
+        v[i] = t[i];
+        names[i] = n[i];
     }
-    if (want_fwd) {
-        w->w1_h_c = (uint8_t *)malloc(2 * HI);
-        w->w1_h_s = (uint8_t *)malloc(2 * (size_t)p->I * GH);
-        w->w2_i_c = (uint8_t *)malloc(HI);
-        w->w2_i_s = (uint8_t *)malloc((size_t)p->H * GI);
-        ok = ok && w->w1_h_c && w->w1_h_s && w->w2_i_c && w->w2_i_s;
-    }
-    if (!ok) {
-        mxfp8i_moe_wq_free(w);
-        return MXFP8_ERR_OUT_OF_MEMORY;
+}
+
+mxfp8_status mxfp8i_moe_check_outputs_alias(const char *fn, const mxfp8i_moe_in *in, int n,
+                                            const mxfp8_tensor *const *outs, const char *const *onames,
+                                            const mxfp8_tensor *const *extra, const char *const *enames, int nextra) {
+    const mxfp8_tensor *v[NUM_IN + 1];
+    const char *names[NUM_IN + 1];
+    in_list(in, v, names);
+    mxfp8_status st;
+    for (int i = 0; i < n; i++) {
+        /* an output's elements must be distinct (else threads race on them) */
+        if (outs[i]->data && (st = mxfp8i_check_distinct(fn, onames[i], outs[i]))) return st;
+        if ((st = mxfp8i_moe_check_alias(fn, onames[i], outs[i], NUM_IN + 1, v, names))) return st;
+        if ((st = mxfp8i_moe_check_alias(fn, onames[i], outs[i], nextra, extra, enames))) return st;
+        for (int j = i + 1; j < n; j++)
+            if ((st = mxfp8i_moe_check_alias(fn, onames[i], outs[i], 1, &outs[j], &onames[j]))) return st;
     }
     return MXFP8_OK;
 }
 
-void mxfp8i_moe_wq_free(mxfp8i_moe_wq *w) {
-    free(w->w1f); free(w->w2f);
-    free(w->w1_2i_c); free(w->w1_2i_s); free(w->w2_h_c); free(w->w2_h_s);
-    free(w->w1_h_c); free(w->w1_h_s); free(w->w2_i_c); free(w->w2_i_s);
-    memset(w, 0, sizeof *w);
-    w->e = -1;
+mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,
+                                          int allow_f64) {
+    const char *fn = p->fn;
+    mxfp8_status st;
+    const int64_t sy[2] = {p->T, p->H}, sgu[4] = {p->N, 2, p->I, p->B}, si[3] = {p->N, p->I, p->B},
+                  sd[3] = {p->N, p->B, p->H};
+    if ((st = mxfp8i_moe_check_tensor(fn, "output", &o->output, 1, allow_f64, 2, sy))) return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "gate_up_proj_act_checkpoint_T", &o->gate_up_proj_act_checkpoint_T, 0,
+                                      allow_f64, 4, sgu)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "gate_act_checkpoint_T", &o->gate_act_checkpoint_T, 0, allow_f64, 3, si)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "intermediate_checkpoint_T", &o->intermediate_checkpoint_T, 0, allow_f64, 3,
+                                      si)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "scaled_intermediate_checkpoint_T", &o->scaled_intermediate_checkpoint_T, 0,
+                                      allow_f64, 3, si)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "down_proj_output_checkpoint", &o->down_proj_output_checkpoint, 0,
+                                      allow_f64, 3, sd)))
+        return st;
+    const mxfp8_tensor *outs[6] = {&o->output, &o->gate_up_proj_act_checkpoint_T, &o->gate_act_checkpoint_T,
+                                   &o->intermediate_checkpoint_T, &o->scaled_intermediate_checkpoint_T,
+                                   &o->down_proj_output_checkpoint};
+    const char *on[6] = {"output", "gate_up_proj_act_checkpoint_T", "gate_act_checkpoint_T",
+                         "intermediate_checkpoint_T", "scaled_intermediate_checkpoint_T",
+                         "down_proj_output_checkpoint"};
+    return mxfp8i_moe_check_outputs_alias(fn, in, 6, outs, on, NULL, NULL, 0);
 }
 
-/* Quantize `lines` lines of K FP32 values (element (l, k) at src[l*ls + k*ks]) into codes [lines][K] and scales
- * [lines][G], 1x32 along K, lines split between threads. */
-static void quantize_lines(const mxfp8i_moe *p, const float *src, int64_t lines, int64_t K, int64_t ls, int64_t ks,
-                           uint8_t *codes, uint8_t *scales) {
-    const int64_t G = mxfp8i_moe_groups(K);
-    const int nt = mxfp8i_moe_nt((double)lines * (double)K);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int c = 0; c < nt; c++) {
-        int64_t l0 = lines * c / nt, l1 = lines * (c + 1) / nt;
-        if (l1 <= l0) continue;
-        mxfp8i_qpanel q = {0};
-        q.src = src + l0 * ls;
-        q.src_dtype = MXFP8_DTYPE_F32;
-        q.lines = l1 - l0;
-        q.K = K;
-        q.src_ls = ls;
-        q.src_ks = ks;
-        q.fmt = p->cfg.quant_dtype;
-        q.rule = p->cfg.scale_rule;
-        q.group = MXFP8_GROUP_1X32;
-        q.out = codes + l0 * K;
-        q.out_dtype = MXFP8_DTYPE_U8;
-        q.out_ls = K;
-        q.out_ks = 1;
-        q.scales = scales + l0 * G;
-        q.sc_ls = G;
-        q.sc_gs = 1;
-        mxfp8i_quantize_panel(&q);
+void mxfp8i_moe_in_bwd(const mxfp8_moe_bwd_args *a, mxfp8i_moe_in *in) {
+    memset(in, 0, sizeof *in);
+    MXFP8I_MOE_IN_COMMON(in, a);
+    in->dY = &a->output_hidden_states_grad;
+}
+
+mxfp8_status mxfp8i_moe_check_bwd_grads(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_bwd_args *args,
+                                        const mxfp8_moe_bwd_grads *g, int allow_f64) {
+    const char *fn = p->fn;
+    mxfp8_status st;
+    const int64_t N = p->N, B = p->B, H = p->H, I = p->I, E = p->E;
+    /* checkpoints (inputs) */
+    const int64_t sgu[4] = {N, 2, I, B}, si[3] = {N, I, B}, sd[3] = {N, B, H};
+    if ((st = mxfp8i_moe_check_tensor(fn, "gate_up_proj_act_checkpoint_T", &args->gate_up_proj_act_checkpoint_T, 0, 0,
+                                      4, sgu)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "gate_act_checkpoint_T", &args->gate_act_checkpoint_T, 0, 0, 3, si)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "intermediate_checkpoint_T", &args->intermediate_checkpoint_T, 0, 0, 3, si)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "scaled_intermediate_checkpoint_T", &args->scaled_intermediate_checkpoint_T,
+                                      0, 0, 3, si)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "down_proj_act_checkpoint", &args->down_proj_act_checkpoint, 0, 0, 3, sd)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "down_proj_output_checkpoint", &args->down_proj_output_checkpoint, 0, 0, 3,
+                                      sd)))
+        return st;
+    if (args->num_valid_tokens.data && args->scaled_intermediate_checkpoint_T.data)
+        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
+                            "%s: num_valid_tokens is unsupported together with scaled_intermediate_checkpoint_T", fn);
+    /* gradients */
+    const int64_t sy[2] = {p->T, H}, s1[4] = {E, H, 2, I}, s2[3] = {E, I, H}, sb1[3] = {E, 2, I}, sb2[2] = {E, H};
+    if ((st = mxfp8i_moe_check_tensor(fn, "hidden_states_grad", &g->hidden_states_grad, 1, allow_f64, 2, sy)))
+        return st;
+    if ((st = mxfp8i_moe_check_vec(fn, "expert_affinities_masked_grad", &g->expert_affinities_masked_grad, allow_f64,
+                                   p->T * E)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "gate_up_proj_weight_grad", &g->gate_up_proj_weight_grad, 1, allow_f64, 4,
+                                      s1)))
+        return st;
+    if ((st = mxfp8i_moe_check_tensor(fn, "down_proj_weight_grad", &g->down_proj_weight_grad, 1, allow_f64, 3, s2)))
+        return st;
+    if (p->cfg.bias) {
+        if ((st = mxfp8i_moe_check_tensor(fn, "gate_and_up_proj_bias_grad", &g->gate_and_up_proj_bias_grad, 1,
+                                          allow_f64, 3, sb1)))
+            return st;
+        if ((st = mxfp8i_moe_check_tensor(fn, "down_proj_bias_grad", &g->down_proj_bias_grad, 1, allow_f64, 2, sb2)))
+            return st;
+    } else if (g->gate_and_up_proj_bias_grad.data || g->down_proj_bias_grad.data) {
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: a bias gradient is given but config.bias is 0", fn);
     }
-}
-
-/* Quantize src [K][C] (row-major) down its columns: codes [K][C], scales [G][C]; columns split between threads. */
-static void quantize_cols(const mxfp8i_moe *p, const float *src, int64_t K, int64_t C, uint8_t *codes,
-                          uint8_t *scales) {
-    const int nt = mxfp8i_moe_nt((double)K * (double)C);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
-        if (c1 > c0)
-            mxfp8i_quantize_cols(src + c0, MXFP8_DTYPE_F32, K, c1 - c0, C, p->cfg.quant_dtype, p->cfg.scale_rule,
-                                 MXFP8_GROUP_1X32, codes + c0, C, scales + c0, C);
-    }
-}
-
-void mxfp8i_moe_wq_prepare(const mxfp8i_moe *p, int64_t e, mxfp8i_moe_wq *w) {
-    if (w->e == e) return;
-    const int64_t H = p->H, I = p->I, I2 = 2 * I;
-    const int64_t GH = mxfp8i_moe_groups(H), GI = mxfp8i_moe_groups(I), G2I = mxfp8i_moe_groups(I2);
-    mxfp8i_moe_load_w1(p, e, w->w1f);
-    mxfp8i_moe_load_w2(p, e, w->w2f);
-    const mxfp8_tensor *W1 = &p->W1, *W2 = &p->W2, *S1 = &p->W1s, *S2 = &p->W2s;
-    const uint8_t *c1 = (const uint8_t *)W1->data, *c2 = (const uint8_t *)W2->data;
-    const uint8_t *s1 = (const uint8_t *)S1->data, *s2 = (const uint8_t *)S2->data;
-    if (w->want_bwd) {
-        /* W1 along 2I: operand [H, 2I] */
-        if (p->bwd && p->w1_prequant) {
-            for (int64_t h = 0; h < H; h++) {
-                for (int64_t j = 0; j < 2; j++)
-                    for (int64_t i = 0; i < I; i++)
-                        w->w1_2i_c[h * I2 + j * I + i] =
-                            c1[e * W1->strides[0] + h * W1->strides[1] + j * W1->strides[2] + i * W1->strides[3]];
-                for (int64_t g = 0; g < G2I; g++)
-                    w->w1_2i_s[h * G2I + g] = s1[e * S1->strides[0] + h * S1->strides[1] + g * S1->strides[2]];
-            }
-        } else {
-            quantize_lines(p, w->w1f, H, I2, I2, 1, w->w1_2i_c, w->w1_2i_s);
-        }
-        /* W2 along H: operand [I, H] */
-        if (p->bwd && p->w2_prequant) {
-            for (int64_t i = 0; i < I; i++) {
-                for (int64_t h = 0; h < H; h++)
-                    w->w2_h_c[i * H + h] = c2[e * W2->strides[0] + i * W2->strides[1] + h * W2->strides[2]];
-                for (int64_t g = 0; g < GH; g++)
-                    w->w2_h_s[i * GH + g] = s2[e * S2->strides[0] + i * S2->strides[1] + g * S2->strides[2]];
-            }
-        } else {
-            quantize_lines(p, w->w2f, I, H, H, 1, w->w2_h_c, w->w2_h_s);
-        }
-    }
-    if (w->want_fwd) {
-        /* W1 along H, kept in W1's own [H][2I] layout (codes quantized down each column c = j*I + i, scales
-           [G(H)][2I]); the GEMM reads it as the strided operand [2I, H]. */
-        if (!p->bwd && p->w1_prequant) {
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t j = 0; j < 2; j++)
-                    for (int64_t i = 0; i < I; i++)
-                        w->w1_h_c[h * I2 + j * I + i] =
-                            c1[e * W1->strides[0] + h * W1->strides[1] + j * W1->strides[2] + i * W1->strides[3]];
-            for (int64_t g = 0; g < GH; g++)
-                for (int64_t j = 0; j < 2; j++)
-                    for (int64_t i = 0; i < I; i++)
-                        w->w1_h_s[g * I2 + j * I + i] =
-                            s1[e * S1->strides[0] + g * S1->strides[1] + j * S1->strides[2] + i * S1->strides[3]];
-        } else {
-            quantize_cols(p, w->w1f, H, I2, w->w1_h_c, w->w1_h_s);
-        }
-        /* W2 along I, kept in W2's [I][H] layout (scales [G(I)][H]); read as the strided operand [H, I]. */
-        if (!p->bwd && p->w2_prequant) {
-            for (int64_t i = 0; i < I; i++)
-                for (int64_t h = 0; h < H; h++)
-                    w->w2_i_c[i * H + h] = c2[e * W2->strides[0] + i * W2->strides[1] + h * W2->strides[2]];
-            for (int64_t g = 0; g < GI; g++)
-                for (int64_t h = 0; h < H; h++)
-                    w->w2_i_s[g * H + h] = s2[e * S2->strides[0] + g * S2->strides[1] + h * S2->strides[2]];
-        } else {
-            quantize_cols(p, w->w2f, I, H, w->w2_i_c, w->w2_i_s);
-        }
-    }
-    w->e = e;
-}
-
-static mxfp8i_moe_op codes_op(const uint8_t *c, const uint8_t *s, int64_t K) {
-    mxfp8i_moe_op o = {0};
-    o.codes = c;
-    o.crs = K;
-    o.cks = 1;
-    o.scales = s;
-    o.srs = mxfp8i_moe_groups(K);
-    o.sgs = 1;
-    return o;
-}
-static mxfp8i_moe_op codes_op_cols(const uint8_t *c, const uint8_t *s, int64_t R) {
-    mxfp8i_moe_op o = {0}; /* codes [K][R], scales [G][R]: operand [R, K] */
-    o.codes = c;
-    o.crs = 1;
-    o.cks = R;
-    o.scales = s;
-    o.srs = 1;
-    o.sgs = R;
-    return o;
-}
-mxfp8i_moe_op mxfp8i_moe_op_w1_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
-    return codes_op_cols(w->w1_h_c, w->w1_h_s, 2 * p->I);
-}
-mxfp8i_moe_op mxfp8i_moe_op_w2_i(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
-    return codes_op_cols(w->w2_i_c, w->w2_i_s, p->H);
-}
-mxfp8i_moe_op mxfp8i_moe_op_w1_2i(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
-    return codes_op(w->w1_2i_c, w->w1_2i_s, 2 * p->I);
-}
-mxfp8i_moe_op mxfp8i_moe_op_w2_h(const mxfp8i_moe *p, const mxfp8i_moe_wq *w) {
-    return codes_op(w->w2_h_c, w->w2_h_s, p->H);
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* GEMM                                                                                                       */
-/* ---------------------------------------------------------------------------------------------------------- */
-static mxfp8_operand to_operand(int64_t R, int64_t K, const mxfp8i_moe_op *op) {
-    mxfp8_operand o;
-    memset(&o, 0, sizeof o);
-    if (op->v) {
-        o.values.data = (void *)op->v;
-        o.values.dtype = MXFP8_DTYPE_F32;
-        o.values.strides[0] = op->rs;
-        o.values.strides[1] = op->ks;
-    } else {
-        o.values.data = (void *)op->codes;
-        o.values.dtype = MXFP8_DTYPE_U8;
-        o.values.strides[0] = op->crs;
-        o.values.strides[1] = op->cks;
-        o.scales.data = (void *)op->scales;
-        o.scales.dtype = MXFP8_DTYPE_U8;
-        o.scales.ndim = 2;
-        o.scales.shape[0] = R;
-        o.scales.shape[1] = mxfp8i_moe_groups(K);
-        o.scales.strides[0] = op->srs;
-        o.scales.strides[1] = op->sgs;
-        o.scale_layout = MXFP8_SCALES_COMPACT;
-    }
-    o.values.ndim = 2;
-    o.values.shape[0] = R;
-    o.values.shape[1] = K;
-    return o;
-}
-
-/* One GEMM of a phase through the block-scaled GEMM of src/gemm (quantize along K, FP32 fmaf accumulation in
- * ascending k, C + sum when accumulating; each C element written by one thread). */
-mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, const mxfp8i_moe_op *A,
-                             const mxfp8i_moe_op *B, int accumulate, float *C, int64_t ldc) {
-    if (M <= 0 || N <= 0) return MXFP8_OK;
-    mxfp8_matmul_config cfg;
-    mxfp8_matmul_config_init(&cfg);
-    cfg.float8_dtype = p->cfg.quant_dtype;
-    cfg.scale_rule = p->cfg.scale_rule;
-    cfg.quant_scheme = MXFP8_GROUP_1X32;
-    mxfp8_operand a = to_operand(M, K, A), b = to_operand(N, K, B);
-    mxfp8_tensor c;
-    memset(&c, 0, sizeof c);
-    c.data = C;
-    c.dtype = MXFP8_DTYPE_F32;
-    c.ndim = 2;
-    c.shape[0] = M;
-    c.shape[1] = N;
-    c.strides[0] = ldc;
-    c.strides[1] = 1;
-    mxfp8_status st = mxfp8i_gemm(&a, &b, &cfg, accumulate, &c,
-                                   (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads());
-    return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
+    const mxfp8_tensor *outs[6] = {&g->hidden_states_grad, &g->expert_affinities_masked_grad,
+                                   &g->gate_up_proj_weight_grad, &g->down_proj_weight_grad,
+                                   &g->gate_and_up_proj_bias_grad, &g->down_proj_bias_grad};
+    const char *on[6] = {"hidden_states_grad", "expert_affinities_masked_grad", "gate_up_proj_weight_grad",
+                         "down_proj_weight_grad", "gate_and_up_proj_bias_grad", "down_proj_bias_grad"};
+    const mxfp8_tensor *ex[6] = {&args->gate_up_proj_act_checkpoint_T, &args->gate_act_checkpoint_T,
+                                 &args->intermediate_checkpoint_T, &args->scaled_intermediate_checkpoint_T,
+                                 &args->down_proj_act_checkpoint, &args->down_proj_output_checkpoint};
+    const char *en[6] = {"gate_up_proj_act_checkpoint_T", "gate_act_checkpoint_T", "intermediate_checkpoint_T",
+                         "scaled_intermediate_checkpoint_T", "down_proj_act_checkpoint",
+                         "down_proj_output_checkpoint"};
+    return mxfp8i_moe_check_outputs_alias(fn, in, 6, outs, on, ex, en, 6);
 }

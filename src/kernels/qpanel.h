@@ -1,0 +1,76 @@
+/*
+ * qpanel.h -- the quantization kernel slots: one contract for MX quantize / dequantize panels, the per-group
+ * reference (the executable specification of mxfp8_quantize), and the ISA overrides (internal).
+ *
+ * A panel: `lines` independent lines of K values along the quantization axis; element k of line l at
+ * base[l*ls + k*ks] (strides in elements of the buffer's own type, any sign). rows = (ls = ld, ks = 1);
+ * cols = (ls = 1, ks = ld). K may be any length (the last 1x32 group may be short); wrapX needs K % 128 == 0
+ * (the caller checks). src dtype: F32, BF16 or F16.
+ *   Quantize: out_dtype E4M3/E5M2/U8 stores codes; F32/BF16/F16 stores the quantize-dequantize ("qdq") values
+ *     v = fp8(code) * 2^(scale - 127), computed in FP32 (exact, except that a group whose amax lies at the very top
+ *     of FP32's range can round up to 2^128 = Inf, as the reference does; a NaN group gives 0x7FC00000), rounded RNE
+ *     for BF16/F16. Scales (may be NULL) at scales[l*sc_ls + g*sc_gs], g < ceil(K/32) in compact group order.
+ *   Dequantize: codes + scales in, values out.
+ *   Both return the number of elements whose BF16/F16 value differs from the exact FP32 value (0 for F32 and code
+ *   outputs): FP8 x 2^e is exact in BF16 unless |v| < 2^-126.
+ * Every kernel must give the reference's bytes exactly. A kernel returns -1, writing nothing, for a geometry it
+ * does not handle; the dispatcher (src/quant/panel.c) then runs the reference. Kernels run under IEEE MXCSR
+ * defaults (the dispatcher takes src/runtime/fenv.h's guard), single-threaded, re-entrant.
+ */
+#ifndef MXFP8_KERNELS_QPANEL_H
+#define MXFP8_KERNELS_QPANEL_H
+
+#include <stdint.h>
+
+#include "mxfp8.h"
+
+typedef struct mxfp8i_qpanel {
+    const void *src;
+    mxfp8_dtype src_dtype;
+    int64_t lines, K, src_ls, src_ks;
+    mxfp8_format fmt;
+    mxfp8_scale_rule rule;
+    mxfp8_group_scheme group;
+    void *out;
+    mxfp8_dtype out_dtype;
+    int64_t out_ls, out_ks;
+    uint8_t *scales;
+    int64_t sc_ls, sc_gs;
+} mxfp8i_qpanel;
+
+typedef struct mxfp8i_dqpanel {
+    const uint8_t *codes;
+    mxfp8_format fmt;
+    int64_t lines, K, codes_ls, codes_ks;
+    const uint8_t *scales;
+    int64_t sc_ls, sc_gs;
+    mxfp8_group_scheme group;
+    void *out;
+    mxfp8_dtype out_dtype;
+    int64_t out_ls, out_ks;
+} mxfp8i_dqpanel;
+
+typedef int64_t (*mxfp8i_qpanel_fn)(const mxfp8i_qpanel *p);
+typedef int64_t (*mxfp8i_dqpanel_fn)(const mxfp8i_dqpanel *p);
+
+/** A quantization kernel pair (one registry slot each for quantize and dequantize). */
+typedef struct mxfp8i_qkernel {
+    const char *name;          /**< e.g. "mx_quantize_panel__avx512" */
+    const char *isa_name;      /**< "scalar", "avx512" */
+    int isa_level;             /**< 0 scalar, 1 avx512 */
+    unsigned needs;            /**< MXFP8I_NEEDS_* (ukernel.h) */
+    mxfp8i_qpanel_fn quantize;
+    mxfp8i_dqpanel_fn dequantize;
+} mxfp8i_qkernel;
+
+/* ---- the per-group reference (src/kernels/ref/quant_ref.c) ----
+ * One group = up to 32 values (n <= 32; missing values are zero padding that never enters amax).
+ * mxfp8i_quantize_group_ref writes n codes and returns the E8M0 code: amax over the values; any NaN/Inf -> scale 255
+ * and NaN codes (sign kept); amax == 0 -> scale 0 and signed zero codes; else e = rule(amax), codes RNE(x * 2^-e)
+ * saturating [OCP §6.3], [NKI-Q]. mxfp8i_qdq_group_ref quantizes then dequantizes exactly into FP32
+ * (out[i] = fp8(code[i]) * 2^(scale-127); NaN for scale 255). */
+uint8_t mxfp8i_quantize_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, uint8_t *codes);
+void mxfp8i_dequantize_group_ref(const uint8_t *codes, int n, uint8_t scale, mxfp8_format fmt, float *out);
+uint8_t mxfp8i_qdq_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, float *out);
+
+#endif /* MXFP8_KERNELS_QPANEL_H */

@@ -1,0 +1,118 @@
+/*
+ * quant_ref.c -- the reference MX quantizer: one group of up to 32 values (the executable specification of
+ * mxfp8_quantize, against which every SIMD path is tested bit for bit) and the reference quantize / dequantize
+ * panels of src/kernels/qpanel.h (any strides, any geometry). [OCP §6.3], [NKI-Q]
+ *
+ *  amax over the n values (zero padding never enters); any NaN/Inf -> scale 255 and NaN codes (sign kept);
+ *  amax == 0 -> scale 0 and elements RNE(x * 2^127) = signed zeros; else e = rule(amax), codes RNE(x * 2^-e)
+ *  saturating. x * 2^-e is computed in FP32: a multiplication by an exact power of two (e in [-127, 127]) is exact
+ *  except in FP32's subnormal range, which lies far below half the smallest FP8 subnormal, so no double rounding
+ *  can change a code.
+ */
+#include <math.h>
+
+#include "../../format/codec.h"
+#include "../../format/groups.h"
+#include "../../runtime/tensor.h"
+#include "ref.h"
+
+static inline float pow2f(int e) { return ldexpf(1.0f, e); }
+
+uint8_t mxfp8i_quantize_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, uint8_t *codes) {
+    float amax = 0.0f;
+    int nonfinite = 0;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (!(a <= 3.4028234663852886e38f)) nonfinite = 1; /* NaN or Inf */
+        else if (a > amax) amax = a;
+    }
+    if (nonfinite) {
+        uint8_t nan = mxfp8i_fmt(fmt).nan_code;
+        for (int i = 0; i < n; i++) codes[i] = (uint8_t)(nan | (signbit(x[i]) ? 0x80 : 0));
+        return 255;
+    }
+    uint8_t s = mxfp8i_scale_code(amax, fmt, rule);
+    float inv = pow2f(127 - (int)s); /* 2^-e, e = s - 127 */
+    for (int i = 0; i < n; i++) codes[i] = mxfp8i_fp32_to_fp8(x[i] * inv, fmt);
+    return s;
+}
+
+void mxfp8i_dequantize_group_ref(const uint8_t *codes, int n, uint8_t scale, mxfp8_format fmt, float *out) {
+    if (scale == 255) {
+        for (int i = 0; i < n; i++) out[i] = NAN;
+        return;
+    }
+    float sc = mxfp8i_e8m0_to_fp32(scale);
+    for (int i = 0; i < n; i++) out[i] = mxfp8i_fp8_to_fp32(codes[i], fmt) * sc;
+}
+
+uint8_t mxfp8i_qdq_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, float *out) {
+    uint8_t codes[32];
+    uint8_t s = mxfp8i_quantize_group_ref(x, n, fmt, rule, codes);
+    mxfp8i_dequantize_group_ref(codes, n, s, fmt, out);
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Reference panels (any strides)                                                                             */
+/* ---------------------------------------------------------------------------------------------------------- */
+static inline int64_t store_value(void *out, mxfp8_dtype dt, int64_t off, float v) {
+    switch (dt) {
+    case MXFP8_DTYPE_F32: ((float *)out)[off] = v; return 0;
+    case MXFP8_DTYPE_BF16: {
+        uint16_t b = mxfp8i_fp32_to_bf16(v);
+        ((uint16_t *)out)[off] = b;
+        return (v == v && mxfp8i_bf16_to_fp32(b) != v) ? 1 : 0;
+    }
+    case MXFP8_DTYPE_F16: {
+        uint16_t h = mxfp8i_fp32_to_fp16(v);
+        ((uint16_t *)out)[off] = h;
+        return (v == v && mxfp8i_fp16_to_fp32(h) != v) ? 1 : 0;
+    }
+    default: return 0;
+    }
+}
+
+int64_t mxfp8i_quantize_panel__ref(const mxfp8i_qpanel *p) {
+    int64_t G = mxfp8i_ceil_div(p->K, 32), inexact = 0, idx[32];
+    bool codes_out = !mxfp8i_is_float_dtype(p->out_dtype);
+    float x[32], v[32];
+    uint8_t c[32];
+    for (int64_t l = 0; l < p->lines; l++) {
+        for (int64_t g = 0; g < G; g++) {
+            int n = mxfp8i_group_members(p->K, p->group, g, idx);
+            for (int i = 0; i < n; i++)
+                x[i] = mxfp8i_load_f32(p->src, p->src_dtype, l * p->src_ls + idx[i] * p->src_ks);
+            uint8_t s = mxfp8i_quantize_group_ref(x, n, p->fmt, p->rule, c);
+            if (p->scales) p->scales[l * p->sc_ls + g * p->sc_gs] = s;
+            if (codes_out) {
+                uint8_t *o = (uint8_t *)p->out;
+                for (int i = 0; i < n; i++) o[l * p->out_ls + idx[i] * p->out_ks] = c[i];
+            } else {
+                mxfp8i_dequantize_group_ref(c, n, s, p->fmt, v);
+                for (int i = 0; i < n; i++)
+                    inexact += store_value(p->out, p->out_dtype, l * p->out_ls + idx[i] * p->out_ks, v[i]);
+            }
+        }
+    }
+    return inexact;
+}
+
+int64_t mxfp8i_dequantize_panel__ref(const mxfp8i_dqpanel *p) {
+    int64_t G = mxfp8i_ceil_div(p->K, 32), inexact = 0, idx[32];
+    float v[32];
+    uint8_t c[32];
+    for (int64_t l = 0; l < p->lines; l++) {
+        for (int64_t g = 0; g < G; g++) {
+            int n = mxfp8i_group_members(p->K, p->group, g, idx);
+            for (int i = 0; i < n; i++) c[i] = p->codes[l * p->codes_ls + idx[i] * p->codes_ks];
+            mxfp8i_dequantize_group_ref(c, n, p->scales[l * p->sc_ls + g * p->sc_gs], p->fmt, v);
+            for (int i = 0; i < n; i++)
+                inexact += store_value(p->out, p->out_dtype, l * p->out_ls + idx[i] * p->out_ks, v[i]);
+        }
+    }
+    return inexact;
+}
+
+const mxfp8i_qkernel mxfp8i_mx_quant__ref = {"mx_quant_panel__ref", "scalar", 0, 0, mxfp8i_quantize_panel__ref,
+                                             mxfp8i_dequantize_panel__ref};

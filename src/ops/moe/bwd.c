@@ -1,0 +1,151 @@
+/*
+ * bwd.c -- blockwise_mm_bwd_mxfp8 [NKI-E]: the MXFP8 backward of the blockwise MoE layer (the driver: workspace,
+ * the expert-major loop over the blocks of bwd_block.c, the final roundings of store.c).
+ *
+ * Contract (include/mxfp8.h, "Blockwise MoE" and mxfp8_moe_backward). Per block n of expert e, on its first L
+ * positions (L = last real position + 1; padding rows are zero and never read from the inputs; trailing padding
+ * would only add zero rows / zero group members, so it is skipped):
+ *   g, u, act, inter    checkpoints or recomputed (GEMM X_blk @ W1[e] quantized along H, + b1, clamp; FP32)
+ *   Phase 1             dI_raw = dY_blk @ W2[e]^T (ON_I)  or  dI = D @ W2[e]^T, D = a*dY_blk (ON_H); along H
+ *   affinity grad       ON_I: sum_i dI_raw*inter + sum_h dY*b2 ; ON_H: sum_h dY*down (down: checkpoint or the
+ *                       forward's GEMM 2 recomputed) ; sums in FP64
+ *   activation bwd      dGU = [dI*u*act'(g)*pass(g) | dI*act(g)*pass(u)]  (FP32; pass = mxfp8i_moe_clamp_pass)
+ *   Phase 2             dX_blk = dGU @ W1[e]^T (W1[e] as [H, 2I]); along 2I; scatter-added in processing order
+ *   Phase 3             dW1[e] += X_blk^T @ dGU; along the block's positions
+ *   Phase 4             dW2[e] += S^T @ dY_blk (S = a*inter, ON_I) or inter^T @ D (ON_H); along the positions
+ *   bias grads          db1[e] += sum_p dGU ; db2[e] += sum_p a*dY   (FP64 sums)
+ * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...). Accumulators:
+ * hidden_states_grad in an FP32 [T, H] workspace (rounded once at the end); dW1, dW2 of the current expert in one FP32
+ * pair, rounded when the expert is done into a staging copy of the output's dtype (the last expert's straight into the
+ * output after the last GEMM), so that no output is written before every allocation has succeeded; affinity and bias
+ * grads in FP64 (rounded to FP32, then to the output dtype). accumulate_hidden_states_grad / skip_grad_initialization
+ * add the given value once: out = given + grad (one FP32 addition, then rounded to the dtype).
+ * The weights enter the GEMMs as views of the caller's tensors (weights.c); the blocks of one expert share its packed
+ * Phase 1 and Phase 2 weights (the GEMM workspace's keyed slots). Threads split GEMM output tiles, rows of
+ * elementwise work and columns of reductions/scatters: bitwise identical for any thread count.
+ */
+#include <stdlib.h>
+
+#include "bwd.h"
+
+static void ws_free(mxfp8i_moe_bwd *w) {
+    free(w->dx); free(w->dw1); free(w->dw2); free(w->sw1); free(w->sw2); free(w->da); free(w->db1); free(w->db2);
+    free(w->xb); free(w->dyb); free(w->gu); free(w->g); free(w->u); free(w->act); free(w->inter); free(w->dI);
+    free(w->dgu); free(w->dxb); free(w->S); free(w->D); free(w->down); free(w->b1); free(w->b2); free(w->dablk);
+    mxfp8i_moe_wcopy_free(&w->wc);
+}
+
+static void *xmalloc(int64_t n, size_t es, bool *ok) {
+    void *q = malloc((size_t)(n > 0 ? n : 1) * es);
+    if (!q) *ok = false;
+    return q;
+}
+
+/* Every workspace, before the first store; zeroed accumulators. OUT_OF_MEMORY (nothing kept) or OK. */
+static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8_moe_bwd_grads *grads) {
+    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Bw, Es = E > 1 ? E - 1 : 0;
+    bool ok = true;
+    w->dx = (float *)xmalloc(T * H, sizeof(float), &ok);
+    w->dw1 = (float *)xmalloc(H * I2, sizeof(float), &ok);
+    w->dw2 = (float *)xmalloc(I * H, sizeof(float), &ok);
+    w->sw1 = xmalloc(Es * H * I2, mxfp8_dtype_size(grads->gate_up_proj_weight_grad.dtype), &ok);
+    w->sw2 = xmalloc(Es * I * H, mxfp8_dtype_size(grads->down_proj_weight_grad.dtype), &ok);
+    w->da = (double *)xmalloc(T * E, sizeof(double), &ok);
+    w->db1 = (double *)xmalloc(E * I2, sizeof(double), &ok);
+    w->db2 = (double *)xmalloc(E * H, sizeof(double), &ok);
+    float **rows[] = {&w->xb, &w->dyb, &w->dxb, &w->D, &w->down}, **cols[] = {&w->g, &w->u, &w->act, &w->inter,
+                                                                              &w->dI, &w->S};
+    for (int i = 0; i < 5; i++) *rows[i] = (float *)xmalloc(Bw * H, sizeof(float), &ok);
+    for (int i = 0; i < 6; i++) *cols[i] = (float *)xmalloc(Bw * I, sizeof(float), &ok);
+    w->gu = (float *)xmalloc(Bw * I2, sizeof(float), &ok);
+    w->dgu = (float *)xmalloc(Bw * I2, sizeof(float), &ok);
+    w->b1 = (float *)xmalloc(I2, sizeof(float), &ok);
+    w->b2 = (float *)xmalloc(H, sizeof(float), &ok);
+    w->dablk = (double *)xmalloc(Bw, sizeof(double), &ok);
+    /* the weight uses: Phases 1, 2; the recomputations when their checkpoints are absent */
+    unsigned uses = 1u << MXFP8I_W2_H | 1u << MXFP8I_W1_2I;
+    if (!w->args->gate_up_proj_act_checkpoint_T.data) uses |= 1u << MXFP8I_W1_H;
+    if (w->onH && !w->args->down_proj_output_checkpoint.data) uses |= 1u << MXFP8I_W2_I;
+    if (!ok || mxfp8i_moe_wcopy_alloc(p, uses, &w->wc)) {
+        ws_free(w);
+        return MXFP8_ERR_OUT_OF_MEMORY;
+    }
+    memset(w->dx, 0, sizeof(float) * (size_t)(T * H));
+    for (int64_t i = 0; i < T * E; i++) w->da[i] = 0.0;
+    for (int64_t i = 0; i < E * I2; i++) w->db1[i] = 0.0;
+    for (int64_t i = 0; i < E * H; i++) w->db2[i] = 0.0;
+    return MXFP8_OK;
+}
+
+/* Round once into the outputs (no allocation happens from here on). */
+static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
+    const mxfp8i_moe *p = w->p;
+    const mxfp8_moe_config *c = &p->cfg;
+    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I;
+    mxfp8i_moe_store_flat_f(&grads->hidden_states_grad, w->dx, c->accumulate_hidden_states_grad);
+    const mxfp8_tensor *t = &grads->expert_affinities_masked_grad;
+    for (int64_t i = 0; i < T * E; i++) mxfp8i_moe_st(t, mxfp8i_moe_vec_off(t, i), (double)(float)w->da[i]);
+    mxfp8i_moe_store_staged(&grads->gate_up_proj_weight_grad, w->sw1, E - 1);
+    mxfp8i_moe_store_staged(&grads->down_proj_weight_grad, w->sw2, E - 1);
+    /* the last expert's FP32 pair, straight into the outputs */
+    mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w->dw1, c->skip_grad_initialization, NULL);
+    mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w->dw2, c->skip_grad_initialization, NULL);
+    if (c->bias) {
+        mxfp8i_moe_store_flat_d(&grads->gate_and_up_proj_bias_grad, w->db1, c->skip_grad_initialization);
+        mxfp8i_moe_store_flat_d(&grads->down_proj_bias_grad, w->db2, c->skip_grad_initialization);
+    }
+}
+
+/* Expert-major: expert e's blocks in ascending block order, its weight gradients accumulated in one expert-sized FP32
+ * pair and then rounded into the staging copies (the last expert's stay in the pair for store_outputs). */
+static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    for (int64_t e = 0; e < p->E; e++) {
+        memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2));
+        memset(w->dw2, 0, sizeof(float) * (size_t)(I * H));
+        for (int64_t n = 0; n < p->N; n++) {
+            const int64_t L = p->expert[n] == e ? mxfp8i_moe_block_len(p, n) : 0;
+            if (L > 0) MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_bwd_block(w, n, e, L));
+        }
+        if (e == p->E - 1) break;
+        const int skip = p->cfg.skip_grad_initialization;
+        mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1);
+        mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2);
+    }
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads) {
+    static const char *fn = "mxfp8_moe_backward";
+    mxfp8i_clear_error();
+    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!grads, MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
+    mxfp8i_moe_in in;
+    mxfp8i_moe_in_bwd(args, &in);
+    mxfp8i_moe p;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 1, &p));
+    mxfp8_status st = mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 0);
+    if (st) {
+        mxfp8i_moe_free(&p);
+        return st;
+    }
+    mxfp8i_moe_bwd w;
+    memset(&w, 0, sizeof w);
+    w.p = &p;
+    w.args = args;
+    w.onH = p.cfg.affinity_option == MXFP8_AFFINITY_ON_H;
+    if (ws_alloc(&w, &p, grads)) {
+        mxfp8i_moe_free(&p);
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
+    }
+    /* The block GEMMs reuse one set of GEMM buffers (no fresh pages per GEMM), released before the stores. */
+    mxfp8i_gemm_ws_begin();
+    st = run_experts(&w, grads);
+    mxfp8i_gemm_ws_end();
+    if (st == MXFP8_OK) store_outputs(&w, grads);
+    else st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM workspace (outputs untouched)", fn);
+    ws_free(&w);
+    mxfp8i_moe_free(&p);
+    return st;
+}

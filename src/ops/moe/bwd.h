@@ -1,0 +1,38 @@
+/*
+ * bwd.h -- the state of one mxfp8_moe_backward call, shared by its driver (bwd.c) and its block phases
+ * (bwd_block.c) (internal). The math of each phase: bwd.c's file comment and include/mxfp8.h, "Blockwise MoE".
+ */
+#ifndef MXFP8_OPS_MOE_BWD_H
+#define MXFP8_OPS_MOE_BWD_H
+
+#include "moe.h"
+
+typedef struct mxfp8i_moe_bwd {
+    const mxfp8i_moe *p;
+    const mxfp8_moe_bwd_args *args;  /**< the checkpoints (absent ones are recomputed) */
+    int onH;                         /**< AFFINITY_ON_H */
+    mxfp8i_moe_wcopy wc;             /**< FP32 weight copies where a GEMM needs one */
+    float *dx;                       /**< hidden_states_grad accumulator [T*H] */
+    float *dw1, *dw2;                /**< the current expert's weight-gradient accumulators [H*2I], [I*H] */
+    void *sw1, *sw2;                 /**< staging copies of experts 0..E-2 of the weight gradients, in their dtypes */
+    double *da, *db1, *db2;          /**< affinity [T*E] and bias [E*2I], [E*H] gradients */
+    /* per-block buffers, rows [0, Bw) */
+    float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
+    double *dablk;
+} mxfp8i_moe_bwd;
+
+/** Block n (expert e, L = its length > 0): every phase, accumulating into dx, dw1/dw2, da and the bias sums.
+ *  MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (a GEMM's workspace). */
+mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L);
+
+/* store.c */
+void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add);
+void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add);
+/** Round expert e's FP32 accumulator (per = elements of one expert) into the staging copy of a weight gradient (a
+ *  row-major buffer of the output's dtype and shape, whose element e*per + k is the expert's element k), or with
+ *  stage NULL straight into the output view. */
+void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, const float *acc, int add, void *stage);
+/** Copy experts [0, ne) of a staging buffer (row-major, the view's dtype) into the view. */
+void mxfp8i_moe_store_staged(const mxfp8_tensor *t, const void *stage, int64_t ne);
+
+#endif /* MXFP8_OPS_MOE_BWD_H */

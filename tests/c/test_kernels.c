@@ -1,0 +1,314 @@
+/*
+ * test_kernels.c -- every GEMM microkernel of the kernel registry against a test-side reference, whatever MXFP8_ISA
+ * says; the registry's selection against the CPU's features; the BF16 chunk panel layout.
+ *
+ *  1. The BF16 chunk packer: byte layout of BF16 A / VNNI B / FP32 slots and the per-chunk facts (qmin, emax, f32) on
+ *     values whose answers are worked out by hand here (needs AVX-512F/BW: the packer is AVX-512 code).
+ *  2. Every kernel of mxfp8i_ukernel_list() whose CPU features are present, on problems generated HERE (random MX
+ *     values in normal, BF16-subnormal, tiny-product and near-overflow groups, pair-rounding traps, partial tiles,
+ *     K tails, load_c, K split in two calls at each kalign boundary), against an fmaf chain written here: runtime
+ *     kernels must equal it bit for bit; the negative controls (no DAZ/FTZ routing) must differ somewhere, which
+ *     shows that these problems reach the hardware's DAZ/FTZ. A kernel whose CPU features are absent is a counted
+ *     skip with the reason printed.
+ *  3. The same under a caller's FTZ/DAZ/round-toward-zero MXCSR, which every kernel restores.
+ *  4. Selection: on a CPU with AVX512-BF16 (and MXFP8_ISA not below avx512) the GEMM slot must hold an AVX512-BF16
+ *     (or, with AMX, the AMX) kernel that passed its self-test; AVX-512F alone gives the AVX-512F kernel; MXFP8_ISA
+ *     =scalar gives the reference everywhere. A failed self-test is a failure of this test, with the failing case
+ *     printed (mxfp8_get_info's note). The quantization slots likewise.
+ *  5. The library's own checker (the start-up self-test, full set) agrees with 2 on every kernel.
+ */
+#include <math.h>
+
+#include "kernels/avx512/avx512.h"
+#include "kernels/avx512/bf16chunk.h"
+#include "kernels/check.h"
+#include "kernels/registry.h"
+#include "testutil.h"
+
+static int skips = 0;
+static int twin_fails[2] = {-1, -1}; /* the two pair-order descriptors of the AVX512-BF16 kernel */
+
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* ---- 1. the BF16 chunk packer ---- */
+static void test_bf16c_packer(void) {
+    enum { K = 40 }; /* two chunks: 32 + a tail of 8 */
+    static float src[32 * K];
+    static uint8_t pa[2 * MXFP8I_BF16C_CHUNK_BYTES] __attribute__((aligned(64)));
+    static uint8_t pb[2 * MXFP8I_BF16C_CHUNK_BYTES] __attribute__((aligned(64)));
+    mxfp8i_bf16c_meta ma[4], mb[4];
+    TU_CHECK(mxfp8i_bf16c_panel_bytes(K, 32) == (int64_t)sizeof pa, "panel_bytes(40) = %lld",
+             (long long)mxfp8i_bf16c_panel_bytes(K, 32));
+    memset(src, 0, sizeof src);
+    /* rows 0..15, chunk 0: 0.1875 = 1.5 * 2^-3 (lowest set bit 2^-4) and 32 (2^5): qmin -4, emax 5, BF16 */
+    src[3 * K + 5] = 0.1875f;
+    src[7 * K + 30] = -32.0f;
+    /* rows 16..31, chunk 0: 1 + 2^-8 needs 9 significant bits: FP32 slot */
+    src[20 * K + 1] = 1.0f + 0x1p-8f;
+    /* rows 0..15, chunk 1 (k 32..39): a BF16 subnormal 2^-130: FP32 slot */
+    src[2 * K + 33] = 0x1p-130f;
+    /* rows 16..31, chunk 1: all zero */
+    memset(pa, 0xAB, sizeof pa); /* stale bytes: whatever the kernel reads must have been written by the packer */
+    memset(pb, 0xAB, sizeof pb);
+    mxfp8i_bf16c_pack(0, src, K, 30, K, pa);
+    mxfp8i_bf16c_pack(1, src, K, 30, K, pb);
+    for (int c = 0; c < 2; c++) {
+        memcpy(&ma[2 * c], pa + c * MXFP8I_BF16C_CHUNK_BYTES, 2 * sizeof(mxfp8i_bf16c_meta));
+        memcpy(&mb[2 * c], pb + c * MXFP8I_BF16C_CHUNK_BYTES, 2 * sizeof(mxfp8i_bf16c_meta));
+    }
+    for (int p = 0; p < 2; p++) {
+        const mxfp8i_bf16c_meta *m = p ? mb : ma;
+        const char *w = p ? "B" : "A";
+        TU_CHECK(m[0].f32 == 0 && m[0].qmin == -4 && m[0].emax == 5, "%s chunk0 tile0: f32 %d qmin %d emax %d", w,
+                 m[0].f32, m[0].qmin, m[0].emax);
+        TU_CHECK(m[1].f32 == 1, "%s chunk0 tile1 (9 significant bits) must be FP32, f32 = %d", w, m[1].f32);
+        TU_CHECK(m[2].f32 == 1, "%s chunk1 tile0 (subnormal) must be FP32, f32 = %d", w, m[2].f32);
+        TU_CHECK(m[3].f32 == 0 && m[3].qmin == 1000 && m[3].emax == -1000, "%s all-zero tile: f32 %d qmin %d emax %d",
+                 w, m[3].f32, m[3].qmin, m[3].emax);
+    }
+    uint16_t h; /* A, BF16 slot (chunk 0, tile 0): row r, step kk at r*64 + kk*2 */
+    memcpy(&h, pa + 64 + 3 * 64 + 5 * 2, 2);
+    TU_CHECK(h == (bits(0.1875f) >> 16), "A bf16 slot: got 0x%04x", h);
+    memcpy(&h, pa + 64 + 7 * 64 + 30 * 2, 2);
+    TU_CHECK(h == (bits(-32.0f) >> 16), "A bf16 slot: got 0x%04x", h);
+    /* B, VNNI slot: row j, step kk at (kk/2)*64 + j*4 + (kk%2)*2 */
+    memcpy(&h, pb + 64 + (5 / 2) * 64 + 3 * 4 + (5 % 2) * 2, 2);
+    TU_CHECK(h == (bits(0.1875f) >> 16), "B vnni slot: got 0x%04x", h);
+    memcpy(&h, pb + 64 + (30 / 2) * 64 + 7 * 4 + 0, 2);
+    TU_CHECK(h == (bits(-32.0f) >> 16), "B vnni slot: got 0x%04x", h);
+    /* the swapped packer trades the two steps of each pair */
+    static uint8_t ps[2 * MXFP8I_BF16C_CHUNK_BYTES] __attribute__((aligned(64)));
+    mxfp8i_bf16c_pack_swapped(0, src, K, 30, K, ps);
+    memcpy(&h, ps + 64 + 3 * 64 + (5 ^ 1) * 2, 2);
+    TU_CHECK(h == (bits(0.1875f) >> 16) && ps[MXFP8I_BF16C_SWAP_BYTE] == 1, "swapped A slot: got 0x%04x", h);
+    /* FP32 slots: A [r][kk] at r*128 + kk*4; B [kk][j] at kk*64 + j*4 */
+    float f;
+    memcpy(&f, pa + 64 + 1 * MXFP8I_BF16C_SLOT + (20 - 16) * 128 + 1 * 4, 4);
+    TU_CHECK(f == 1.0f + 0x1p-8f, "A f32 slot: got %a", f);
+    memcpy(&f, pb + 64 + 1 * MXFP8I_BF16C_SLOT + 1 * 64 + (20 - 16) * 4, 4);
+    TU_CHECK(f == 1.0f + 0x1p-8f, "B f32 slot: got %a", f);
+    memcpy(&f, pa + MXFP8I_BF16C_CHUNK_BYTES + 64 + 2 * 128 + 1 * 4, 4);
+    TU_CHECK(f == 0x1p-130f, "A f32 slot (tail chunk): got %a", f);
+    int nonzero = 0; /* the tail steps (k >= 40) of chunk 1 are zero */
+    for (int r = 0; r < 16; r++)
+        for (int kk = 8; kk < 32; kk++) {
+            memcpy(&f, pa + MXFP8I_BF16C_CHUNK_BYTES + 64 + r * 128 + kk * 4, 4);
+            nonzero += f != 0.0f;
+        }
+    TU_CHECK(nonzero == 0, "A tail padding: %d nonzero", nonzero);
+    /* the column-major packer gives the same bytes as packing the transposed matrix row-major */
+    static float t[K * 32];
+    static uint8_t pc[2 * MXFP8I_BF16C_CHUNK_BYTES] __attribute__((aligned(64)));
+    for (int r = 0; r < 32; r++)
+        for (int k = 0; k < K; k++) t[k * 32 + r] = src[r * K + k];
+    memset(pc, 0xAB, sizeof pc); /* the same stale bytes where a BF16 slot leaves its second KiB unwritten */
+    mxfp8i_bf16c_pack_cm(1, t, 32, 30, K, pc);
+    TU_CHECK(memcmp(pc, pb, sizeof pb) == 0, "column-major B pack differs from the row-major pack");
+}
+
+/* ---- 2. kernels against the test-side reference ---- */
+enum { KMAX = 288, T = 32 };
+typedef struct problem {
+    float A[T * KMAX], B[T * KMAX], c0[T * T], ref[T * T], out[T * T];
+} problem;
+
+/* A random dequantized MX value: a finite E4M3 or E5M2 code times 2^e (exact in FP32). */
+static float mx_val(tu_rng *r, int e) {
+    int e5 = tu_next(r) & 1;
+    uint8_t code = (uint8_t)(tu_next(r) % (e5 ? 124u : 127u)); /* finite magnitudes only */
+    if (tu_next(r) & 1) code |= 0x80;
+    return ldexpf(mxfp8_fp8_to_fp32(code, e5 ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3), e);
+}
+
+/* Group g's exponent range: 0 normal, 1 A below 2^-126 (BF16 subnormal), 2 tiny products, 3 near FP32 overflow. */
+static void gen(problem *p, tu_rng *r, int64_t K, int mr, int nr, int load_c, int regime, int trap) {
+    for (int i = 0; i < T; i++)
+        for (int64_t k = 0; k < K; k++) {
+            int g = (int)(k / 32), special = regime && g == (K > 32 ? 1 : 0);
+            int ea = -6 + (int)(tu_next(r) % 12), eb = -6 + (int)(tu_next(r) % 12);
+            if (special && regime == 1) ea = -130 + (int)(tu_next(r) % 3), eb = -2;
+            if (special && regime == 2) ea = -70 + (int)(tu_next(r) % 4), eb = -64 + (int)(tu_next(r) % 3);
+            if (special && regime == 3) ea = 60 + (int)(tu_next(r) % 3), eb = 58 + (int)(tu_next(r) % 3);
+            p->A[i * K + k] = i < mr ? mx_val(r, ea) : 0.0f;
+            p->B[i * K + k] = i < nr ? mx_val(r, eb) : 0.0f;
+        }
+    if (trap) { /* 1 + 2^-24 + 2^-24 (one rounding per step keeps 1); 2^24 + 1 + 2 (the order of a pair shows) */
+        const float ta[8] = {1, 0, 0x1p-12f, 0x1p-12f, 0x1p12f, 0, 1, 1}, tb[8] = {1, 0, 0x1p-12f, 0x1p-12f, 0x1p12f,
+                                                                                   0, 1, 2};
+        for (int i = 0; i < T; i++)
+            for (int k = 0; k < 8; k++) {
+                p->A[i * K + k] = i < mr ? ta[k] : 0.0f;
+                p->B[i * K + k] = i < nr ? tb[k] : 0.0f;
+            }
+    }
+    for (int i = 0; i < T * T; i++) p->c0[i] = load_c && !trap ? mx_val(r, -1) : 0.0f;
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float acc = load_c ? p->c0[i * T + j] : 0.0f;
+            for (int64_t k = 0; k < K; k++) acc = fmaf(p->A[i * K + k], p->B[j * K + k], acc);
+            p->ref[i * T + j] = acc;
+        }
+}
+
+/* Run the kernel on the problem (k split at `split`, a kalign multiple, when 0 < split < K); 1 when it differs from
+ * the reference (or writes outside its tile). */
+static int run_kernel(const mxfp8i_ukernel *uk, problem *p, void *pa, void *pb, int64_t K, int mr, int nr,
+                      int load_c, int64_t split) {
+    uk->pack(0, p->A, K, mr, K, pa);
+    uk->pack(1, p->B, K, nr, K, pb);
+    memcpy(p->out, p->c0, sizeof p->out);
+    if (split > 0 && split < K) {
+        uk->run(0, split, pa, pb, p->out, T, mr, nr, load_c);
+        uk->run(split, K - split, pa, pb, p->out, T, mr, nr, 1);
+    } else {
+        uk->run(0, K, pa, pb, p->out, T, mr, nr, load_c);
+    }
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j < T; j++) {
+            const float *want = i < mr && j < nr ? &p->ref[i * T + j] : &p->c0[i * T + j];
+            if (memcmp(&p->out[i * T + j], want, 4)) return 1;
+        }
+    return 0;
+}
+
+/* All cases on one kernel; returns the number that differ, *n the number run. */
+static int kernel_cases(const mxfp8i_ukernel *uk, int *n) {
+    static problem p;
+    const int64_t Ks[] = {1, 7, 32, 33, 71, 160, 256, 288};
+    const int mr = uk->mr < T ? uk->mr : T, nr = uk->nr < T ? uk->nr : T;
+    const int tiles[4][2] = {{mr, nr}, {mr > 3 ? mr - 3 : 1, nr > 5 ? nr - 5 : 1}, {1, 1}, {(mr + 1) / 2, 1}};
+    size_t pbytes = (size_t)((uk->panel_bytes(KMAX, uk->mr > uk->nr ? uk->mr : uk->nr) + 63) & ~(int64_t)63);
+    void *pa = aligned_alloc(64, pbytes), *pb = aligned_alloc(64, pbytes);
+    tu_rng r = {2024};
+    int fails = 0;
+    *n = 0;
+    for (int regime = 0; regime < 5; regime++)
+        for (unsigned ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (int ti = 0; ti < 4; ti++)
+                for (int load_c = 0; load_c < 2; load_c++) {
+                    int64_t K = Ks[ki];
+                    int trap = regime == 4 && K >= 8;
+                    gen(&p, &r, K, tiles[ti][0], tiles[ti][1], load_c, regime < 4 ? regime : 0, trap);
+                    int64_t split = (K / 2 / uk->kalign) * uk->kalign;
+                    fails += run_kernel(uk, &p, pa, pb, K, tiles[ti][0], tiles[ti][1], load_c, 0);
+                    fails += run_kernel(uk, &p, pa, pb, K, tiles[ti][0], tiles[ti][1], load_c, split);
+                    *n += 2;
+                }
+    free(pa);
+    free(pb);
+    return fails;
+}
+
+static void test_every_kernel(void) {
+    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it; it++) {
+        const mxfp8i_ukernel *uk = *it;
+        if (!mxfp8i_cpu_has(uk->needs)) {
+            printf("test_kernels: SKIP %s: this CPU lacks its instructions (%s)\n", uk->name, uk->isa_name);
+            skips++;
+            continue;
+        }
+        int n = 0, fails = kernel_cases(uk, &n);
+        int is_control = strstr(uk->name, "noroute") != NULL;
+        if (is_control) {
+            TU_CHECK(fails > 0, "%s (negative control) equals the reference in all %d cases: the cases do not reach "
+                                "the hardware's DAZ/FTZ", uk->name, n);
+        } else if (uk == &mxfp8i_bf16_gemm_32x32__avx512bf16_oddfirst_ukernel ||
+                   uk == &mxfp8i_bf16_gemm_32x32__avx512bf16_evenfirst_ukernel) {
+            /* exactly one pair order matches this CPU's unit: checked below */
+            twin_fails[uk == &mxfp8i_bf16_gemm_32x32__avx512bf16_evenfirst_ukernel] = fails;
+        } else {
+            TU_CHECK(fails == 0, "%s differs from the reference in %d of %d cases", uk->name, fails, n);
+        }
+        char why[256];
+        int nc = 0, cf = mxfp8i_check_ukernel(uk, 0, &nc, why, sizeof why);
+        TU_CHECK((cf == 0) == (fails == 0), "%s: the library's checker (%d of %d fail: %s) disagrees with this test "
+                 "(%d of %d)", uk->name, cf, nc, why, fails, n);
+        printf("test_kernels: %-40s %4d/%4d cases bitwise equal%s\n", uk->name, n - fails, n,
+               is_control ? " (negative control: must differ)" : "");
+    }
+}
+
+/* ---- 3. a caller's MXCSR ----
+ * The BF16 chunk kernels take the IEEE guard themselves (their exact path runs FMAs); the F32 kernels follow MXCSR
+ * by design and rely on the GEMM driver's guard on each thread (tests/c/test_gemm_mxcsr.c). */
+static void test_mxcsr(void) {
+    unsigned saved, mode = 0x1F80u | 0x8000u | 0x0040u | 0x6000u; /* FTZ | DAZ | round toward zero */
+    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it; it++) {
+        const mxfp8i_ukernel *uk = *it;
+        if (uk->panel != MXFP8I_PANEL_BF16C || !mxfp8i_ukernel_usable(uk)) continue;
+        int n = 0;
+        __asm__ volatile("stmxcsr %0" : "=m"(saved));
+        __asm__ volatile("ldmxcsr %0" ::"m"(mode));
+        int fails = mxfp8i_check_ukernel(uk, 0, &n, NULL, 0);
+        unsigned after;
+        __asm__ volatile("stmxcsr %0" : "=m"(after));
+        __asm__ volatile("ldmxcsr %0" ::"m"(saved));
+        TU_CHECK(fails == 0, "%s under FTZ/DAZ/round-toward-zero differs in %d of %d cases", uk->name, fails, n);
+        TU_CHECK((after & 0xFFC0u) == (mode & 0xFFC0u), "%s did not restore the caller's MXCSR: 0x%x", uk->name,
+                 after);
+    }
+}
+
+/* ---- 4. selection ---- */
+static void test_selection(void) {
+    mxfp8_info in;
+    TU_CHECK(mxfp8_get_info(&in) == MXFP8_OK, "mxfp8_get_info");
+    const mxfp8i_kernels *k = mxfp8i_kernels_get();
+    const char *env = getenv("MXFP8_ISA");
+    int cap = !env || !*env ? 2 : !strcmp(env, "scalar") ? 0 : !strcmp(env, "avx512") ? 1 : 2;
+    int avx512 = in.has_avx512f && in.has_avx512bw && in.has_avx512vl;
+    int amx = in.has_amx_tile && in.has_amx_bf16 && in.amx_permitted;
+    const char *gemm = in.kernels[0].kernel;
+    printf("test_kernels: isa %s (%s); gemm %s (self-test %d)%s%s; quantize %s\n", in.isa_name, in.isa_reason, gemm,
+           in.kernels[0].self_test, in.kernels[0].note[0] ? "; note: " : "", in.kernels[0].note,
+           in.kernels[1].kernel);
+    TU_CHECK(!strcmp(in.kernels[0].slot, "gemm") && !strcmp(in.kernels[1].slot, "quantize") &&
+                 !strcmp(in.kernels[2].slot, "dequantize"), "slot names");
+    TU_CHECK(!strcmp(gemm, k->gemm->name), "mxfp8_get_info reports %s, the registry holds %s", gemm, k->gemm->name);
+    if (cap == 0 || !avx512) {
+        TU_CHECK(!strcmp(gemm, "f32_gemm_8x32__ref"), "scalar level: gemm must be the reference, got %s", gemm);
+        TU_CHECK(!strcmp(in.kernels[1].kernel, "mx_quant_panel__ref"), "scalar level: quantize must be the reference");
+        TU_CHECK(in.isa == MXFP8_ISA_SCALAR, "isa %d", (int)in.isa);
+        return;
+    }
+    TU_CHECK(!strcmp(in.kernels[1].kernel, "mx_quant_panel__avx512") &&
+                 !strcmp(in.kernels[2].kernel, "mx_quant_panel__avx512"), "AVX-512 CPU: quantize slot holds %s",
+             in.kernels[1].kernel);
+    if (amx && cap >= 2) {
+        TU_CHECK(!strcmp(gemm, "bf16_gemm_32x32__amx") && in.kernels[0].self_test == 1,
+                 "AMX CPU: gemm must be the AMX kernel with a passed self-test, got %s (note: %s)", gemm,
+                 in.kernels[0].note);
+    } else if (in.has_avx512_bf16) {
+        TU_CHECK(strstr(gemm, "bf16_gemm_32x32__avx512bf16_") == gemm && in.kernels[0].self_test == 1,
+                 "AVX512-BF16 CPU: gemm must be an AVX512-BF16 kernel that passed its self-test, got %s (note: %s)",
+                 gemm, in.kernels[0].note);
+        /* exactly one pair order reproduces the reference on this CPU (the pair-rounding trap tells them apart),
+           and it is the one in use */
+        TU_CHECK((twin_fails[0] == 0) != (twin_fails[1] == 0),
+                 "AVX512-BF16: odd-first fails %d cases, even-first %d: exactly one pair order must pass",
+                 twin_fails[0], twin_fails[1]);
+        const mxfp8i_ukernel *pass = twin_fails[0] == 0 ? &mxfp8i_bf16_gemm_32x32__avx512bf16_oddfirst_ukernel
+                                                        : &mxfp8i_bf16_gemm_32x32__avx512bf16_evenfirst_ukernel;
+        TU_CHECK(k->gemm == pass, "the registry uses %s but the pair order of this CPU is %s's", gemm, pass->name);
+    } else {
+        TU_CHECK(!strcmp(gemm, "f32_gemm_8x32__avx512f") && in.kernels[0].self_test == 1,
+                 "AVX-512F CPU: gemm must be the AVX-512F kernel, got %s (note: %s)", gemm, in.kernels[0].note);
+    }
+}
+
+int main(void) {
+    if (mxfp8i_cpu_has(MXFP8I_NEEDS_AVX512)) test_bf16c_packer();
+    else {
+        printf("test_kernels: SKIP the BF16 chunk packer: this CPU lacks AVX-512F/BW\n");
+        skips++;
+    }
+    test_every_kernel();
+    test_mxcsr();
+    test_selection();
+    if (skips) printf("test_kernels: %d sections skipped for absent CPU features\n", skips);
+    return tu_finish("test_kernels");
+}
