@@ -26,6 +26,8 @@ count() {
       f=$((f + BASH_REMATCH[1])); p=$((p + BASH_REMATCH[2] - BASH_REMATCH[1])); found=1
     fi
   done < <(grep -a "tests passed, .* failed out of" "$log")
+  n=$(grep -acE "^[[:space:]]+[0-9]+ - .* \(Skipped\)$" "$log") # ctest counts its skips as passed
+  p=$((p - n)); s=$((s + n))
   line=$(grep -aE "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$log" | tail -1) # pytest's last line
   if [ -n "$line" ]; then
     found=1

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "io/tensorfile.h"
@@ -164,7 +165,10 @@ int cmd_quantize(int argc, char **argv) {
         cli_lib_error(cmd, "mxfp8_quantize", st);
         goto done;
     }
+    /* --stats / --plot first: when they fail, no output is left behind (and the plot goes when the save fails) */
+    if (stats && report_stats(cmd, cl.pos[0], x, d, s, ax, &qp, plot)) goto done;
     if (tf_save(out_path, &out, err, sizeof err)) {
+        if (plot) unlink(plot);
         cli_error(cmd, "%s", err);
         goto done;
     }
@@ -173,7 +177,7 @@ int cmd_quantize(int argc, char **argv) {
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
            tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
            qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
-    rc = stats ? report_stats(cmd, cl.pos[0], x, d, s, ax, &qp, plot) : CLI_OK;
+    rc = CLI_OK;
 done:
     tf_free(&in);
     tf_free(&out);
