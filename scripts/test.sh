@@ -42,7 +42,7 @@ count() {
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=$((f + 1)); fi # died, or failed in a way no line counts
   if [ "$found" -eq 0 ] && [ "$rc" -eq 0 ]; then p=$((p + 1)); fi
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-  summary+=("$(printf '%-28s %5d passed, %d failed%s' "$name" "$p" "$f" "$([ "$s" -gt 0 ] && echo ", $s skipped")")")
+  summary+=("$(printf '%-32s %5d passed, %d failed%s' "$name" "$p" "$f" "$([ "$s" -gt 0 ] && echo ", $s skipped")")")
 }
 
 # suite NAME CMD...: run, show the output, count.
@@ -70,6 +70,6 @@ suite "fuzzers" env FUZZ_SECONDS="${FUZZ_SECONDS:-60}" JOBS="$JOBS" scripts/fuzz
 
 echo "==== summary (logs in $LOGS)"
 printf '%s\n' "${summary[@]}"
-[ "$skipped" -gt 0 ] && echo "($skipped skipped; pytest -rs in the logs says why)"
+[ "$skipped" -gt 0 ] && echo "($skipped skipped: the logs say which and why)"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -2,8 +2,8 @@
  * cli.h -- shared pieces of the `mxfp8` command-line tool: the command table's function type, exit codes,
  * option parsing and error reporting. The CLI is built on the public header include/mxfp8.h only.
  *
- * Exit codes (every command): 0 ok; 1 a check or pass criterion failed; 2 bad usage, bad input, or an IO error,
- * with one line "mxfp8 <command>: error: <what>" on stderr.
+ * Exit codes (every command): 0 ok; 1 a verdict failed (a kernel result is wrong); 2 bad usage, bad input, or an IO
+ * error, with one line "mxfp8 <command>: error: <what>" on stderr.
  */
 #ifndef MXFP8_TOOLS_CLI_H
 #define MXFP8_TOOLS_CLI_H

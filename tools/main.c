@@ -1,8 +1,9 @@
 /*
  * main.c -- the `mxfp8` command-line tool: subcommand dispatch.
  *
- * Every command answers --help and exits 0 on success, 1 when a check or pass criterion fails, and 2 on bad usage,
- * bad input or an IO error (one line "mxfp8 <command>: error: ..." on stderr). Built on include/mxfp8.h only.
+ * Every command answers --help and exits 0 on success, 1 when a verdict fails (a kernel result is wrong), and 2 on
+ * bad usage, bad input or an IO error (one line "mxfp8 <command>: error: ..." on stderr). Built on include/mxfp8.h
+ * only.
  */
 #include <stdio.h>
 #include <string.h>
@@ -33,7 +34,8 @@ static void usage(FILE *f) {
             mxfp8_version_string());
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         fprintf(f, "  %-12s %s\n", k_commands[i].name, k_commands[i].summary);
-    fprintf(f, "\nexit status: 0 ok, 1 a check or pass criterion failed, 2 bad usage, bad input or IO error\n");
+    fprintf(f, "\nexit status: 0 ok, 1 a kernel result is wrong (matmul-bwd, moe-bwd), 2 bad usage, bad input or IO "
+               "error\n");
 }
 
 int main(int argc, char **argv) {
