@@ -107,7 +107,7 @@ static void print_tables(const cli_grad_check *g, int n, const cli_nki_criteria 
                q->allclose ? "PASS" : "FAIL", q->cosine, q->norm_euclid);
         if (k->num_nan) printf("%-30s   %lld NaN values in the kernel's output\n", "", (long long)k->num_nan);
     }
-    printf("%s.  MXFP8 alone: the quantized FP64 reference against the same golden, the error of the format "
+    printf("%s.\nMXFP8 alone: the quantized FP64 reference against the same golden, the error of the format "
            "itself\n", crit->allclose_text);
 }
 
@@ -125,11 +125,11 @@ int cli_print_verdict(const cli_grad_check *g, int n, const cli_nki_criteria *cr
     }
     printf("\n");
     if (bad)
-        printf("verdict: FAIL -- %s %s from the quantized FP64 reference by more than FP32 accumulation allows (worst "
-               "element %.3g times its allowed error)\n", names, bad > 1 ? "differ" : "differs", worst);
+        printf("verdict: FAIL -- %s %s from the quantized FP64 reference by more than FP32 accumulation allows\n"
+               "  (worst element %.3g times its allowed error)\n", names, bad > 1 ? "differ" : "differs", worst);
     else
-        printf("verdict: PASS -- the kernel adds no error beyond FP32 accumulation: %s within the allowed error of "
-               "the quantized FP64 reference\n", n == 2 ? "both gradients are" : n == 1 ? "the gradient is" :
+        printf("verdict: PASS -- the kernel adds no error beyond FP32 accumulation: %s within the allowed error\n"
+               "  of the quantized FP64 reference\n", n == 2 ? "both gradients are" : n == 1 ? "the gradient is" :
                n == 4 ? "all 4 gradients are" : "all 6 gradients are");
     char line[1024] = "";
     for (int i = 0; i < n; i++) {
@@ -143,11 +143,11 @@ int cli_print_verdict(const cli_grad_check *g, int n, const cli_nki_criteria *cr
     }
     if (!nki_bad) printf("NKI criteria against the unquantized golden: all met\n");
     else
-        printf("NKI criteria against the unquantized golden: not met by %s%s\n", line,
-               fmt_too == nki_bad ? nki_bad > 1 ? " -- the quantized reference misses them too: that is the error of "
-                                                  "MXFP8 itself, not of the kernel (information, not a failure)"
-                                                : " -- the quantized reference misses it too: that is the error of "
-                                                  "MXFP8 itself, not of the kernel (information, not a failure)"
+        printf("NKI criteria against the unquantized golden: not met by %s\n %s\n", line,
+               fmt_too == nki_bad ? nki_bad > 1 ? " the quantized reference misses them too: the error of MXFP8 "
+                                                  "itself, not of the kernel (information, not a failure)"
+                                                : " the quantized reference misses it too: the error of MXFP8 "
+                                                  "itself, not of the kernel (information, not a failure)"
                                   : " (information, not a failure)");
     return bad ? CLI_FAIL : CLI_OK;
 }

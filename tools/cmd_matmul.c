@@ -322,14 +322,14 @@ static void bound_text(const mm_job *j, char *buf, size_t len) {
     double u = cli_unit_roundoff(dt);
     const char *ue = dt == TF_BF16 ? "2^-8" : dt == TF_F16 ? "2^-11" : "2^-24";
     snprintf(buf, len,
-             "allowed: |k - ref| <= u |ref| + gamma_n ||a_i|| ||b_j|| for each element (i, j): u = %s = %.2e, half an "
-             "ulp of the %s output (its rounding); gamma_n = n 2^-24 / (1 - n 2^-24), n = the contraction length\n"
-             "(N = %lld for input_grad, M = %lld for weight_grad): the FP32 accumulation of n products, whose error is "
-             "at most gamma_n sum |a_ik b_kj| <= gamma_n ||a_i|| ||b_j||, a_i and b_j the dequantized MXFP8 row and "
-             "column%s", ue, u, k_odts[j->odt], (long long)j->N, (long long)j->M,
+             "allowed: |k - ref| <= u |ref| + gamma_n ||a_i|| ||b_j|| for each element (i, j);\n"
+             "  u = %s = %.2e, half an ulp of the %s output (its rounding); gamma_n = n 2^-24 / (1 - n 2^-24) with n\n"
+             "  the contraction length (N = %lld for input_grad, M = %lld for weight_grad): an FP32 chain of n\n"
+             "  products errs by at most gamma_n sum |a_ik b_kj| <= gamma_n ||a_i|| ||b_j||, a_i and b_j the\n"
+             "  dequantized MXFP8 row and column%s", ue, u, k_odts[j->odt], (long long)j->N, (long long)j->M,
              dt == TF_BF16 ? ".\nrel err = max|k - ref| / max|ref|: rounding the output to BF16 alone gives up to "
-                             "2^-8 = 3.91e-03 in this metric (half an ulp, 2^(e-8), of an element near max|ref| >= 2^e)"
-                           : "");
+                             "2^-8 = 3.91e-03 in this metric\n  (half an ulp, 2^(e-8), of an element near max|ref| >= "
+                             "2^e)" : "");
 }
 
 

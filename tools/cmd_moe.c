@@ -312,13 +312,14 @@ static void bound_text(const moe_job *j, char *buf, size_t len) {
     tf_dtype dt = k_gdt_tf[j->gdt];
     const char *ue = dt == TF_BF16 ? "2^-8" : dt == TF_F16 ? "2^-11" : "2^-24";
     snprintf(buf, len,
-             "allowed: |k - ref| <= u |ref| + 2^-6 max|ref| for every element, and ||k - ref|| <= (u + 2^-10) ||ref||: "
-             "u = %s = %.2e, half an ulp of the %s gradients (their rounding); 2^-6 and 2^-10: FP32 accumulation, and its "
-             "one effect that is not small: an FP32 intermediate\n(dGU, the activation terms) a last bit away from the "
-             "reference's may quantize to the neighbouring FP8 code%s", ue, cli_unit_roundoff(dt), k_gdts[j->gdt],
+             "allowed: |k - ref| <= u |ref| + 2^-6 max|ref| for every element, and ||k - ref|| <= (u + 2^-10) ||ref||;\n"
+             "  u = %s = %.2e, half an ulp of the %s gradients (their rounding); 2^-6 and 2^-10: FP32 accumulation\n"
+             "  and its one effect that is not small: an FP32 intermediate (dGU, the activation terms) a last bit\n"
+             "  away from the reference's may quantize to the neighbouring FP8 code%s", ue, cli_unit_roundoff(dt),
+             k_gdts[j->gdt],
              dt == TF_BF16 ? ".\nrel err = max|k - ref| / max|ref|: rounding the gradients to BF16 alone gives up to "
-                             "2^-8 = 3.91e-03 in this metric (half an ulp, 2^(e-8), of an element near max|ref| >= 2^e)"
-                           : "");
+                             "2^-8 = 3.91e-03 in this metric\n  (half an ulp, 2^(e-8), of an element near max|ref| >= "
+                             "2^e)" : "");
 }
 
 /* The phases of the run, for the progress line. */
