@@ -26,12 +26,16 @@ command -v make >/dev/null || need+=(make)
 [ -f /usr/include/oneapi/dnnl/dnnl.h ] || need+=(libdnnl-dev)
 ls /usr/lib/gcc/x86_64-linux-gnu/*/include/omp.h >/dev/null 2>&1 || need+=(libgomp1)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
-# make test-sanitize / fuzz: clang + libFuzzer, libomp (TSan-aware OpenMP, Archer), valgrind
-command -v clang >/dev/null || need+=(clang)
-ls /usr/lib/llvm-*/lib/libarcher.so >/dev/null 2>&1 || need+=(libomp-dev)
-command -v valgrind >/dev/null || need+=(valgrind)
-# Expert parallelism over MPI (libmxfp8_mpi, its ctest label "mpi", mxfp8.mpi, `--expert-parallel`): Debian's Open MPI
-command -v mpicc >/dev/null && command -v mpirun >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+if [ "$TEST" = 1 ]; then
+  # make test-sanitize / fuzz: clang + libFuzzer, libomp (TSan-aware OpenMP, Archer), valgrind
+  command -v clang >/dev/null || need+=(clang)
+  ls /usr/lib/llvm-*/lib/libarcher.so >/dev/null 2>&1 || need+=(libomp-dev)
+  command -v valgrind >/dev/null || need+=(valgrind)
+  # Expert parallelism over MPI (libmxfp8_mpi, its ctest label "mpi", mxfp8.mpi, `--expert-parallel`): Debian's
+  # Open MPI. The build picks it up when present (a build configured before it was installed finds it on the next
+  # configure).
+  command -v mpicc >/dev/null && command -v mpirun >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need[*]}"
   $SUDO apt-get update -qq
@@ -84,13 +88,14 @@ pip_stamp() {
 pip_stamp base numpy ml_dtypes scikit-build-core
 if [ "$TEST" = 1 ]; then
   # safetensors: the reference implementation, used by tests/python/test_cli.py to cross-check the CLI's
-  # reader/writer. matplotlib, tqdm: examples/train_moe_lm.py (plot, progress bar), run by the tests.
+  # reader/writer. matplotlib: `mxfp8 bench --plot`, `mxfp8 quantize --plot` and the training example's plot; tqdm:
+  # the example's progress bar.
   pip_stamp test pytest safetensors matplotlib tqdm
   "$VENV/bin/python" -c 'import torch' || { echo "setup: $VENV does not see torch" >&2; exit 1; }
 fi
 # mpi4py for mxfp8.mpi and its tests, compiled against the Open MPI above (--no-binary: a prebuilt wheel may carry
 # another MPI, whose communicator handles libmxfp8_mpi could not use).
-if ! "$VENV/bin/python" -c "import mpi4py" >/dev/null 2>&1; then
+if [ "$TEST" = 1 ] && ! "$VENV/bin/python" -c "import mpi4py" >/dev/null 2>&1; then
   echo "setup: building mpi4py against $(command -v mpicc)"
   MPICC=mpicc "$VENV/bin/python" -m pip install -q --no-binary mpi4py mpi4py
 fi
