@@ -463,7 +463,8 @@ MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
  *  length % 128 == 0.
  *  Errors: as mxfp8_gemm; INVALID_ARGUMENT for an unknown float8_dtype / loop order / layout / rule / scheme /
  *  output_dtype; ALIASING when an output overlaps an input or the other output; BAD_STRIDES for an output whose
- *  elements overlap. On OUT_OF_MEMORY during the dW phase, input_grad has already been written. */
+ *  elements overlap. Every buffer of both GEMMs is obtained before the first store: OUT_OF_MEMORY leaves both
+ *  outputs untouched. */
 MXFP8_API mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
                                              mxfp8_tensor *weight_grad);
 
