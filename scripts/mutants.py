@@ -11,10 +11,11 @@ The scratch copy holds the files git tracks plus untracked ones that are not ign
 (so uncommitted work is what gets checked), in a temporary directory removed at the end. Before anything is built,
 every `old:` text must occur exactly once in its file; otherwise the script stops and names the mutant.
 
-Usage: scripts/mutants.sh [--list] [--fast] [--no-python] [--keep] [--timeout S] [--jobs N] [ID ...]
+Usage: scripts/mutants.sh [--list] [--fast] [--no-python] [--with-mpi] [--keep] [--timeout S] [--jobs N] [ID ...]
   ID ...       run only these mutants (default: all)
   --fast       stop testing a mutant at the first stage that kills it (the table then names fewer tests)
   --no-python  C tests only
+  --with-mpi   also the ctests labelled mpi (expert parallelism through mpirun; left out by default for time)
   --timeout S  time limit of one mutant's test run, in seconds (default 900); a run past it counts as killed
   --keep       keep the scratch tree (its path is printed)
 Environment: VENV (default .venv: its python runs pytest), JOBS (default 2).
@@ -161,7 +162,7 @@ def build(tree, jobs):
     return run(["cmake", "--build", os.path.join(tree, "build"), "-j", str(jobs)], tree)
 
 
-def ctest_failures(tree, isa, jobs, timeout):
+def ctest_failures(tree, isa, jobs, timeout, with_mpi):
     """Names of the failing ctests ('name' or 'name[scalar]'), or None on a timeout."""
     env = dict(os.environ)
     env.pop("MXFP8_ISA", None)
@@ -171,8 +172,10 @@ def ctest_failures(tree, isa, jobs, timeout):
     log = os.path.join(build_dir, "Testing", "Temporary", "LastTestsFailed.log")
     if os.path.exists(log):
         os.remove(log)
-    rc, out = run(["ctest", "--test-dir", build_dir, "-j", str(jobs), "--timeout", str(max(60, timeout // 2))], tree,
-                  env, timeout)
+    cmd = ["ctest", "--test-dir", build_dir, "-j", str(jobs), "--timeout", str(max(60, timeout // 2))]
+    if not with_mpi:
+        cmd += ["-LE", "mpi"]  # the expert-parallel tests (mpirun, tens of seconds): --with-mpi adds them
+    rc, out = run(cmd, tree, env, timeout)
     if rc is None:
         return None, out
     names = []
@@ -207,8 +210,8 @@ def pytest_failures(tree, py, timeout):
 
 
 def test_stages(tree, args, py):
-    stages = [("ctest", lambda t: ctest_failures(tree, None, args.jobs, t)),
-              ("ctest scalar", lambda t: ctest_failures(tree, "scalar", args.jobs, t))]
+    stages = [("ctest", lambda t: ctest_failures(tree, None, args.jobs, t, args.with_mpi)),
+              ("ctest scalar", lambda t: ctest_failures(tree, "scalar", args.jobs, t, args.with_mpi))]
     if not args.no_python:
         stages.append(("pytest", lambda t: pytest_failures(tree, py, t)))
     return stages
@@ -237,6 +240,7 @@ def main():
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
     ap.add_argument("--fast", action="store_true")
     ap.add_argument("--no-python", action="store_true")
+    ap.add_argument("--with-mpi", action="store_true")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "2")))

@@ -6,10 +6,11 @@
  *     values whose answers are worked out by hand here (needs AVX-512F/BW: the packer is AVX-512 code).
  *  2. Every kernel of mxfp8i_ukernel_list() whose CPU features are present, on problems generated HERE (random MX
  *     values in normal, BF16-subnormal, tiny-product and near-overflow groups, pair-rounding traps, partial tiles,
- *     K tails, load_c, K split in two calls at each kalign boundary, loaded accumulators at the FTZ guard), against
- *     an fmaf chain written here: runtime kernels must equal it bit for bit; the negative controls (no DAZ/FTZ
- *     routing) must differ somewhere, which shows that these problems reach the hardware's DAZ/FTZ. A kernel whose
- *     CPU features are absent is a counted skip with the reason printed.
+ *     K tails, load_c, K split in two calls at each kalign boundary, loaded accumulators at the FTZ guard, signed
+ *     zeros that must stay -0 through a K tail), against an fmaf chain written here: runtime kernels must equal it
+ *     bit for bit; the negative controls (no DAZ/FTZ routing) must differ somewhere, which shows that these problems
+ *     reach the hardware's DAZ/FTZ. A kernel whose CPU features are absent is a counted skip with the reason
+ *     printed.
  *  3. The same under a caller's FTZ/DAZ/round-toward-zero MXCSR, which every kernel restores.
  *  4. Selection: on a CPU with AVX512-BF16 (and MXFP8_ISA not below avx512) the GEMM slot must hold an AVX512-BF16
  *     (or, with AMX, the AMX) kernel that passed its self-test; AVX-512F alone gives the AVX-512F kernel; MXFP8_ISA
@@ -235,6 +236,24 @@ static void gen_acc_guard(problem *p, int64_t K, int mr, int nr) {
         }
 }
 
+/* Signed zeros: C = -0 (loaded), even rows of A all -0, B positive: those rows' products are -0 and the fmaf chain
+ * keeps -0 to the end, while the zero steps a kernel adds past K (a partial last chunk on the BF16 unit) would turn
+ * -0 + (+0)(+0) into +0. Odd rows are ordinary. */
+static void gen_neg_zero(problem *p, tu_rng *r, int64_t K, int mr, int nr) {
+    for (int i = 0; i < T; i++)
+        for (int64_t k = 0; k < K; k++) {
+            p->A[i * K + k] = i < mr ? (i % 2 == 0 ? -0.0f : mx_val(r, -3)) : 0.0f;
+            p->B[i * K + k] = i < nr ? fabsf(mx_val(r, -3)) : 0.0f;
+        }
+    for (int i = 0; i < T * T; i++) p->c0[i] = -0.0f;
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float acc = p->c0[i * T + j];
+            for (int64_t k = 0; k < K; k++) acc = fmaf(p->A[i * K + k], p->B[j * K + k], acc);
+            p->ref[i * T + j] = acc;
+        }
+}
+
 /* Run the kernel on the problem (k split at `split`, a kalign multiple, when 0 < split < K); 1 when it differs from
  * the reference (or writes outside its tile). */
 static int run_kernel(const mxfp8i_ukernel *uk, problem *p, void *pa, void *pb, int64_t K, int mr, int nr,
@@ -283,6 +302,12 @@ static int kernel_cases(const mxfp8i_ukernel *uk, int *n) {
         for (int ti = 0; ti < 2; ti++) {
             gen_acc_guard(&p, K, tiles[ti][0], tiles[ti][1]);
             fails += run_kernel(uk, &p, pa, pb, K, tiles[ti][0], tiles[ti][1], 1, 0);
+            *n += 1;
+        }
+    for (unsigned ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) /* signed zeros, K tails included */
+        for (int ti = 0; ti < 2; ti++) {
+            gen_neg_zero(&p, &r, Ks[ki], tiles[ti][0], tiles[ti][1]);
+            fails += run_kernel(uk, &p, pa, pb, Ks[ki], tiles[ti][0], tiles[ti][1], 1, 0);
             *n += 1;
         }
     free(pa);
