@@ -9,7 +9,8 @@ survives (or a mutant does not build, or the unmutated tree fails), 0 otherwise.
 
 The scratch copy holds the files git tracks plus untracked ones that are not ignored, copied from the working tree
 (so uncommitted work is what gets checked), in a temporary directory removed at the end. Before anything is built,
-every `old:` text must occur exactly once in its file; otherwise the script stops and names the mutant.
+every `old:` text must occur exactly once in its file (or in the definition its `in:` line names); otherwise the
+script stops and names the mutant.
 
 Usage: scripts/mutants.sh [--list] [--fast] [--no-python] [--with-mpi] [--keep] [--timeout S] [--jobs N] [ID ...]
   ID ...       run only these mutants (default: all)
@@ -269,7 +270,7 @@ def main():
         return 2
     py = os.path.join(ROOT, os.environ.get("VENV", ".venv"), "bin", "python")
     if not args.no_python and not os.access(py, os.X_OK):
-        print(f"mutants: {py} not found: run `make setup` first (or pass --no-python)", file=sys.stderr)
+        print(f"mutants: {py} not found: run `make setup-test` first (or pass --no-python)", file=sys.stderr)
         return 2
     flags = cpu_flags()
     try:
