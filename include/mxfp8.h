@@ -220,14 +220,74 @@ MXFP8_API uint8_t mxfp8_scale_code(float amax, mxfp8_format fmt, mxfp8_scale_rul
 /* ------------------------------------------------------------------------------------------------------------ */
 /* MX quantization                                                                                                */
 /* ------------------------------------------------------------------------------------------------------------ */
-/** Options of one quantization. */
+/*
+ * Stochastic rounding
+ * -------------------
+ * An alternative to round-to-nearest-even for the ELEMENTS (the scale rules are unchanged), for gradients: the
+ * quantized value is unbiased, E[q] = x up to 2^-32 of an ulp. For an element x of a finite group with shared
+ * exponent e, let y = x * 2^-e (the FP32 product, as for nearest), |y| saturated to max normal, ulp the FP8 spacing at
+ * max(floor(log2 |y|), emin) (emin = -6 for E4M3, -14 for E5M2: subnormals have the spacing of the lowest binade),
+ * lo = floor(|y| / ulp) * ulp and F = floor(2^32 * (|y| - lo) / ulp), an integer in [0, 2^32). The element becomes
+ * sign(x) * (lo + ulp) if r < F, else sign(x) * lo, where r is the element's 32-bit random word; so it rounds up with
+ * probability F / 2^32 and a value on the FP8 grid never moves. All-zero and NaN/Inf groups are as for nearest.
+ * The word comes from the counter-based generator Philox-4x32-10 (Salmon et al., SC 2011; the Random123 algorithm,
+ * key bumped by (0x9E3779B9, 0xBB67AE85) before rounds 2..10), keyed by the seed and the stream id and indexed by the
+ * element's logical index i (defined by each entry point: for mxfp8_quantize the row-major index of the element in
+ * src's shape):
+ *     counter = (lo32(i >> 2), hi32(i >> 2), lo32(stream), hi32(stream)),  key = (lo32(seed), hi32(seed)),
+ *     r = Philox-4x32-10(counter, key)[i & 3]          (word 0 is the first output word).
+ * Results depend only on (seed, stream, index, value): the same bits for any thread count, tiling and ISA path. Use a
+ * fresh seed (or stream) per training step and per tensor. Cost: one Philox call per four elements; the AVX-512 path
+ * takes about 3-6x the time of nearest rounding (`mxfp8 bench quantize` does not time it; see the README).
+ */
+/** Element rounding of a quantization. */
+typedef enum mxfp8_rounding {
+    MXFP8_ROUND_NEAREST = 0,    /**< round to nearest, ties to even [OCP §6.3] (the default) */
+    MXFP8_ROUND_STOCHASTIC = 1  /**< stochastic rounding (see above) */
+} mxfp8_rounding;
+
+/*
+ * Quantization statistics (telemetry)
+ * -----------------------------------
+ * Optional outputs of the quantizations a call performs (mxfp8_quant_params.stats, mxfp8_operand.stats, the matmul
+ * backward's and MoE entry points' stats arrays). NULL costs nothing; collecting them never changes an output bit, and
+ * every count and sum is the same for any thread count, tiling and ISA path. Per group: the scale code enters the
+ * histogram; a group with a NaN or Inf counts as nonfinite (its elements are counted in `elements` only); an all-zero
+ * group counts as zero. Per element of the other groups, with y = x * 2^-e before saturation: saturated when
+ * |y| > max normal (only the OCP rule can saturate finite values), flushed_to_zero when x != 0 gets a zero code,
+ * subnormal when the code is an FP8 subnormal; sum_sq_error = sum (x - q)^2 and sum_sq_signal = sum x^2 (q the
+ * dequantized element), each computed in FP64 per group in a fixed order, summed over groups exactly and rounded once.
+ * SQNR in dB = 10 log10(sum_sq_signal / sum_sq_error) (mxfp8_quant_stats_sqnr_db).
+ */
+typedef struct mxfp8_quant_stats {
+    int64_t elements;              /**< elements quantized */
+    int64_t groups;                /**< groups quantized (= sum of scale_histogram) */
+    int64_t saturated;             /**< |x / 2^e| above max normal before clamping */
+    int64_t flushed_to_zero;       /**< x != 0 whose code is +-0 */
+    int64_t subnormal;             /**< codes with exponent field 0 and a nonzero fraction */
+    int64_t nonfinite_groups;      /**< groups holding a NaN or Inf (scale code 255) */
+    int64_t zero_groups;           /**< groups whose amax is 0 */
+    int64_t scale_histogram[256];  /**< groups per E8M0 scale code */
+    double sum_sq_error;           /**< sum of (x - dequantized)^2 over finite groups, FP64 */
+    double sum_sq_signal;          /**< sum of x^2 over finite groups, FP64 */
+} mxfp8_quant_stats;
+
+/** 10 log10(sum_sq_signal / sum_sq_error) in dB: +INFINITY when the error is 0 and the signal is not, NaN when both
+ *  are 0 (nothing finite was quantized) or stats is NULL. */
+MXFP8_API double mxfp8_quant_stats_sqnr_db(const mxfp8_quant_stats *stats);
+
+/** Options of one quantization. Zero-initialized fields beyond `group` give nearest rounding and no statistics. */
 typedef struct mxfp8_quant_params {
     mxfp8_format fmt;          /**< element format; default E4M3 */
     mxfp8_scale_rule rule;     /**< default MXFP8_SCALE_NKI */
     mxfp8_group_scheme group;  /**< default MXFP8_GROUP_1X32 */
+    mxfp8_rounding rounding;   /**< element rounding; default MXFP8_ROUND_NEAREST */
+    uint64_t seed;             /**< stochastic rounding: the generator's key */
+    uint64_t stream;           /**< stochastic rounding: the stream id */
+    mxfp8_quant_stats *stats;  /**< NULL, or filled with the statistics of the call (overwritten on success) */
 } mxfp8_quant_params;
 
-/** Defaults: E4M3, NKI rule, 1x32 groups. */
+/** Defaults: E4M3, NKI rule, 1x32 groups, nearest rounding, seed 0, stream 0, no statistics. */
 MXFP8_API mxfp8_quant_params mxfp8_quant_params_default(void);
 
 /** MX-quantize `src` along `axis` [OCP §6.3, NKI-Q]. params NULL = mxfp8_quant_params_default().
@@ -238,7 +298,10 @@ MXFP8_API mxfp8_quant_params mxfp8_quant_params_default(void);
  *          group order (for wrapX, group k0/32 + j of the tile at k0).
  *  Per group: amax over the group's values (the zero padding of a short last group never enters amax); all-zero
  *  group -> scale code 0 and zero elements; any NaN or +-Inf in the group -> scale code 255 and every element code
- *  NaN (E4M3 0x7F/0xFF, E5M2 0x7E/0xFE, keeping each sign); else e from `rule`, elements RNE(x * 2^-e), saturating.
+ *  NaN (E4M3 0x7F/0xFF, E5M2 0x7E/0xFE, keeping each sign); else e from `rule`, elements RNE(x * 2^-e), saturating
+ *  (or stochastically rounded with params->rounding = STOCHASTIC: see "Stochastic rounding"; the logical index of an
+ *  element is its row-major index in src's shape, whatever the strides). params->stats, when not NULL, receives the
+ *  statistics of the call (see "Quantization statistics").
  *  Errors: NULL_POINTER, INVALID_ARGUMENT (axis, enum values), DTYPE, SHAPE_MISMATCH, SIZE_OVERFLOW, ALIASING,
  *  UNSUPPORTED (wrapX with shape[axis] % 128 != 0), BAD_STRIDES. Uses AVX-512 when available (bit-identical to the
  *  reference) where the axis, or another dimension, has unit stride in every tensor; any other strides take the

@@ -54,7 +54,7 @@ static int cols_f32(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_
     if (rows <= 0 || op->prequant || op->swizzled || op->s0 != 1 || op->s1 <= 0) return 0;
     const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
     mxfp8i_qpanel p = {base, op->dtype, rows, op->K, 1, op->s1, cfg->float8_dtype, cfg->scale_rule,
-                       cfg->quant_scheme, out, MXFP8_DTYPE_F32, 1, ld, NULL, 0, 0};
+                       cfg->quant_scheme, out, MXFP8_DTYPE_F32, 1, ld, NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
     mxfp8i_quantize_panel(&p);
     return 1;
 }

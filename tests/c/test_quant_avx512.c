@@ -78,7 +78,9 @@ static void cmp_quant_panel(const void *vals, int64_t n, mxfp8_dtype dt, int64_t
                                    cols ? ldo : 1,
                                    s1,
                                    cols ? 1 : ld_sc,
-                                   cols ? ld_sc : 1};
+                                   cols ? ld_sc : 1,
+                                   {0, 0, 0, 0, 0, 0},
+                                   NULL};
                 int64_t r1 = mxfp8i_quantize_panel__ref(&p);
                 p.out = o2;
                 p.scales = s2;
