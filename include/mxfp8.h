@@ -414,6 +414,12 @@ typedef struct mxfp8_operand {
     mxfp8_scale_layout scale_layout; /**< layout of `scales` (F = R rows, K contraction indices) */
     int swizzled;                    /**< 1: values are given in NKI's swizzled [K/4, 4R] arrangement (see
                                           mxfp8_swizzle_nki; K % 128 == 0); the view is then [K/4, 4R] */
+    /* ours, for an operand quantized on the fly (ignored for pre-quantized ones; zero = nearest, no statistics): */
+    mxfp8_rounding rounding;         /**< element rounding; STOCHASTIC uses the logical index r*K + k of element
+                                          (r, k) of the logical [R, K] operand (see "Stochastic rounding") */
+    uint64_t seed, stream;           /**< stochastic rounding's key and stream id */
+    mxfp8_quant_stats *stats;        /**< NULL, or filled with the statistics of this operand's quantization
+                                          (all zero for a pre-quantized operand) */
 } mxfp8_operand;
 
 /** MatmulMxfp8KernelConfig [NKI-M]. On a CPU, tiles and blocks are cache blocking: tile_m / tile_n are rounded up
@@ -459,9 +465,12 @@ MXFP8_API void mxfp8_matmul_config_init(mxfp8_matmul_config *config);
  *  c: [M, N] F32/BF16/F16, any strides that address distinct elements; its dtype decides the output type.
  *  Every element of c is written (M, N, K >= 0; K = 0 gives zeros).
  *  config: NULL = mxfp8_matmul_config_init defaults; M/K/N when nonzero must match the operands.
+ *  Per operand (mxfp8_operand.rounding, seed, stream, stats): stochastic rounding of its elements, and its
+ *  quantization statistics, computed in a separate pass over the operand (the GEMM runs as without them; the stats
+ *  are written only when the call succeeds).
  *  Errors: NULL_POINTER (a, b, c, a view, codes without scales), DTYPE (bad dtype, codes of the other FP8 format,
  *  accumulate into non-F32), SHAPE_MISMATCH (K, scales shape, c shape, config M/K/N), INVALID_ARGUMENT (config enums,
- *  negative config sizes, scales given with a high-precision operand), UNSUPPORTED (wrapX or swizzled with
+ *  an operand's rounding, negative config sizes, scales given with a high-precision operand), UNSUPPORTED (wrapX or swizzled with
  *  K % 128 != 0), BAD_STRIDES (c's elements overlap), SIZE_OVERFLOW, ALIASING (c overlaps an input), OUT_OF_MEMORY.
  *  Thread-safe; uses mxfp8_set_num_threads threads. */
 MXFP8_API mxfp8_status mxfp8_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
@@ -498,9 +507,20 @@ typedef struct mxfp8_matmul_bwd_args {
     int output_grad_is_swizzled, weights_is_swizzled, input_is_swizzled; /**< NKI swizzled operands */
     mxfp8_scale_rule scale_rule;       /**< ours: default NKI */
     mxfp8_group_scheme quant_scheme;   /**< ours: default 1X32 */
+    /* ours: element rounding and statistics of the four quantizations of the call, numbered
+     *   0: dY along N (dX operand), 1: W along N (dX operand), 2: dY along M (dW operand), 3: X along M (dW operand).
+     * Stochastic rounding of quantization q uses stream id q and the element's row-major index in its tensor (dY
+     * [M, N]: m*N + n, W [N, K]: n*K + k, X [M, K]: m*K + k); pre-quantized operands are used as given. */
+    mxfp8_rounding output_grad_rounding; /**< dY's elements in both of its quantizations; default NEAREST */
+    mxfp8_rounding weights_rounding;     /**< W's; default NEAREST */
+    mxfp8_rounding input_rounding;       /**< X's; default NEAREST */
+    uint64_t rounding_seed;              /**< the key of stochastic rounding */
+    mxfp8_quant_stats *stats;            /**< NULL, or an array of 4 filled in the order above (zero for an operand
+                                              the call does not quantize) */
 } mxfp8_matmul_bwd_args;
 
-/** Defaults of the NKI page: all tensors absent, MNK, E5M2, BF16, lnc2 on, shard_rhs on, no pre-quantization. */
+/** Defaults of the NKI page: all tensors absent, MNK, E5M2, BF16, lnc2 on, shard_rhs on, no pre-quantization; ours:
+ *  nearest rounding, seed 0, no statistics. */
 MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
 
 /** matmul_mxfp8_backward [NKI-M]: input_grad dX[M, K] = dY[M, N] @ W[N, K] (dY and W quantized along N);
