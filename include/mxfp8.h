@@ -628,16 +628,47 @@ MXFP8_API mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, 
  *
  * Errors (all validated before any output is written; on error every output is untouched): NULL_POINTER, DTYPE,
  * SHAPE_MISMATCH (ranks/extents disagree; the token_position_to_id length is not a multiple of B), INVALID_ARGUMENT
- * (enum values, block_size < 1, H or I < 1, clamp limit NaN or lower > upper, num_valid_tokens misuse, bias tensors
- * given with config->bias = 0), INDEX_OUT_OF_RANGE (token or expert ids), UNSUPPORTED (see above), ALIASING (an
+ * (enum values, block_size < 1, H or I < 1, clamp limit NaN or lower > upper (also after gpt-oss SwiGLU's limit
+ * tightens them), swiglu_alpha not finite or swiglu_limit not > 0 with that activation, stochastic_rounding bits
+ * beyond the operands, num_valid_tokens misuse, bias tensors given with config->bias = 0), INDEX_OUT_OF_RANGE (token or expert ids), UNSUPPORTED (see above), ALIASING (an
  * output overlaps an input or another output), SIZE_OVERFLOW, BAD_STRIDES, OUT_OF_MEMORY (workspaces are allocated
  * before the first store; only an allocation failing inside a forward GEMM can leave earlier checkpoints written).
  */
 typedef enum mxfp8_activation {
     MXFP8_ACT_SILU = 0,         /**< act(x) = x * sigmoid(x) (default; the only one of the NKI MXFP8 kernel) */
     MXFP8_ACT_SWISH = 1,        /**< act(x) = x * sigmoid(1.702 x) (NKI golden) */
-    MXFP8_ACT_SQUARED_RELU = 2  /**< act(x) = max(x, 0)^2 (NKI golden) */
+    MXFP8_ACT_SQUARED_RELU = 2, /**< act(x) = max(x, 0)^2 (NKI golden) */
+    MXFP8_ACT_GPT_OSS_SWIGLU = 3 /**< ours: the clamped SwiGLU of gpt-oss: inter = act(g) * (u + 1) with
+                                      act(g) = g * sigmoid(alpha g), g clamped above at limit and u to [-limit, limit]
+                                      (config.swiglu_alpha, swiglu_limit; 1.702 and 7 by default). The limits act
+                                      as clamp limits: they tighten gate_clamp_upper, up_clamp_lower, up_clamp_upper,
+                                      with the same strict gradient masks (a value at or beyond a limit gets zero
+                                      gradient). Backward: d_gate = dI (u + 1) act'(g) pass(g), d_up = dI act(g)
+                                      pass(u), act'(g) = s (1 + alpha g (1 - s)), s = sigmoid(alpha g). */
 } mxfp8_activation;
+
+/** The GEMM operands of the MoE layer, for per-operand stochastic rounding (config.stochastic_rounding, bit 1u << op)
+ *  and statistics (args.stats[e * MXFP8_MOE_NUM_OPERANDS + op] for expert e). Each is quantized along its GEMM's
+ *  contraction axis; stochastic rounding uses stream id op and, as logical index, the element's position in its
+ *  tensor: block operands by position p of block n in the dispatched layout, row n*B + p of [N*B, H] (X, dY, D),
+ *  [N*B, I] (inter, a*inter) or [N*B, 2I] (dGU), whatever the GEMM's orientation; weights by their row-major index
+ *  in W1 [E, H, 2I] (2I = the flattened (2, I)) or W2 [E, I, H]. The forward's GEMMs and the backward's
+ *  recomputations of them share their operands (bits 0-3), so both passes round alike. */
+typedef enum mxfp8_moe_operand {
+    MXFP8_MOE_GEMM1_X = 0,     /**< forward GEMM 1 (and its recomputation): X_blk along H */
+    MXFP8_MOE_GEMM1_W1 = 1,    /**< forward GEMM 1: W1[e] along H */
+    MXFP8_MOE_GEMM2_INTER = 2, /**< forward GEMM 2 (and the AFFINITY_ON_H recomputation): inter along I */
+    MXFP8_MOE_GEMM2_W2 = 3,    /**< forward GEMM 2: W2[e] along I */
+    MXFP8_MOE_P1_DY = 4,       /**< Phase 1: dY_blk (AFFINITY_ON_H: D = a*dY) along H */
+    MXFP8_MOE_P1_W2 = 5,       /**< Phase 1: W2[e] along H */
+    MXFP8_MOE_P2_DGU = 6,      /**< Phase 2: dGU along 2I */
+    MXFP8_MOE_P2_W1 = 7,       /**< Phase 2: W1[e] along 2I */
+    MXFP8_MOE_P3_X = 8,        /**< Phase 3: X_blk^T along the block's positions */
+    MXFP8_MOE_P3_DGU = 9,      /**< Phase 3: dGU^T along the positions */
+    MXFP8_MOE_P4_S = 10,       /**< Phase 4: (a*inter)^T (AFFINITY_ON_H: inter^T) along the positions */
+    MXFP8_MOE_P4_DY = 11,      /**< Phase 4: dY_blk^T (AFFINITY_ON_H: D^T) along the positions */
+    MXFP8_MOE_NUM_OPERANDS = 12
+} mxfp8_moe_operand;
 
 typedef enum mxfp8_affinity_option {
     MXFP8_AFFINITY_ON_I = 0,    /**< the affinity scales the intermediate in the backward's Phase 1/4 (default) */
@@ -672,7 +703,7 @@ MXFP8_API mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8
  *  forward and the backward's masks are strict (lower < g < upper), so a value exactly at a limit gets zero gradient.
  *  Non-finite values propagate, never hidden: clamp(NaN) = NaN; an absent limit applies no mask at all
  *  (+-Inf and NaN pass); a present limit masks g <= lower / g >= upper and NaN counts as inside (its gradient is
- *  NaN); act(NaN) = act'(NaN) = NaN for SiLU, Swish and SquaredReLU (whose max(g, 0) keeps NaN). */
+ *  NaN); act(NaN) = act'(NaN) = NaN for SiLU, Swish, gpt-oss SwiGLU and SquaredReLU (whose max(g, 0) keeps NaN). */
 typedef struct mxfp8_moe_config {
     mxfp8_dtype compute_dtype;           /**< BF16 (default) or F32; intermediates are FP32 regardless (see above) */
     mxfp8_format quant_dtype;            /**< E4M3 (default) or E5M2: element format of every GEMM operand */
@@ -686,6 +717,12 @@ typedef struct mxfp8_moe_config {
     int skip_grad_initialization;        /**< weight/bias grads are NOT zeroed: result = given + gradient */
     int single_expert_dense;             /**< E = 1 identity routing (see above); default 0 */
     int bias;                            /**< the layer has biases b1, b2; bias grads are returned */
+    /* ours: */
+    float swiglu_alpha;                  /**< gpt_oss_swiglu: alpha (default 1.702; finite) */
+    float swiglu_limit;                  /**< gpt_oss_swiglu: limit (default 7; > 0, +INFINITY = none) */
+    uint32_t stochastic_rounding;        /**< bitmask (1u << mxfp8_moe_operand): operands whose elements are rounded
+                                              stochastically (see "Stochastic rounding"); default 0 = nearest */
+    uint64_t rounding_seed;              /**< the key of stochastic rounding */
     /* Hardware-only knobs of the NKI page (see "Hardware-only knobs" at the top): validated, no effect. */
     int shard_option;                    /**< SHARD_ON_FREE = 0 (default), SHARD_ON_BLOCK = 1, SHARD_ON_INTERMEDIATE = 2 */
     int p3_transpose_mode, p4_transpose_mode;                                      /**< 0 or 1 */
@@ -696,7 +733,8 @@ typedef struct mxfp8_moe_config {
 
 /** Defaults of MXFP8MOEBwdConfig(): BF16 compute, E4M3, NKI rule, SiLU, SHARD_ON_FREE, AFFINITY_ON_I, phase configs
  *  from mxfp8_matmul_config_init (float8_dtype E4M3, output F32), no clamp limits, skip_token = 1, every other flag 0
- *  (single_expert_dense 0: see above). NULL is ignored. */
+ *  (single_expert_dense 0: see above); ours: swiglu_alpha 1.702, swiglu_limit 7, nearest rounding, seed 0. NULL is
+ *  ignored. */
 MXFP8_API void mxfp8_moe_config_init(mxfp8_moe_config *config);
 
 /** Inputs of the forward of the blockwise MoE layer (the pass that produces the backward's checkpoints). */
@@ -714,6 +752,8 @@ typedef struct mxfp8_moe_fwd_args {
     mxfp8_tensor gate_up_weight_scales;    /**< W1 pre-quantized along H: [E, ceil(H/32), 2, I] E8M0/U8 */
     mxfp8_tensor down_weight_scales;       /**< W2 pre-quantized along I: [E, ceil(I/32), H] E8M0/U8 */
     mxfp8_tensor num_valid_tokens;         /**< [1] (or 0-D) I32; requires single_expert_dense */
+    mxfp8_quant_stats *stats;              /**< ours: NULL, or E * MXFP8_MOE_NUM_OPERANDS structs filled with the
+                                                statistics of each expert's GEMM operands (zero where none) */
 } mxfp8_moe_fwd_args;
 
 /** Outputs of the forward. Checkpoints are optional (absent = not written), F32/BF16/F16; entries at padding
@@ -758,6 +798,10 @@ typedef struct mxfp8_moe_bwd_args {
     mxfp8_tensor gate_up_weight_scales;            /**< W1 pre-quantized along 2I: [E, H, ceil(2I/32)] E8M0/U8 */
     mxfp8_tensor down_weight_scales;               /**< W2 pre-quantized along H: [E, I, ceil(H/32)] E8M0/U8 */
     mxfp8_tensor num_valid_tokens;                 /**< [1] (or 0-D) I32; requires single_expert_dense */
+    mxfp8_quant_stats *stats;                      /**< ours: NULL, or E * MXFP8_MOE_NUM_OPERANDS structs: the
+                                                        statistics of each expert's GEMM operands over all of its
+                                                        blocks (weights counted once; the recomputations' operands
+                                                        under their forward ids; zero where none) */
 } mxfp8_moe_bwd_args;
 
 /** Gradients returned by the backward (NKI's return tuple). F32/BF16/F16 each (F64/F32 for the goldens). */

@@ -126,6 +126,8 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     mxfp8i_moe p;
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 1, &p));
     mxfp8_status st = mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 0);
+    if (!st && mxfp8i_moe_stats_alloc(&p, args->stats))
+        st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate the statistics", fn);
     if (st) {
         mxfp8i_moe_free(&p);
         return st;
@@ -143,7 +145,7 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     mxfp8i_gemm_ws_begin();
     st = run_experts(&w, grads);
     mxfp8i_gemm_ws_end();
-    if (st == MXFP8_OK) store_outputs(&w, grads);
+    if (st == MXFP8_OK) store_outputs(&w, grads), mxfp8i_moe_stats_export(&p, args->stats);
     else st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM workspace (outputs untouched)", fn);
     ws_free(&w);
     mxfp8i_moe_free(&p);

@@ -113,9 +113,10 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     }
     /* GEMM 1: GU = X_blk @ W1[e], contraction H (W1[e]'s packed panels kept in keyed slot 0) */
     mxfp8i_gop A = mxfp8i_gop_hp(xb, MXFP8_DTYPE_F32, L, H, H, 1);
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
     mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.data);
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, gu, I2));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, gu, I2));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++)
         for (int64_t i = 0; i < I; i++) {
@@ -123,8 +124,8 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
             if (tok[q] >= 0) {
                 gv = mxfp8i_moe_clamp(gu[q * I2 + i] + b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
                 uv = mxfp8i_moe_clamp(gu[q * I2 + I + i] + b1[I + i], c->up_clamp_lower, c->up_clamp_upper);
-                av = mxfp8i_moe_act(c->activation, gv);
-                iv = av * uv;
+                av = mxfp8i_moe_act(c, gv);
+                iv = av * mxfp8i_moe_up(c, uv);
             }
             g[q * I + i] = gv;
             u[q * I + i] = uv;
@@ -133,9 +134,10 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
         }
     /* GEMM 2: down = inter @ W2[e] + b2, contraction I (keyed slot 1) */
     A = mxfp8i_gop_hp(inter, MXFP8_DTYPE_F32, L, I, I, 1);
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);
     W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
     mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.data);
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, down, H));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM2_INTER, &W, MXFP8_MOE_GEMM2_W2, 0, down, H));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
         const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
@@ -167,6 +169,8 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
     mxfp8i_moe p;
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 0, &p));
     mxfp8_status st = mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 0);
+    if (!st && mxfp8i_moe_stats_alloc(&p, args->stats))
+        st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate the statistics", fn);
     fwd_ws w;
     if (!st && ws_alloc(&w, &p)) st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     if (st) {
@@ -191,6 +195,7 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++)
                 mxfp8i_store_f32(o->data, o->dtype, t * o->strides[0] + h * o->strides[1], w.acc[t * H + h]);
+        mxfp8i_moe_stats_export(&p, args->stats);
     }
     ws_free(&w);
     mxfp8i_moe_free(&p);
