@@ -4,7 +4,8 @@ VENV ?= .venv
 JOBS ?= $(shell nproc)
 PY := $(VENV)/bin/python
 CTEST := ctest --test-dir $(BUILD) --output-on-failure
-PYTEST := $(PY) -m pytest tests/python -q -p no:cacheprovider
+# The Python tests find the CLI and the struct_layout program in the build directory built here (MXFP8_BUILD_DIR).
+PYTEST := MXFP8_BUILD_DIR=$(abspath $(BUILD)) $(PY) -m pytest tests/python -q -p no:cacheprovider
 
 .PHONY: all setup build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
 

@@ -399,6 +399,9 @@ MXFP8_API mxfp8_status mxfp8_get_info(mxfp8_info *info);
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Block-scaled GEMM and matmul_mxfp8 [NKI-M]                                                                     */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** A reusable scratch-memory workspace (opaque; see "Workspace and memory" at the end of the stable API). */
+typedef struct mxfp8_workspace mxfp8_workspace;
+
 /** Loop orders (tile_loop_order / block_loop_order). Speed only. */
 typedef enum mxfp8_loop_order {
     MXFP8_LOOP_MNK = 0, MXFP8_LOOP_MKN = 1, MXFP8_LOOP_NMK = 2,
@@ -446,6 +449,8 @@ typedef struct mxfp8_matmul_config {
     int spill_reload;                /**< keep quantized operand blocks in a workspace */
     mxfp8_group_scheme quant_scheme; /**< default 1X32 (NKI's default wrapX needs K % 128 == 0) */
     mxfp8_scale_rule scale_rule;     /**< ours: default NKI */
+    mxfp8_workspace *workspace;      /**< ours: scratch reused across calls (mxfp8_gemm, mxfp8_matmul); NULL = allocate
+                                          per call. Ignored in the phase configs of the MoE and matmul backward. */
 } mxfp8_matmul_config;
 
 /** Fill a config with defaults: everything auto, MNK orders, E5M2, run_with_lnc2 = 1, lnc_2_shard_rhs = -1,
@@ -507,6 +512,7 @@ typedef struct mxfp8_matmul_bwd_args {
     int output_grad_is_swizzled, weights_is_swizzled, input_is_swizzled; /**< NKI swizzled operands */
     mxfp8_scale_rule scale_rule;       /**< ours: default NKI */
     mxfp8_group_scheme quant_scheme;   /**< ours: default 1X32 */
+    mxfp8_workspace *workspace;        /**< ours: scratch reused across calls; NULL = allocate per call */
     /* ours: element rounding and statistics of the four quantizations of the call, numbered
      *   0: dY along N (dX operand), 1: W along N (dX operand), 2: dY along M (dW operand), 3: X along M (dW operand).
      * Stochastic rounding of quantization q uses stream id q and the element's row-major index in its tensor (dY
@@ -725,10 +731,11 @@ typedef struct mxfp8_moe_config {
     uint64_t rounding_seed;              /**< the key of stochastic rounding */
     /* Hardware-only knobs of the NKI page (see "Hardware-only knobs" at the top): validated, no effect. */
     int shard_option;                    /**< SHARD_ON_FREE = 0 (default), SHARD_ON_BLOCK = 1, SHARD_ON_INTERMEDIATE = 2 */
-    int p3_transpose_mode, p4_transpose_mode;                                      /**< 0 or 1 */
-    int hidden_states_swizzle_mode, output_grad_swizzle_mode, weight_swizzle_mode; /**< 0 or 1 */
-    int skip_weight;                     /**< SkipMode.skip_weight, 0 or 1 */
-    int use_fast_dma;                    /**< 0 or 1 */
+    int p3_transpose_mode, p4_transpose_mode;   /**< TransposeMode: 0 NC, 1 PE, 2 DMA (else INVALID_ARGUMENT) */
+    int hidden_states_swizzle_mode, output_grad_swizzle_mode,
+        weight_swizzle_mode;                    /**< SwizzleMode: 0 PE, 1 DGT, 2 DMA (else INVALID_ARGUMENT) */
+    int skip_weight;                     /**< SkipMode.skip_weight, 0 or 1 (else INVALID_ARGUMENT) */
+    int use_fast_dma;                    /**< 0 or 1 (else INVALID_ARGUMENT) */
 } mxfp8_moe_config;
 
 /** Defaults of MXFP8MOEBwdConfig(): BF16 compute, E4M3, NKI rule, SiLU, SHARD_ON_FREE, AFFINITY_ON_I, phase configs
@@ -752,6 +759,7 @@ typedef struct mxfp8_moe_fwd_args {
     mxfp8_tensor gate_up_weight_scales;    /**< W1 pre-quantized along H: [E, ceil(H/32), 2, I] E8M0/U8 */
     mxfp8_tensor down_weight_scales;       /**< W2 pre-quantized along I: [E, ceil(I/32), H] E8M0/U8 */
     mxfp8_tensor num_valid_tokens;         /**< [1] (or 0-D) I32; requires single_expert_dense */
+    mxfp8_workspace *workspace;            /**< ours: scratch reused across calls; NULL = allocate per call */
     mxfp8_quant_stats *stats;              /**< ours: NULL, or E * MXFP8_MOE_NUM_OPERANDS structs filled with the
                                                 statistics of each expert's GEMM operands (zero where none) */
 } mxfp8_moe_fwd_args;
@@ -798,6 +806,7 @@ typedef struct mxfp8_moe_bwd_args {
     mxfp8_tensor gate_up_weight_scales;            /**< W1 pre-quantized along 2I: [E, H, ceil(2I/32)] E8M0/U8 */
     mxfp8_tensor down_weight_scales;               /**< W2 pre-quantized along H: [E, I, ceil(H/32)] E8M0/U8 */
     mxfp8_tensor num_valid_tokens;                 /**< [1] (or 0-D) I32; requires single_expert_dense */
+    mxfp8_workspace *workspace;                    /**< ours: scratch reused across calls; NULL = per call */
     mxfp8_quant_stats *stats;                      /**< ours: NULL, or E * MXFP8_MOE_NUM_OPERANDS structs: the
                                                         statistics of each expert's GEMM operands over all of its
                                                         blocks (weights counted once; the recomputations' operands
@@ -832,9 +841,19 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
 /* Workspace and memory                                                                                           */
 /* ------------------------------------------------------------------------------------------------------------ */
 /*
- * Every entry point allocates its workspace on the heap (malloc / aligned_alloc) after validation and before the
- * first store, frees all of it before returning (on success and on error), and returns MXFP8_ERR_OUT_OF_MEMORY,
- * with no output written, when an allocation fails. Nothing is cached between calls. Upper bounds in bytes, with
+ * Scratch memory. The GEMM, matmul and MoE entry points take a workspace (config->workspace for mxfp8_gemm and
+ * mxfp8_matmul, args->workspace for mxfp8_matmul_backward, mxfp8_moe_forward and mxfp8_moe_backward). With NULL, a
+ * call allocates its scratch on the heap (aligned_alloc) after validation and before the first store and frees all
+ * of it before returning. With a workspace, its memory is kept for the next call: a call whose problem is no larger
+ * in any buffer than an earlier one on the same workspace allocates nothing. Either way a call that cannot get its
+ * memory returns MXFP8_ERR_OUT_OF_MEMORY with no output written (every buffer, including those of its inner GEMMs,
+ * is obtained before the first store). A workspace serves one call at a time: it may be shared between threads,
+ * and a call that finds it in use by another thread's call takes private memory for that call (as with NULL), so
+ * sharing is safe but only one per thread is fast. Results never depend on the workspace. The library keeps no
+ * pointer to it after a call returns. mxfp8_quantize, mxfp8_dequantize, the layout functions and mxfp8_moe_route
+ * need no workspace (route allocates 24 E bytes of counters per call).
+ *
+ * Upper bounds of one call's scratch in bytes (held by its workspace afterwards, the maximum over its calls), with
  * P = threads the call uses (mxfp8_set_num_threads) and OMP = 4096 + 1024 P for the OpenMP runtime's bookkeeping;
  * tests/c/test_workspace.c measures the peak heap use of each call and checks it against these formulas:
  *   mxfp8_quantize, mxfp8_dequantize, layouts, x4 packing, swizzle, compare: OMP (no workspace of their own).
@@ -850,8 +869,10 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     (forward: output; backward: dX); the backward runs expert-major and keeps dW1, dW2 of the current expert in
  *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert into a staging copy
  *     of the output's dtype, (E - 1) 3 H I s for dW1, dW2 of elements of s bytes (the last expert is stored
- *     directly: no output is written before the last GEMM); FP64 sums 8 (T E + 2 E I + E H), one expert's
- *     weights in FP32 and quantized (<= 16 H I), per-block buffers 4 B' (8 H + 12 I), the routing table
+ *     directly: no output is written before the last GEMM); FP64 sums 8 (T E + 2 E I + E H), at most one
+ *     expert's weights in FP32 (<= 12 H I; only for pre-quantized weights contracted along an axis other than the
+ *     one they were quantized along, or W1 views whose (2, I) axes are not one 2I axis: high-precision weights
+ *     are read in place), per-block buffers 4 B' (8 H + 12 I), the routing table
  *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP;
  *     the backward also keeps the current expert's packed weights for Phases 1 and 2 (the B operands above:
  *     4 H (I + 32) + 8 I (H + 32)), reused by all of the expert's blocks.
@@ -860,6 +881,13 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *   Golden references (mxfp8_gemm_golden_*, mxfp8_moe_*_golden): FP32/FP64 copies of every operand (slow paths for
  *     tests; no bound promised beyond O(inputs + outputs)).
  */
+
+/** Create an empty workspace (it grows to what the calls it serves need). Errors: NULL_POINTER, OUT_OF_MEMORY. */
+MXFP8_API mxfp8_status mxfp8_workspace_create(mxfp8_workspace **workspace);
+/** Free a workspace and all its memory; NULL is ignored. Not while a call uses it. */
+MXFP8_API void mxfp8_workspace_destroy(mxfp8_workspace *workspace);
+/** Bytes of scratch a workspace holds now (0 for NULL). */
+MXFP8_API size_t mxfp8_workspace_bytes(const mxfp8_workspace *workspace);
 
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/sanitize.sh -- the sanitizer part of `make test` (issue 6). Run from anywhere; `make test-sanitize` calls it.
+# scripts/sanitize.sh -- the sanitizer part of `make test`. Run from anywhere; `make test-sanitize` calls it.
 #
 #  1. AddressSanitizer + UndefinedBehaviorSanitizer (gcc, CMake option MXFP8_SANITIZE=ON) build of the library and
 #     every C test in $ASAN_BUILD (default build-asan); ctest runs them on the default ISA path and on
@@ -7,7 +7,8 @@
 #  2. ThreadSanitizer (clang, libomp) build of tests/c/test_threads.c in $TSAN_BUILD (default build-tsan), run with
 #     4 OpenMP threads per call. libomp is made TSan-aware by its Archer tool (OMP_TOOL_LIBRARIES=libarcher.so), so
 #     the library's own OpenMP threads stay on; libgomp has no such support (false positives), hence clang here.
-#     Skipped, with a message, when clang or libomp/Archer is missing.
+#     A step that cannot run is a failure, not a skip: scripts/setup.sh (run by every make target) installs clang,
+#     libomp-dev and valgrind.
 #  3. valgrind memcheck on `mxfp8 moe-bwd` of a small problem with the CLI of $BUILD (default build, built by the
 #     caller), MXFP8_ISA=scalar (valgrind cannot run AVX-512). Any memcheck error or definite leak fails.
 # Environment: JOBS (default 2), SANITIZE_STEPS (default "asan tsan valgrind").
@@ -38,8 +39,8 @@ for s in $STEPS; do
   tsan)
     archer=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -1 || true)
     if ! command -v clang >/dev/null || [ -z "$archer" ]; then
-      step "SKIP ThreadSanitizer: needs clang and libomp-dev (Archer); scripts/setup.sh installs them"
-      continue
+      step "FAILED: ThreadSanitizer cannot run: it needs clang and libomp-dev (Archer); run scripts/setup.sh"
+      exit 1
     fi
     step "TSan build (clang, libomp) of test_threads in $TSAN_BUILD"
     CC=clang cmake -S . -B "$TSAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMXFP8_BUILD_TOOLS=OFF \
@@ -53,8 +54,8 @@ for s in $STEPS; do
     ;;
   valgrind)
     if ! command -v valgrind >/dev/null; then
-      step "SKIP valgrind: not installed (scripts/setup.sh installs it)"
-      continue
+      step "FAILED: valgrind cannot run: it is not installed; run scripts/setup.sh"
+      exit 1
     fi
     if [ ! -x "$BUILD/mxfp8" ]; then
       cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null

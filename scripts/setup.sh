@@ -15,7 +15,7 @@ command -v make >/dev/null || need+=(make)
 [ -f /usr/include/oneapi/dnnl/dnnl.h ] || need+=(libdnnl-dev)
 ls /usr/lib/gcc/x86_64-linux-gnu/*/include/omp.h >/dev/null 2>&1 || need+=(libgomp1)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
-# make test-sanitize / fuzz (issue 6): clang + libFuzzer, libomp (TSan-aware OpenMP, Archer), valgrind
+# make test-sanitize / fuzz: clang + libFuzzer, libomp (TSan-aware OpenMP, Archer), valgrind
 command -v clang >/dev/null || need+=(clang)
 ls /usr/lib/llvm-*/lib/libarcher.so >/dev/null 2>&1 || need+=(libomp-dev)
 command -v valgrind >/dev/null || need+=(valgrind)

@@ -30,14 +30,15 @@ Tensor views
         ml_dtypes.float8_e4m3fn     E4M3 (3)               uint32                   U32 (9)
         ml_dtypes.float8_e5m2       E5M2 (4)               ml_dtypes.float8_e8m0fnu E8M0 (5)
 
-    ``as_array(x, allowed=None, name="x")`` turns any array-like into a numpy array (Python floats -> float32) and
-    checks its dtype against ``allowed`` (a tuple of dtype codes), raising ``TypeError`` naming the parameter.
+    ``as_array(x, allowed=None, name="x")`` turns any array-like into a numpy array (Python floats -> float32;
+    float64 arrays -> float32 where the parameter takes float32 but not float64) and checks its dtype against
+    ``allowed`` (a tuple of dtype codes), raising ``TypeError`` naming the parameter.
     ``empty(shape, code)`` allocates an output array of an mxfp8 dtype code.
 
 Enumerations (string -> C value; ``parse(table, value, param)`` raises ValueError naming ``param``; matching is
 case-insensitive and also accepts the C integer value or, for formats, an ml_dtypes float8 dtype):
-    FORMATS      {"e4m3": 0, "e5m2": 1}: ``fmt`` of quantize (issue 2's names; any case, as the other options)
-    FLOAT8_DTYPES {"float8_e4m3fn": 0, "float8_e5m2": 1}: ``float8_dtype`` / MoE ``fp8_x4_dtype`` (the seed pages'
+    FORMATS      {"e4m3": 0, "e5m2": 1}: ``fmt`` of quantize (any case, as the other options)
+    FLOAT8_DTYPES {"float8_e4m3fn": 0, "float8_e5m2": 1}: ``float8_dtype`` / MoE ``fp8_x4_dtype`` (the NKI API's
                  strings, exact spelling; "float8_e4m3" is ml_dtypes' IEEE-like e4m3 -- a different format -- and
                  is rejected like any other string)
     SCALE_RULES  {"nki": 0, "ocp": 1, "rceil": 2}
@@ -47,7 +48,9 @@ case-insensitive and also accepts the C integer value or, for formats, an ml_dty
     ISAS         {0: "scalar", 1: "avx512", 2: "amx"}
 
 Structs: ``QuantParams`` (mxfp8_quant_params), ``Info`` (mxfp8_info). Config structs of matmul/MoE belong to their
-modules; declare them there as ``ctypes.Structure`` mirrors, field for field with include/mxfp8.h.
+modules; declare them there as ``ctypes.Structure`` mirrors, field for field with the C header mxfp8.h, each naming
+its C struct in ``_c_name`` (the test suite compares every mirror's size and field offsets with
+the C compiler's).
 """
 
 import ctypes
@@ -59,7 +62,7 @@ import numpy as np
 
 MAX_DIMS = 6
 
-# ---- status codes (fixed values, include/mxfp8.h) ----
+# ---- status codes (fixed values, as in mxfp8.h) ----
 OK = 0
 ERR_NULL_POINTER = 1
 ERR_INVALID_ARGUMENT = 2
@@ -158,7 +161,7 @@ def parse(table, value, param):
 
 
 def parse_bool(value, param):
-    """A flag: a Python / numpy bool or the integer 0 or 1 (issue 6: unknown option values are errors -- "no" or 5
+    """A flag: a Python / numpy bool or the integer 0 or 1 (unknown option values are errors -- "no" or 5
     are not silently taken as true). Returns 0 or 1; anything else raises ValueError (TypeError for a non-number)
     naming `param`."""
     if isinstance(value, (bool, np.bool_)):
@@ -207,6 +210,8 @@ def parse_out_dtype(value, param="out_dtype"):
 class Tensor(ctypes.Structure):
     """Mirror of struct mxfp8_tensor."""
 
+    _c_name = "mxfp8_tensor"
+
     _fields_ = [
         ("data", ctypes.c_void_p),
         ("dtype", ctypes.c_int),
@@ -224,6 +229,8 @@ class Tensor(ctypes.Structure):
 class QuantParams(ctypes.Structure):
     """Mirror of struct mxfp8_quant_params."""
 
+    _c_name = "mxfp8_quant_params"
+
     _fields_ = [("fmt", ctypes.c_int), ("rule", ctypes.c_int), ("group", ctypes.c_int)]
 
 
@@ -233,12 +240,16 @@ NUM_KERNEL_SLOTS = 3
 class KernelInfo(ctypes.Structure):
     """Mirror of struct mxfp8_kernel_info."""
 
+    _c_name = "mxfp8_kernel_info"
+
     _fields_ = [("slot", ctypes.c_char_p), ("kernel", ctypes.c_char_p), ("isa", ctypes.c_char_p),
                 ("self_test", ctypes.c_int), ("note", ctypes.c_char_p)]
 
 
 class Info(ctypes.Structure):
     """Mirror of struct mxfp8_info."""
+
+    _c_name = "mxfp8_info"
 
     _fields_ = [
         ("has_avx512f", ctypes.c_int), ("has_avx512bw", ctypes.c_int), ("has_avx512vl", ctypes.c_int),
@@ -250,8 +261,13 @@ class Info(ctypes.Structure):
 
 
 def as_array(x, allowed=None, name="x"):
-    """numpy array of any array-like (Python scalars/lists of floats become float32). `allowed`: tuple of dtype
-    codes the parameter accepts; TypeError naming the parameter otherwise."""
+    """numpy array of any array-like, checked against the dtype codes `allowed` (a tuple; None = any).
+
+    Conversions, each done once here so that a call converts an input a single time:
+      - Python numbers and lists of them become float32 (ints too, unless the parameter takes integer codes);
+      - a float64 array (numpy's default dtype) becomes float32, rounded to nearest even, when the parameter takes
+        float32 but not float64 -- the result is then exactly that of ``x.astype(np.float32)``.
+    Any other dtype outside `allowed` raises TypeError naming the parameter and the accepted dtypes."""
     if isinstance(x, np.ndarray):
         arr = x
     else:
@@ -261,10 +277,14 @@ def as_array(x, allowed=None, name="x"):
             if arr.dtype.kind == "f" or allowed is None or not any(c in allowed for c in (I32, U8, U32)):
                 arr = arr.astype(np.float32)
     if allowed is not None:
+        if arr.dtype == np.float64 and F32 in allowed and F64 not in allowed:
+            arr = arr.astype(np.float32)
         code = _CODE_OF_NP.get(arr.dtype)
         if code not in allowed:
-            want = ", ".join(str(np_dtype(c)) for c in allowed if c in _NP_OF_CODE)
-            raise TypeError(f"{name}: dtype {arr.dtype} is not accepted (expected one of {want})")
+            want = [str(np_dtype(c)) for c in allowed if c in _NP_OF_CODE]
+            if F32 in allowed and F64 not in allowed:
+                want.append("float64 (rounded to float32)")
+            raise TypeError(f"{name}: dtype {arr.dtype} is not accepted (expected one of {', '.join(want)})")
     return arr
 
 
@@ -371,6 +391,9 @@ _SIGNATURES = {
     "mxfp8_moe_config_init": (None, [_P]),
     "mxfp8_moe_forward": (_I, [_P, _P]),
     "mxfp8_moe_backward": (_I, [_P, _P]),
+    "mxfp8_workspace_create": (_I, [_P]),
+    "mxfp8_workspace_destroy": (None, [ctypes.c_void_p]),
+    "mxfp8_workspace_bytes": (ctypes.c_size_t, [ctypes.c_void_p]),
 }
 
 
@@ -454,3 +477,31 @@ def call(name, *args):
 def ref(x):
     """ctypes.byref(x) (shorthand for passing a view or struct)."""
     return ctypes.byref(x)
+
+
+# ---- scratch memory: one library workspace per Python thread ----
+class _Workspace:
+    """Owns one mxfp8_workspace (the library's reusable scratch memory); freed with the object."""
+
+    def __init__(self):
+        h = ctypes.c_void_p()
+        call("mxfp8_workspace_create", ctypes.byref(h))
+        self.handle = h.value
+        self._destroy = function("mxfp8_workspace_destroy")
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            self._destroy(self.handle)
+            self.handle = None
+
+
+_tls = threading.local()
+
+
+def workspace():
+    """The calling thread's workspace handle (a void pointer value), created on first use: repeated calls of the
+    GEMM, matmul and MoE functions on one thread then reuse their scratch memory instead of allocating it."""
+    ws = getattr(_tls, "ws", None)
+    if ws is None:
+        ws = _tls.ws = _Workspace()
+    return ws.handle

@@ -1,5 +1,6 @@
-"""matmul_mxfp8: forward and backward of an MXFP8 linear layer Y = X @ W^T (NKI nkilib.experimental.matmul_mxfp8),
-the golden references and the NKI pass criteria.
+"""matmul_mxfp8: forward and backward of an MXFP8 linear layer Y = X @ W^T, with the parameters of the NKI API
+reference nkilib.experimental.matmul_mxfp8 (matmul_mxfp8_backward), plus golden references and the NKI pass
+criteria.
 
     input_grad, weight_grad = mxfp8.matmul_mxfp8_backward(output_grad, weights, input_activation, ...)
         dX [M, K] = dY [M, N] @ W [N, K]      (dY and W MX-quantized along N)
@@ -8,20 +9,25 @@ the golden references and the NKI pass criteria.
 
 Arithmetic: each operand is quantized along its own contraction axis from high precision (dY twice), dequantized
 exactly, and every output element is an FP32 fused-multiply-add chain over the contraction index in ascending order,
-rounded once (RNE) to output_dtype. Results are bitwise independent of tile_loop_order, run_with_lnc2,
+rounded once (to nearest even) to output_dtype. Results are bitwise independent of tile_loop_order, run_with_lnc2,
 lnc_2_shard_rhs, spill_reload, the tile/block sizes of the configs, the thread count and the ISA.
+
+High-precision operands: float32, ml_dtypes.bfloat16 or float16 (the NKI kernel takes bfloat16); float64 arrays,
+Python numbers and lists are rounded once to float32 (to nearest even), so results equal those of the float32 values.
 
 Pre-quantized operands: pass FP8 codes (ml_dtypes float8 arrays of float8_dtype, or uint8 codes, or uint32
 x4-packed codes: byte c of word p = element 4p+c along the contraction axis) together with their E8M0 scales
 (uint8): output_grad [M, N] quantized along N with output_grad_scales for F = M rows; weights [N, K] quantized along N
 with weight_scales for F = K rows; input_activation [M, K] quantized along M with input_scales for F = K rows.
 Scale layout: use_scale_packing=True -> NKI packed; else `scale_layout` ("compact" [F, G], "nki_unpacked",
-"swizzle_128x4"). `*_is_swizzled`: the tensor is in NKI's swizzled [C/4, 4F] arrangement of its [C, F] form
-(C = contraction axis: N for output_grad and weights, M for input_activation; C % 128 == 0).
+"swizzle_128x4"; see mxfp8.scale_layout_shape). `*_is_swizzled`: the tensor is in NKI's swizzled [C/4, 4F]
+arrangement of its [C, F] form (C = contraction axis: N for output_grad and weights, M for input_activation;
+C % 128 == 0; see mxfp8.swizzle_nki).
 
-Deviations from the seed page: any M, N, K >= 0 (no multiple-of-128/512 limits; 0 gives empty/zero outputs);
-quant_scheme defaults to "1x32" (NKI's "wrapX" is available where the contraction lengths are multiples of 128);
-scale_rule (keyword-only) picks the E8M0 rule ("nki" default, "ocp", "rceil").
+Differences from the NKI kernel: any M, N, K >= 0 (no multiple-of-128/512 limits; 0 gives empty or zero outputs);
+quant_scheme (keyword-only) defaults to "1x32" (NKI's "wrapx" groups are available where the contraction lengths
+are multiples of 128); scale_rule (keyword-only) picks the E8M0 rule ("nki" default, "ocp", "rceil");
+scale_layout (keyword-only) says how unpacked pre-quantized scales are laid out.
 """
 
 import ctypes
@@ -39,22 +45,26 @@ LOOP_ORDERS = {"mnk": 0, "mkn": 1, "nmk": 2, "nkm": 3, "kmn": 4, "knm": 5}
 
 
 class _Operand(ctypes.Structure):
+    _c_name = "mxfp8_operand"
     _fields_ = [("values", _lib.Tensor), ("scales", _lib.Tensor), ("scale_layout", ctypes.c_int),
                 ("swizzled", ctypes.c_int)]
 
 
 class _Config(ctypes.Structure):
     """Mirror of struct mxfp8_matmul_config."""
+    _c_name = "mxfp8_matmul_config"
     _fields_ = [(n, ctypes.c_int64) for n in ("M", "K", "N", "tile_m", "tile_k", "tile_n", "tiles_in_block_m",
                                                "tiles_in_block_n", "tiles_in_block_k", "tiles_in_load_m",
                                                "tiles_in_load_n")] + \
                [(n, ctypes.c_int) for n in ("block_loop_order", "tile_loop_order", "float8_dtype",
                                              "enable_scale_packing", "run_with_lnc2", "lnc_2_shard_rhs",
-                                             "spill_reload", "quant_scheme", "scale_rule")]
+                                             "spill_reload", "quant_scheme", "scale_rule")] + \
+               [("workspace", ctypes.c_void_p)]
 
 
 class _BwdArgs(ctypes.Structure):
     """Mirror of struct mxfp8_matmul_bwd_args."""
+    _c_name = "mxfp8_matmul_bwd_args"
     _fields_ = [("output_grad", _lib.Tensor), ("weights", _lib.Tensor), ("input_activation", _lib.Tensor),
                 ("input_grad_config", ctypes.POINTER(_Config)), ("weight_grad_config", ctypes.POINTER(_Config)),
                 ("tile_loop_order", ctypes.c_int), ("float8_dtype", ctypes.c_int), ("output_dtype", ctypes.c_int),
@@ -62,10 +72,12 @@ class _BwdArgs(ctypes.Structure):
                 ("output_grad_scales", _lib.Tensor), ("weight_scales", _lib.Tensor), ("input_scales", _lib.Tensor),
                 ("use_scale_packing", ctypes.c_int), ("scale_layout", ctypes.c_int), ("spill_reload", ctypes.c_int),
                 ("output_grad_is_swizzled", ctypes.c_int), ("weights_is_swizzled", ctypes.c_int),
-                ("input_is_swizzled", ctypes.c_int), ("scale_rule", ctypes.c_int), ("quant_scheme", ctypes.c_int)]
+                ("input_is_swizzled", ctypes.c_int), ("scale_rule", ctypes.c_int), ("quant_scheme", ctypes.c_int),
+                ("workspace", ctypes.c_void_p)]
 
 
 class _CompareResult(ctypes.Structure):
+    _c_name = "mxfp8_compare_result"
     _fields_ = [("max_abs_golden", ctypes.c_double), ("max_abs_err", ctypes.c_double),
                 ("max_rel_err", ctypes.c_double), ("cosine", ctypes.c_double), ("norm_euclid", ctypes.c_double),
                 ("allclose", ctypes.c_int), ("num_nan", ctypes.c_int64)]
@@ -83,14 +95,37 @@ def _float8(value, param="float8_dtype"):
 
 @dataclass
 class MatmulMxfp8KernelConfig:
-    """MatmulMxfp8KernelConfig [NKI-M]. On a CPU the tiles and blocks are cache blocking (speed only):
-    tile_m/tile_n are rounded up to the microkernel's 8 x 32 register tile; TILES_IN_BLOCK_M/N set the block that
-    one thread owns; TILES_IN_BLOCK_K and TILES_IN_LOAD_M/N are accepted and have no effect. run_with_lnc2 lets
-    threads split the work, along N when lnc_2_shard_rhs (None = N if N >= M), else along M. spill_reload keeps the
-    quantized LHS in a workspace instead of quantizing it again per thread. None / 0 = auto-resolve.
-    M, K, N are the phase's logical sizes (dgrad: M, N (contraction), K; wgrad: N, M (contraction), K); when set
-    they must match the tensors. float8_dtype, quant_scheme and output_dtype: when given they must agree with the
-    call (the call's values govern both phases; a disagreeing value raises ValueError)."""
+    """MatmulMxfp8KernelConfig of the NKI API: the blocking of one GEMM phase (the dX or the dW phase of the
+    backward, or the forward). Every field is speed-only except float8_dtype and quant_scheme; results are bitwise
+    the same for any value.
+
+    M, K, N : int >= 0 (0 = from the tensors)
+        The phase's logical sizes: dX phase (M, N, K) -- rows M, contraction N, columns K; dW phase (N, M, K). When
+        set they must match the tensors (MXFP8Error otherwise).
+    tile_m, tile_k, tile_n : int >= 0 or None (auto)
+        On a CPU tiles are cache blocking: tile_m / tile_n are rounded up to the microkernel's 8 x 32 register tile,
+        tile_k is the depth of one microkernel pass.
+    TILES_IN_BLOCK_M, TILES_IN_BLOCK_N : int >= 0 or None (auto)
+        tile_m * TILES_IN_BLOCK_M x tile_n * TILES_IN_BLOCK_N is the output block one thread owns.
+    TILES_IN_BLOCK_K, TILES_IN_LOAD_M, TILES_IN_LOAD_N : int >= 0 or None
+        Trainium-only (SBUF loads); validated, no effect (blocks always span all of K).
+    block_loop_order, tile_loop_order : "mnk" | "mkn" | "nmk" | "nkm" | "kmn" | "knm"
+        Order of a thread's blocks and of the tiles inside a block.
+    float8_dtype : "float8_e4m3fn" | "float8_e5m2" | None
+        When given it must agree with the call's float8_dtype (the call's value governs; ValueError otherwise).
+    enable_scale_packing : bool
+        Asserts that pre-quantized operands' scales are in NKI's packed layout.
+    run_with_lnc2 : bool
+        Let threads split the work (False: one thread).
+    lnc_2_shard_rhs : bool or None
+        Threads split along N (True) or M (False); None = along N when N >= M.
+    spill_reload : bool
+        Quantize the left operand once into a shared workspace instead of once per thread that needs it.
+    quant_scheme : "1x32" | "wrapx" | None
+        When given it must agree with the call's quant_scheme (ValueError otherwise).
+    output_dtype : "bfloat16" | "float32" | "float16" | None
+        When given it must agree with the call's output_dtype (ValueError otherwise).
+    Flags take a bool or 0/1; anything else raises TypeError / ValueError naming the field."""
     M: int = 0
     K: int = 0
     N: int = 0
@@ -175,21 +210,78 @@ def _cf_dims(arr, swizzled):
     return (arr.shape[0] * 4 if x4 else arr.shape[0]), arr.shape[1]
 
 
+def _bwd_dims(dy, w, shape, dy_swizzled, w_swizzled):
+    """(M, N, K) of the backward from dY and W as given (or from `shape`)."""
+    if shape is not None:
+        return tuple(int(v) for v in shape)
+    # dY as the [N, M] contraction-first form when swizzled, else [M, N] (x4 along N)
+    if dy_swizzled:
+        N, M = _cf_dims(dy, True)
+    else:
+        M = dy.shape[0]
+        N = dy.shape[1] * 4 if dy.dtype == np.uint32 else dy.shape[1]
+    Nw, K = _cf_dims(w, w_swizzled)
+    if dy.dtype == np.uint32 and not dy_swizzled and not (w.dtype == np.uint32 and not w_swizzled):
+        N = Nw
+    return M, N, K
+
+
 def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_config=None, weight_grad_config=None,
                           tile_loop_order="mnk", float8_dtype="float8_e5m2", output_dtype="bfloat16",
                           run_with_lnc2=True, lnc_2_shard_rhs=True, output_grad_scales=None, weight_scales=None,
                           input_scales=None, use_scale_packing=False, spill_reload=False,
                           output_grad_is_swizzled=False, weights_is_swizzled=False, input_is_swizzled=False, *,
                           scale_rule="nki", quant_scheme="1x32", scale_layout="compact", shape=None):
-    """Backward of Y = X @ W^T with MXFP8 quantization [NKI-M]. Returns (input_grad [M, K], weight_grad [N, K]) as
-    arrays of output_dtype ("bfloat16" -> ml_dtypes.bfloat16, "float16", "float32").
+    """Backward of the linear layer Y = X @ W^T with MXFP8 GEMMs (NKI's matmul_mxfp8_backward).
 
-    output_grad: dY [M, N]; weights: W [N, K]; input_activation: X [M, K] (float32 / bfloat16 / float16, or
-    pre-quantized codes with their scales, see the module doc). float8_dtype: "float8_e4m3fn" | "float8_e5m2"
-    (any other value raises ValueError). tile_loop_order: "mnk" | "mkn" | "nmk" | "nkm" | "kmn" | "knm".
-    shape: optional (M, N, K), needed only when both dY and W are x4-packed plain arrays whose N is not a multiple
-    of 4. Raises ValueError for bad option values, TypeError for unaccepted dtypes, MXFP8Error for the library's
-    checks (shapes, scales, aliasing)."""
+    dX = dY @ W (dY and W quantized along N) and dW = dY^T @ X (dY and X quantized along M); see the module doc for
+    the arithmetic and for pre-quantized operands.
+
+    Parameters
+    ----------
+    output_grad : array [M, N]
+        dY: float32 / bfloat16 / float16 (float64, numbers and lists are rounded to float32), or FP8 codes quantized
+        along N with output_grad_scales [M, ceil(N/32)] (compact); swizzled: [N/4, 4M].
+    weights : array [N, K]
+        W: high precision, or codes quantized along N with weight_scales for F = K rows (compact [K, ceil(N/32)]);
+        swizzled: [N/4, 4K].
+    input_activation : array [M, K]
+        X: high precision, or codes quantized along M with input_scales for F = K rows (compact [K, ceil(M/32)]);
+        swizzled: [M/4, 4K].
+    input_grad_config, weight_grad_config : MatmulMxfp8KernelConfig or None
+        Blocking of the dX and the dW phase (None = automatic).
+    tile_loop_order : "mnk" (default) | "mkn" | "nmk" | "nkm" | "kmn" | "knm"
+        Tile order inside a block (speed only).
+    float8_dtype : "float8_e5m2" (default) | "float8_e4m3fn"
+        Element format of every quantized operand (exact spelling; anything else raises ValueError).
+    output_dtype : "bfloat16" (default) | "float32" | "float16", or the numpy / ml_dtypes dtype
+        dtype of both gradients.
+    run_with_lnc2, lnc_2_shard_rhs, spill_reload : bool
+        Thread split and workspace reuse (speed only; see MatmulMxfp8KernelConfig).
+    output_grad_scales, weight_scales, input_scales : uint8 / float8_e8m0fnu arrays or None
+        E8M0 scales of pre-quantized operands (None: that operand is high precision and quantized here).
+    use_scale_packing : bool
+        The given scales are in NKI's packed layout (else in `scale_layout`).
+    output_grad_is_swizzled, weights_is_swizzled, input_is_swizzled : bool
+        The operand is in NKI's swizzled arrangement (mxfp8.swizzle_nki of its [C, F] form).
+    scale_rule : "nki" (default) | "ocp" | "rceil", keyword-only
+        E8M0 rule of the on-the-fly quantization.
+    quant_scheme : "1x32" (default) | "wrapx", keyword-only
+        Group scheme ("wrapx" needs M % 128 == 0 and N % 128 == 0).
+    scale_layout : "compact" (default) | "nki_unpacked" | "swizzle_128x4", keyword-only
+        Layout of pre-quantized scales when use_scale_packing is False.
+    shape : (M, N, K) or None, keyword-only
+        Needed only when both dY and W are x4-packed plain arrays whose N is not a multiple of 4.
+
+    Returns
+    -------
+    (input_grad [M, K], weight_grad [N, K]), arrays of output_dtype (ml_dtypes.bfloat16 by default).
+
+    Raises
+    ------
+    ValueError (option values), TypeError (dtypes, config types, flags that are not bools), MXFP8Error (the
+    library's checks: shapes, scales, wrapx / swizzle lengths, aliasing).
+    """
     fmt = _float8(float8_dtype)
     out_code = _lib.parse_out_dtype(output_dtype, "output_dtype")
     rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
@@ -199,23 +291,12 @@ def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_con
     dy = _values(output_grad, "output_grad", fmt)
     w = _values(weights, "weights", fmt)
     x = _values(input_activation, "input_activation", fmt)
-    if shape is not None:
-        M, N, K = (int(v) for v in shape)
-    else:
-        # dY as the [N, M] contraction-first form when swizzled, else [M, N] (x4 along N)
-        if output_grad_is_swizzled:
-            N, M = _cf_dims(dy, True)
-        else:
-            M = dy.shape[0]
-            N = dy.shape[1] * 4 if dy.dtype == np.uint32 else dy.shape[1]
-        Nw, K = _cf_dims(w, weights_is_swizzled)
-        if dy.dtype == np.uint32 and not output_grad_is_swizzled and not (w.dtype == np.uint32 and
-                                                                            not weights_is_swizzled):
-            N = Nw
+    M, N, K = _bwd_dims(dy, w, shape, output_grad_is_swizzled, weights_is_swizzled)
     ig = _lib.empty((M, K), out_code)
     wg = _lib.empty((N, K), out_code)
     a = _BwdArgs()
     _lib.function("mxfp8_matmul_bwd_args_init")(ctypes.byref(a))
+    a.workspace = _lib.workspace()
     a.output_grad = _lib.view(dy)
     a.weights = _lib.view(w)
     a.input_activation = _lib.view(x)
@@ -262,10 +343,31 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
                  input_scales=None, weight_scales=None, use_scale_packing=False, input_is_swizzled=False,
                  weights_is_swizzled=False, *, scale_rule="nki", quant_scheme="1x32", scale_layout="compact",
                  tile_loop_order=None, K=None):
-    """Forward Y [M, N] = X [M, K] @ W [N, K]^T, both MX-quantized along K. Pre-quantized X / W: codes [M, K] / [N, K]
-    (or uint32 x4 [., ceil(K/4)]) with scales for F = M / N rows (layout: NKI packed when use_scale_packing, else
-    scale_layout). *_is_swizzled: NKI's [K/4, 4F] arrangement of the [K, F] (transposed) tensor. Returns Y of
-    output_dtype."""
+    """Forward of the linear layer with MXFP8 GEMM: Y [M, N] = X [M, K] @ W [N, K]^T, both quantized along K.
+
+    Parameters
+    ----------
+    input_activation : array [M, K]
+        X: float32 / bfloat16 / float16 (float64, numbers and lists are rounded to float32), or codes [M, K] (or
+        uint32 x4 [M, ceil(K/4)]) with input_scales for F = M rows; swizzled: [K/4, 4M].
+    weights : array [N, K]
+        W: high precision, or codes [N, K] (x4 [N, ceil(K/4)]) with weight_scales for F = N rows; swizzled [K/4, 4N].
+    config : MatmulMxfp8KernelConfig or None
+        Blocking (speed only); its M, K, N, when set, must match.
+    float8_dtype : "float8_e5m2" (default) | "float8_e4m3fn"
+    output_dtype : "bfloat16" (default) | "float32" | "float16"
+    input_scales, weight_scales : uint8 / float8_e8m0fnu arrays or None
+        E8M0 scales of pre-quantized operands: NKI packed layout when use_scale_packing, else `scale_layout`.
+    use_scale_packing, input_is_swizzled, weights_is_swizzled : bool
+    scale_rule, quant_scheme, scale_layout : keyword-only, as for matmul_mxfp8_backward
+    tile_loop_order : loop order or None, keyword-only (overrides the config's; speed only)
+    K : int or None, keyword-only
+        The contraction length when both operands are x4-packed and K is not a multiple of 4.
+
+    Returns
+    -------
+    Y [M, N] of output_dtype. Raises ValueError, TypeError, MXFP8Error as matmul_mxfp8_backward.
+    """
     fmt = _float8(float8_dtype)
     out_code = _lib.parse_out_dtype(output_dtype, "output_dtype")
     rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
@@ -299,13 +401,18 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
         o.swizzled = int(bool(swz))
         ops.append((o, v, arr))
     vy = _lib.view(y)
+    c.workspace = _lib.workspace()
     _lib.call("mxfp8_matmul", ctypes.byref(ops[0][0]), ctypes.byref(ops[1][0]), ctypes.byref(c), ctypes.byref(vy))
     return y
 
 
 def matmul_golden_unquantized(a, b, round_to_bf16=True):
-    """C [M, N] = A [M, K] @ B [N, K]^T in float32 (fmaf over k ascending) from the operands rounded to bfloat16
-    first (round_to_bf16), as the upstream test's golden."""
+    """Unquantized golden GEMM, as the NKI kernel's own test computes it: C [M, N] = A [M, K] @ B [N, K]^T in
+    float32 (a fused-multiply-add chain over k ascending) from the operands rounded to bfloat16 first
+    (round_to_bf16=True) or as given.
+
+    a, b: 2-D float32 / bfloat16 / float16 / float64 arrays (contraction axis last on both). Returns float32 C.
+    Slow (scalar); for tests and second opinions."""
     A = _lib.as_array(a, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "a")
     B = _lib.as_array(b, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "b")
     if A.ndim != 2 or B.ndim != 2:
@@ -319,8 +426,12 @@ def matmul_golden_unquantized(a, b, round_to_bf16=True):
 
 
 def matmul_golden_quantized(a, b, float8_dtype="float8_e5m2", scale_rule="nki", quant_scheme="1x32"):
-    """C [M, N] (float64) = deq(Q(A)) @ deq(Q(B))^T: both operands MX-quantized along K (the last axis) by the
-    library's reference quantizer, dequantized exactly, accumulated in float64."""
+    """Quantized golden GEMM: C [M, N] (float64) = deq(Q(A)) @ deq(Q(B))^T, both operands MX-quantized along K
+    (their last axis) with float8_dtype, scale_rule and quant_scheme by the reference quantizer, dequantized
+    exactly, accumulated in float64 -- the kernel's result without its float32 rounding.
+
+    a [M, K], b [N, K]: float32 / bfloat16 / float16 / float64 (float64 values are rounded to float32 first, the
+    quantizer's input type). Slow (scalar)."""
     A = _lib.as_array(a, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "a")
     B = _lib.as_array(b, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "b")
     if A.ndim != 2 or B.ndim != 2:
@@ -335,8 +446,12 @@ def matmul_golden_quantized(a, b, float8_dtype="float8_e5m2", scale_rule="nki", 
 
 def matmul_mxfp8_backward_golden(output_grad, weights, input_activation, quantized=False,
                                  float8_dtype="float8_e5m2", scale_rule="nki", quant_scheme="1x32"):
-    """Golden (input_grad, weight_grad) of the backward: unquantized (bfloat16-rounded inputs, float32
-    accumulation; float32 results) or quantized (each operand quantized along its contraction axis, float64)."""
+    """Golden (input_grad [M, K], weight_grad [N, K]) of matmul_mxfp8_backward for high-precision output_grad
+    dY [M, N], weights W [N, K] and input_activation X [M, K] (float32 / bfloat16 / float16 / float64):
+    quantized=False gives the unquantized golden (bfloat16-rounded inputs, float32
+    accumulation, float32 results: the NKI test's reference); quantized=True quantizes each operand along its
+    contraction axis as the kernel does (float8_dtype, scale_rule, quant_scheme as for matmul_mxfp8_backward) and
+    accumulates in float64 (float64 results)."""
     dy = np.asarray(output_grad)
     w = np.asarray(weights)
     x = np.asarray(input_activation)
@@ -347,9 +462,12 @@ def matmul_mxfp8_backward_golden(output_grad, weights, input_activation, quantiz
 
 
 def compare_nki(kernel, golden, atol_frac=0.2, rtol=1e-3):
-    """The NKI pass criteria of a kernel output against a golden: dict with max_abs_golden, max_abs_err,
-    max_rel_err, cosine, norm_euclid, allclose (|k-g| <= atol_frac*max|g| + rtol*|g| everywhere), num_nan and
-    passed (allclose and cosine >= 0.995 and norm_euclid <= 0.10, the upstream matmul test's thresholds)."""
+    """The NKI pass criteria of a kernel output against a golden of the same number of elements (float32 /
+    bfloat16 / float16 / float64 arrays). Returns a dict: max_abs_golden (max |g|), max_abs_err (max |k - g|),
+    max_rel_err (max |k - g| / max |g|), cosine (<k, g> / (|k| |g|)), norm_euclid (|k - g| / (|k| + |g|)),
+    allclose (|k - g| <= atol_frac * max |g| + rtol * |g| everywhere), num_nan (NaNs in k) and passed (allclose,
+    cosine >= 0.995, norm_euclid <= 0.10 and no NaN: the thresholds of the NKI matmul test). These criteria are
+    loose by design (a gradient uniformly 1.2x too large passes them); use them beside an exact check."""
     k = _lib.as_array(kernel, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "kernel")
     g = _lib.as_array(golden, (_lib.F32, _lib.BF16, _lib.F16, _lib.F64), "golden")
     r = _CompareResult()

@@ -1,5 +1,6 @@
-"""Blockwise Mixture-of-Experts in MXFP8 (NKI nkilib.experimental.moe_mxfp8: blockwise_mm_bwd_mxfp8), the forward
-that makes its checkpoints, the router helper and the FP64 golden references.
+"""Blockwise Mixture-of-Experts in MXFP8, with the parameters of the NKI API reference
+nkilib.experimental.moe_mxfp8 (blockwise_mm_bwd_mxfp8): the backward, the forward that makes its checkpoints, the
+router helper and FP64 golden references.
 
     token_position_to_id, block_to_expert, expert_affinities_masked = mxfp8.route(topk_ids, topk_weights,
                                                                                   num_experts, block_size)
@@ -12,76 +13,79 @@ that makes its checkpoints, the router helper and the FP64 golden references.
     # grads = (hidden_states_grad, expert_affinities_masked_grad, gate_up_proj_weight_grad, down_proj_weight_grad
     #          [, gate_and_up_proj_bias_grad, down_proj_bias_grad])
 
-The layer (X = hidden_states [T, H], W1 = gate_up_proj_weight [E, H, 2, I], W2 = down_proj_weight [E, I, H],
-a = expert_affinities_masked [T*E, 1]; blocks of B positions, block n belongs to expert block_to_expert[n], position
-p holds token token_position_to_id[n*B + p] or padding):
+Pass the block_size you routed with to every call: the NKI default, 4096, is far larger than small problems.
+
+The layer. X = hidden_states [T, H], W1 = gate_up_proj_weight [E, H, 2, I] (W1[e][:, 0] the gate projection, W1[e][:, 1]
+the up projection), W2 = down_proj_weight [E, I, H], a = expert_affinities_masked [T*E, 1] (a[t*E + e], the weight of
+expert e for token t, 0 where t does not route to e), optional biases b1 [E, 2, I], b2 [E, H]. Tokens are processed
+in N blocks of B = block_size positions; block n belongs to expert block_to_expert[n]; position p of block n holds
+token token_position_to_id[n*B + p] or padding (id -1, or T with SkipMode(skip_token=False)). Per token t routed to e:
     g = clamp(X[t] @ W1[e][:, 0] + b1[e, 0]); u = clamp(X[t] @ W1[e][:, 1] + b1[e, 1]); inter = act(g) * u
     output[t] += a[t*E + e] * (inter @ W2[e] + b2[e])
-The backward is its exact derivative with MXFP8 GEMMs, each quantizing both operands along its own contraction axis
-(Phase 1 dY @ W2^T along H, Phase 2 dGU @ W1^T along 2I, Phases 3/4 weight gradients along the block's positions).
-Everything about precision, checkpoints, padding conventions and the deviations from the seed page is documented in
-include/mxfp8.h ("Blockwise MoE"); in short: any B, H, I >= 1 and T >= 0; optional biases are inputs of both
-passes (keyword-only); single_expert_dense defaults to False here (upstream True); padding id is -1 with
-skip_dma.skip_token (our default) and T otherwise; down_proj_output_checkpoint (keyword-only) is our forward
-checkpoint for the AFFINITY_ON_H affinity gradient. Errors of the library raise MXFP8Error (status, message).
+The backward is its exact derivative with MXFP8 GEMMs, each quantizing both operands (1x32 groups) along its own
+contraction axis: Phase 1 dY @ W2^T along H, Phase 2 dGU @ W1^T along 2I, Phases 3 and 4 (weight gradients) along the
+block's positions. GEMMs accumulate in FP32; activation and affinity math is FP32; results are bitwise identical for
+any thread count.
+
+Dtypes: activations, affinities, high-precision weights, biases and checkpoints are float32, ml_dtypes.bfloat16 or
+float16 (the NKI kernel takes bfloat16); float64 arrays, Python numbers and lists are rounded once to float32 (to
+nearest even), so results equal those of the float32 values. Token and expert ids are integer arrays (stored as
+int32).
+
+Differences from the NKI kernel: any B, H, I >= 1 and T >= 0 (no multiple-of-128 limits); optional biases are inputs
+of both passes (keyword-only); single_expert_dense defaults to False (the NKI default True would reject every
+multi-expert call); SwiGLU with SiLU, Swish or squared-ReLU; down_proj_output_checkpoint (keyword-only) is a forward
+checkpoint for the AFFINITY_ON_H affinity gradient; hardware-only knobs are validated and have no effect. Errors of
+the library raise MXFP8Error (status, message); bad option values raise ValueError, bad dtypes TypeError.
 """
 
 import ctypes
-import math
-from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
 from . import _lib
-from .matmul import MatmulMxfp8KernelConfig, _Config as _MatmulConfig
+from .moe_config import (  # noqa: F401 (re-exported: mxfp8.moe keeps its names)
+    ACTIVATIONS,
+    AFFINITY,
+    COMPUTE,
+    SHARD,
+    SWIZZLE_FIELDS,
+    SWIZZLE_MODES,
+    TRANSPOSE_MODES,
+    ClampLimits,
+    MXFP8MOEBwdConfig,
+    SkipMode,
+    _declare,
+    _MoeConfig,
+)
 
 __all__ = ["MXFP8MOEBwdConfig", "ClampLimits", "SkipMode", "route", "num_blocks", "blockwise_mm_fwd_mxfp8",
            "blockwise_mm_bwd_mxfp8", "blockwise_mm_fwd_golden", "blockwise_mm_bwd_golden", "MOE_CHECKPOINTS"]
 
-ACTIVATIONS = {"silu": 0, "swish": 1, "squared_relu": 2, "squaredrelu": 2, "relu2": 2}
-AFFINITY = {"affinity_on_i": 0, "on_i": 0, "i": 0, "affinity_on_h": 1, "on_h": 1, "h": 1}
-SHARD = {"shard_on_free": 0, "shard_on_block": 1, "shard_on_intermediate": 2, "shard_on_i": 2}
-COMPUTE = {"bfloat16": _lib.BF16, "bf16": _lib.BF16, "float32": _lib.F32, "f32": _lib.F32}
 MOE_CHECKPOINTS = ("gate_up_proj_act_checkpoint_T", "gate_act_checkpoint_T", "intermediate_checkpoint_T",
                    "scaled_intermediate_checkpoint_T", "down_proj_output_checkpoint")
 _FLOAT = (_lib.F32, _lib.BF16, _lib.F16)
-_GOLD = (_lib.F32, _lib.F64)
 
-
-# ---- C mirrors (field for field with include/mxfp8.h) ----
-class _MoeConfig(ctypes.Structure):
-    _fields_ = [("compute_dtype", ctypes.c_int), ("quant_dtype", ctypes.c_int), ("scale_rule", ctypes.c_int),
-                ("activation", ctypes.c_int), ("affinity_option", ctypes.c_int),
-                ("phase1", _MatmulConfig), ("phase2", _MatmulConfig), ("phase3", _MatmulConfig),
-                ("phase4", _MatmulConfig), ("gate_clamp_lower", ctypes.c_float),
-                ("gate_clamp_upper", ctypes.c_float), ("up_clamp_lower", ctypes.c_float),
-                ("up_clamp_upper", ctypes.c_float), ("skip_token", ctypes.c_int),
-                ("accumulate_hidden_states_grad", ctypes.c_int), ("skip_grad_initialization", ctypes.c_int),
-                ("single_expert_dense", ctypes.c_int), ("bias", ctypes.c_int),
-                # hardware-only knobs (validated, no effect), grouped at the end as in the C struct
-                ("shard_option", ctypes.c_int), ("p3_transpose_mode", ctypes.c_int),
-                ("p4_transpose_mode", ctypes.c_int), ("hidden_states_swizzle_mode", ctypes.c_int),
-                ("output_grad_swizzle_mode", ctypes.c_int), ("weight_swizzle_mode", ctypes.c_int),
-                ("skip_weight", ctypes.c_int), ("use_fast_dma", ctypes.c_int)]
-
-
+# ---- C mirrors (field for field with mxfp8.h) ----
 _T = _lib.Tensor
 
 
 class _FwdArgs(ctypes.Structure):
+    _c_name = "mxfp8_moe_fwd_args"
     _fields_ = [("hidden_states", _T), ("expert_affinities_masked", _T), ("gate_up_proj_weight", _T),
                 ("down_proj_weight", _T), ("token_position_to_id", _T), ("block_to_expert", _T),
                 ("block_size", ctypes.c_int64), ("gate_and_up_proj_bias", _T), ("down_proj_bias", _T),
                 ("config", ctypes.POINTER(_MoeConfig)), ("gate_up_weight_scales", _T), ("down_weight_scales", _T),
-                ("num_valid_tokens", _T)]
+                ("num_valid_tokens", _T), ("workspace", ctypes.c_void_p)]
 
 
 class _FwdOutputs(ctypes.Structure):
+    _c_name = "mxfp8_moe_fwd_outputs"
     _fields_ = [("output", _T)] + [(n, _T) for n in MOE_CHECKPOINTS]
 
 
 class _BwdArgs(ctypes.Structure):
+    _c_name = "mxfp8_moe_bwd_args"
     _fields_ = [("hidden_states", _T), ("expert_affinities_masked", _T), ("gate_up_proj_weight", _T),
                 ("down_proj_weight", _T), ("token_position_to_id", _T), ("block_to_expert", _T),
                 ("output_hidden_states_grad", _T), ("block_size", ctypes.c_int64),
@@ -89,7 +93,8 @@ class _BwdArgs(ctypes.Structure):
                 ("intermediate_checkpoint_T", _T), ("scaled_intermediate_checkpoint_T", _T),
                 ("down_proj_act_checkpoint", _T), ("down_proj_output_checkpoint", _T),
                 ("gate_and_up_proj_bias", _T), ("down_proj_bias", _T), ("config", ctypes.POINTER(_MoeConfig)),
-                ("gate_up_weight_scales", _T), ("down_weight_scales", _T), ("num_valid_tokens", _T)]
+                ("gate_up_weight_scales", _T), ("down_weight_scales", _T), ("num_valid_tokens", _T),
+                ("workspace", ctypes.c_void_p)]
 
 
 _GRAD_NAMES = ("hidden_states_grad", "expert_affinities_masked_grad", "gate_up_proj_weight_grad",
@@ -97,183 +102,8 @@ _GRAD_NAMES = ("hidden_states_grad", "expert_affinities_masked_grad", "gate_up_p
 
 
 class _BwdGrads(ctypes.Structure):
+    _c_name = "mxfp8_moe_bwd_grads"
     _fields_ = [(n, _T) for n in _GRAD_NAMES]
-
-
-_DECLARED = False
-
-
-def _declare():
-    global _DECLARED
-    if _DECLARED:
-        return
-    P, I = ctypes.c_void_p, ctypes.c_int
-    for name, res, args in (("mxfp8_moe_forward", I, [P, P]), ("mxfp8_moe_backward", I, [P, P]),
-                            ("mxfp8_moe_forward_golden", I, [P, P, I]), ("mxfp8_moe_backward_golden", I, [P, P, I]),
-                            ("mxfp8_moe_config_init", None, [P]),
-                            ("mxfp8_moe_num_blocks", I, [ctypes.c_int64] * 4 + [P]),
-                            ("mxfp8_moe_route", I, [P, P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, P, P,
-                                                    P])):
-        _lib.declare(name, res, args)
-    _DECLARED = True
-
-
-# ---- configuration ----
-@dataclass(frozen=True)
-class ClampLimits:
-    """Clamp limits of the NKI page (None = no limit). linear = the up projection u, non_linear = the gate
-    projection g (the one that goes through the activation). The forward clips to [lower, upper]; the backward's
-    masks are strict (lower < x < upper), so a value exactly at a limit gets zero gradient."""
-    linear_clamp_upper_limit: Optional[float] = None
-    linear_clamp_lower_limit: Optional[float] = None
-    non_linear_clamp_upper_limit: Optional[float] = None
-    non_linear_clamp_lower_limit: Optional[float] = None
-
-
-@dataclass(frozen=True)
-class SkipMode:
-    """skip_token: padding positions hold -1 (True) or T, the index of an implicit zero row (False).
-    skip_weight: hardware-only (no effect)."""
-    skip_token: bool = True
-    skip_weight: bool = False
-
-
-# Hardware-only knobs (no effect on results), validated: the names of the NKI kernel's modes, exact (lower-case)
-TRANSPOSE_MODES = {"nc": 0, "pe": 1, "dma": 2}      # phase3/4_transpose_mode (C p3/p4_transpose_mode)
-SWIZZLE_MODES = {"pe": 0, "dgt": 1, "dma": 2}       # every *_swizzle_mode (C *_swizzle_mode)
-SWIZZLE_FIELDS = ("output_grad_swizzle_mode", "down_weight_swizzle_mode", "d_gate_up_swizzle_mode",
-                  "gate_up_weight_swizzle_mode", "d_gate_up_t_swizzle_mode", "hidden_states_t_swizzle_mode",
-                  "output_grad_t_swizzle_mode", "scaled_intermediate_t_swizzle_mode")
-
-
-def _name(value):
-    """Lower-case name of a string or an Enum member (its name)."""
-    if isinstance(value, str):
-        return value.strip().lower()
-    n = getattr(value, "name", None)
-    return n.lower() if isinstance(n, str) else value
-
-
-@dataclass
-class MXFP8MOEBwdConfig:
-    """MXFP8MOEBwdConfig [NKI-E] (also used by the forward and the goldens), with the seed's field names.
-
-    compute_dtype: "bfloat16" (default) or "float32" -- accepted; intermediates are FP32 on a CPU.
-    fp8_x4_dtype: element format of every GEMM operand: "float8_e4m3fn" (default; "float8_e4m3fn_x4" accepted) or
-        "float8_e5m2" (ours: the upstream kernel is E4M3 only).
-    activation_type: "silu" (default), "swish" (x*sigmoid(1.702x)) or "squared_relu" (or ActFnType-like enums).
-    affinity_option: "affinity_on_i" (default) or "affinity_on_h".
-    phase1_config..phase4_config: MatmulMxfp8KernelConfig or None; blocking only (element format, scale rule and
-        output dtype come from this config); quant_scheme "wrapx" is unsupported (MoE groups are 1x32).
-    accumulate_hidden_states_grad: hidden_states_grad = given buffer + gradient (pass hidden_states_grad=...).
-    skip_grad_initialization: weight/bias grads = given buffers + gradients (pass the *_grad buffers).
-    single_expert_dense: E = 1 identity routing, N = ceil(T/B) (default False here; upstream True).
-    clamp_limits: ClampLimits or None. skip_dma: SkipMode or None (= SkipMode(): skip_token True, padding -1).
-    bias: the layer has biases (pass gate_and_up_proj_bias / down_proj_bias, absent = 0); bias grads returned.
-    shard_option, fast_dma_transpose, pe_transpose_only, phase3/4_transpose_mode ("nc" | "pe" | "dma") and the
-        *_swizzle_mode fields ("pe" | "dgt" | "dma") are hardware knobs: validated, no effect on results. Flags take
-        a bool or 0/1 (anything else is an error).
-    scale_rule (ours): "nki" (default), "ocp" or "rceil"."""
-    compute_dtype: object = "bfloat16"
-    fp8_x4_dtype: object = "float8_e4m3fn"
-    activation_type: object = "silu"
-    shard_option: object = "shard_on_free"
-    affinity_option: object = "affinity_on_i"
-    phase1_config: Optional[MatmulMxfp8KernelConfig] = None
-    phase2_config: Optional[MatmulMxfp8KernelConfig] = None
-    phase3_config: Optional[MatmulMxfp8KernelConfig] = None
-    phase4_config: Optional[MatmulMxfp8KernelConfig] = None
-    accumulate_hidden_states_grad: bool = False
-    skip_grad_initialization: bool = False
-    single_expert_dense: bool = False
-    fast_dma_transpose: bool = False
-    pe_transpose_only: bool = False
-    clamp_limits: Optional[ClampLimits] = None
-    skip_dma: Optional[SkipMode] = None
-    bias: bool = False
-    phase3_transpose_mode: object = "nc"
-    phase4_transpose_mode: object = "nc"
-    output_grad_swizzle_mode: object = "pe"
-    down_weight_swizzle_mode: object = "pe"
-    d_gate_up_swizzle_mode: object = "pe"
-    gate_up_weight_swizzle_mode: object = "pe"
-    d_gate_up_t_swizzle_mode: object = "pe"
-    hidden_states_t_swizzle_mode: object = "pe"
-    output_grad_t_swizzle_mode: object = "pe"
-    scaled_intermediate_t_swizzle_mode: object = "pe"
-    scale_rule: str = "nki"
-
-    def _fmt(self):
-        v = self.fp8_x4_dtype
-        if isinstance(v, str) and v.endswith("_x4"):
-            v = v[:-3]
-        return _lib.parse_format(v, "config.fp8_x4_dtype", _lib.FLOAT8_DTYPES)
-
-    def _to_c(self):
-        _declare()
-        c = _MoeConfig()
-        _lib.function("mxfp8_moe_config_init")(ctypes.byref(c))
-        cd = self.compute_dtype
-        if not isinstance(cd, str):
-            try:
-                cd = {np.dtype(np.float32): "float32"}.get(np.dtype(cd), "bfloat16" if "bfloat16" in str(cd) else cd)
-            except TypeError:
-                cd = str(cd)
-        c.compute_dtype = _lib.parse(COMPUTE, cd, "config.compute_dtype")
-        fmt = self._fmt()
-        c.quant_dtype = fmt
-        c.scale_rule = _lib.parse(_lib.SCALE_RULES, self.scale_rule, "config.scale_rule")
-        act = _name(self.activation_type)
-        c.activation = _lib.parse(ACTIVATIONS, act, "config.activation_type")
-        sh = _name(self.shard_option)
-        c.shard_option = _lib.parse(SHARD, sh, "config.shard_option") if isinstance(sh, str) else int(sh)
-        c.affinity_option = _lib.parse(AFFINITY, _name(self.affinity_option), "config.affinity_option")
-        for i, pc in enumerate((self.phase1_config, self.phase2_config, self.phase3_config, self.phase4_config)):
-            if pc is None:
-                continue
-            if not isinstance(pc, MatmulMxfp8KernelConfig):
-                raise TypeError(f"config.phase{i + 1}_config must be a MatmulMxfp8KernelConfig or None")
-            group = _lib.parse(_lib.GROUPS, pc.quant_scheme, f"config.phase{i + 1}_config.quant_scheme") \
-                if pc.quant_scheme is not None else 0
-            mc = pc._to_c(fmt, c.scale_rule, group, _lib.F32 if pc.output_dtype is None else
-                          _lib.parse_out_dtype(pc.output_dtype), f"config.phase{i + 1}_config")
-            setattr(c, f"phase{i + 1}", mc)
-        modes = {f: _lib.parse(TRANSPOSE_MODES, _name(getattr(self, f)), "config." + f)
-                 for f in ("phase3_transpose_mode", "phase4_transpose_mode")}
-        modes.update({f: _lib.parse(SWIZZLE_MODES, _name(getattr(self, f)), "config." + f) for f in SWIZZLE_FIELDS})
-        c.p3_transpose_mode = modes["phase3_transpose_mode"]
-        c.p4_transpose_mode = modes["phase4_transpose_mode"]
-        c.hidden_states_swizzle_mode = modes["hidden_states_t_swizzle_mode"]
-        c.output_grad_swizzle_mode = modes["output_grad_swizzle_mode"]
-        c.weight_swizzle_mode = modes["gate_up_weight_swizzle_mode"]
-        cl = self.clamp_limits or ClampLimits()
-
-        def lim(v, default, name):
-            if v is None:
-                return default
-            v = float(v)
-            if math.isnan(v):
-                raise ValueError(f"config.clamp_limits.{name} is NaN")
-            return v
-        c.gate_clamp_lower = lim(cl.non_linear_clamp_lower_limit, -math.inf, "non_linear_clamp_lower_limit")
-        c.gate_clamp_upper = lim(cl.non_linear_clamp_upper_limit, math.inf, "non_linear_clamp_upper_limit")
-        c.up_clamp_lower = lim(cl.linear_clamp_lower_limit, -math.inf, "linear_clamp_lower_limit")
-        c.up_clamp_upper = lim(cl.linear_clamp_upper_limit, math.inf, "linear_clamp_upper_limit")
-        sk = self.skip_dma or SkipMode()
-        c.skip_token = _lib.parse_bool(sk.skip_token, "config.skip_dma.skip_token")
-        c.skip_weight = _lib.parse_bool(sk.skip_weight, "config.skip_dma.skip_weight")
-        c.accumulate_hidden_states_grad = _lib.parse_bool(self.accumulate_hidden_states_grad,
-                                                          "config.accumulate_hidden_states_grad")
-        c.skip_grad_initialization = _lib.parse_bool(self.skip_grad_initialization, "config.skip_grad_initialization")
-        c.single_expert_dense = _lib.parse_bool(self.single_expert_dense, "config.single_expert_dense")
-        c.bias = _lib.parse_bool(self.bias, "config.bias")
-        c.use_fast_dma = _lib.parse_bool(self.fast_dma_transpose, "config.fast_dma_transpose")
-        _lib.parse_bool(self.pe_transpose_only, "config.pe_transpose_only")  # hardware-only: validated, unused
-        return c
-
-    def padding_id(self, T):
-        """The padding position id of this config for T tokens: -1 with skip_dma.skip_token, else T."""
-        return -1 if (self.skip_dma or SkipMode()).skip_token else int(T)
 
 
 # ---- helpers ----
@@ -336,7 +166,12 @@ def _routing(token_position_to_id, block_to_expert):
 
 
 def num_blocks(T, top_k, num_experts, block_size):
-    """N = ceil((T*top_k - (E-1)) / B) + E - 1 (the upstream routing convention)."""
+    """Number of blocks N = ceil((T * top_k - (E - 1)) / B) + E - 1 that `route` lays out (the NKI kernel's
+    convention: enough for any routing of T tokens to top_k distinct experts each, one partial block per expert; a
+    negative numerator rounds toward zero, so T = 0 with B >= E gives E - 1 padding-only blocks).
+
+    T >= 0 tokens, 1 <= top_k <= num_experts, block_size B >= 1 (ints). Returns an int. Raises MXFP8Error
+    (INVALID_ARGUMENT for values out of range, SIZE_OVERFLOW)."""
     _declare()
     n = ctypes.c_int64()
     _lib.call("mxfp8_moe_num_blocks", int(T), int(top_k), int(num_experts), int(block_size), ctypes.byref(n))
@@ -344,11 +179,38 @@ def num_blocks(T, top_k, num_experts, block_size):
 
 
 def route(topk_ids, topk_weights, num_experts, block_size, padding_id=-1, affinity_dtype=np.float32):
-    """Block layout of a top-K routing (the upstream test convention): returns (token_position_to_id [N*B] int32,
-    block_to_expert [N, 1] int32, expert_affinities_masked [T*E, 1] of affinity_dtype). Expert e gets
-    ceil(count_e/B) blocks in expert order with its tokens ascending, padded with padding_id (-1, or T for the
-    zero-row convention); leftover blocks are all padding and belong to expert E-1. topk_ids [T, K] (distinct per
-    row, in [0, E)), topk_weights [T, K] (float32/bfloat16/float16)."""
+    """Block layout of a top-K routing, as the NKI kernel's tests build it.
+
+    Parameters
+    ----------
+    topk_ids : integer array [T, K]
+        The experts of each token, in [0, num_experts), distinct within a row.
+    topk_weights : array [T, K]
+        Their weights: float32 / bfloat16 / float16 (float64, numbers and lists are rounded to float32). Copied, not
+        normalized.
+    num_experts : int E >= K
+    block_size : int B >= 1
+        Positions per block; pass the same value to blockwise_mm_fwd_mxfp8 / blockwise_mm_bwd_mxfp8.
+    padding_id : -1 (default) | T
+        Id of padding positions: -1 for the default SkipMode(skip_token=True), T (an implicit zero row) for
+        skip_token=False.
+    affinity_dtype : float32 (default) | bfloat16 | float16 | float64
+        dtype of expert_affinities_masked.
+
+    Returns
+    -------
+    token_position_to_id : int32 [N * B]
+        Expert 0's blocks first, then expert 1's, ...; expert e gets ceil(count_e / B) blocks holding its tokens in
+        ascending order, the last one padded with padding_id; the blocks left over up to N = num_blocks(T, K, E, B)
+        are all padding.
+    block_to_expert : int32 [N, 1]
+        The expert of each block (leftover padding-only blocks get expert E - 1).
+    expert_affinities_masked : [T * E, 1] of affinity_dtype
+        a[t*E + e] = the weight of expert e in row t of topk_weights, 0 where t does not route to e.
+
+    Raises TypeError (dtypes), ValueError (topk_ids not 2-D), MXFP8Error (ids out of range or repeated in a row,
+    padding_id not -1 or T, E or B < 1, K > E).
+    """
     _declare()
     ids = _i32(topk_ids, "topk_ids")
     w = _lib.as_array(topk_weights, _FLOAT, "topk_weights")
@@ -366,6 +228,47 @@ def route(topk_ids, topk_weights, num_experts, block_size, padding_id=-1, affini
     _lib.call("mxfp8_moe_route", ctypes.byref(vi), ctypes.byref(vw), int(num_experts), int(block_size),
               int(padding_id), ctypes.byref(vt), ctypes.byref(vb), ctypes.byref(va))
     return tp, be, a
+
+
+def _checkpoint_names(checkpoints):
+    """The checkpoint names of the forward's `checkpoints` argument: "all", one name, or an iterable of names."""
+    if checkpoints is None:
+        return ()
+    if isinstance(checkpoints, str):
+        return MOE_CHECKPOINTS if checkpoints == "all" else (checkpoints,)
+    names = tuple(checkpoints)
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(f"checkpoints: expected checkpoint names (str), got {n!r}")
+    return names
+
+
+def _block_size_hint(err, B, token_position_to_id, block_to_expert):
+    """`err` (an MXFP8Error of a MoE call) with a hint appended when block_size is the likely cause: the message
+    names block_size, or the routing tables imply another block size (N * B' positions for N blocks)."""
+    implied = None
+    if token_position_to_id is not None and block_to_expert is not None:
+        n = np.asarray(block_to_expert).size
+        p = np.asarray(token_position_to_id).size
+        if n > 0 and p % n == 0:
+            implied = p // n
+    if "block_size" not in err.message and (implied is None or implied == B):
+        return err
+    hint = f" (block_size is {B}"
+    if B == 4096:
+        hint += ", the NKI default, which is far larger than small problems"
+    if implied is not None and implied != B:
+        hint += (f"; token_position_to_id ({np.asarray(token_position_to_id).size} positions) and block_to_expert "
+                 f"({np.asarray(block_to_expert).size} blocks) were built with block_size={implied}")
+    hint += ": pass block_size=... with the value given to mxfp8.route)"
+    return _lib.MXFP8Error(err.status, err.message + hint)
+
+
+def _call(fn, a, out, extra, B, token_position_to_id, block_to_expert):
+    try:
+        _lib.call(fn, ctypes.byref(a), ctypes.byref(out), *extra)
+    except _lib.MXFP8Error as e:
+        raise _block_size_hint(e, B, token_position_to_id, block_to_expert) from None
 
 
 def _dims(hidden_states, gate_up_proj_weight, token_position_to_id, block_size, cfg):
@@ -391,22 +294,34 @@ def _out_dtype(x, dtype, name):
     return _lib.np_dtype(_lib.parse_out_dtype(dtype, name))
 
 
+def _put(struct, name, view):
+    """struct.name = view, keeping view's array alive as long as the struct: assigning a view to a field copies the
+    view's bytes, not its reference to the (possibly converted, temporary) array."""
+    setattr(struct, name, view)
+    struct.__dict__.setdefault("_keep", []).append(view)
+
+
 def _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                  token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
                  down_weight_scales, num_valid_tokens):
-    """Fill the fields the forward and backward argument structs share (same names in both)."""
-    a.hidden_states = _lib.view(_arr(hidden_states, "hidden_states"))
-    a.expert_affinities_masked = _lib.view(_arr(expert_affinities_masked, "expert_affinities_masked"))
-    a.gate_up_proj_weight = _weight_view(gate_up_proj_weight, "gate_up_proj_weight")
-    a.down_proj_weight = _weight_view(down_proj_weight, "down_proj_weight")
-    a.token_position_to_id, a.block_to_expert = _routing(token_position_to_id, block_to_expert)
+    """Fill the fields the forward and backward argument structs share (same names in both), and the calling
+    thread's workspace (scratch memory reused across calls)."""
+    a.workspace = _lib.workspace()
+    tp, be = _routing(token_position_to_id, block_to_expert)
+    for name, v in (("hidden_states", _lib.view(_arr(hidden_states, "hidden_states"))),
+                    ("expert_affinities_masked", _lib.view(_arr(expert_affinities_masked,
+                                                                "expert_affinities_masked"))),
+                    ("gate_up_proj_weight", _weight_view(gate_up_proj_weight, "gate_up_proj_weight")),
+                    ("down_proj_weight", _weight_view(down_proj_weight, "down_proj_weight")),
+                    ("token_position_to_id", tp), ("block_to_expert", be),
+                    ("gate_and_up_proj_bias", _opt_view(gate_and_up_proj_bias, "gate_and_up_proj_bias")),
+                    ("down_proj_bias", _opt_view(down_proj_bias, "down_proj_bias")),
+                    ("gate_up_weight_scales", _scales_view(gate_up_weight_scales, "gate_up_weight_scales")),
+                    ("down_weight_scales", _scales_view(down_weight_scales, "down_weight_scales")),
+                    ("num_valid_tokens", _nvt(num_valid_tokens))):
+        _put(a, name, v)
     a.block_size = B
-    a.gate_and_up_proj_bias = _opt_view(gate_and_up_proj_bias, "gate_and_up_proj_bias")
-    a.down_proj_bias = _opt_view(down_proj_bias, "down_proj_bias")
     a.config = ctypes.pointer(cc)
-    a.gate_up_weight_scales = _scales_view(gate_up_weight_scales, "gate_up_weight_scales")
-    a.down_weight_scales = _scales_view(down_weight_scales, "down_weight_scales")
-    a.num_valid_tokens = _nvt(num_valid_tokens)
 
 
 def _fwd_call(fn, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
@@ -418,9 +333,7 @@ def _fwd_call(fn, hidden_states, expert_affinities_masked, gate_up_proj_weight, 
     _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                  token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
                  down_weight_scales, num_valid_tokens)
-    if checkpoints == "all":
-        checkpoints = MOE_CHECKPOINTS
-    checkpoints = tuple(checkpoints or ())
+    checkpoints = _checkpoint_names(checkpoints)
     shapes = {"gate_up_proj_act_checkpoint_T": (N, 2, I, B), "gate_act_checkpoint_T": (N, I, B),
               "intermediate_checkpoint_T": (N, I, B), "scaled_intermediate_checkpoint_T": (N, I, B),
               "down_proj_output_checkpoint": (N, B, H)}
@@ -433,7 +346,7 @@ def _fwd_call(fn, hidden_states, expert_affinities_masked, gate_up_proj_weight, 
             raise ValueError(f"checkpoints: unknown checkpoint {name!r} (expected names from {MOE_CHECKPOINTS})")
         cks[name] = np.empty(shapes[name], ck_dtype)
         setattr(o, name, _lib.view(cks[name]))
-    _lib.call(fn, ctypes.byref(a), ctypes.byref(o), *extra)
+    _call(fn, a, o, extra, B, None if cfg.single_expert_dense else token_position_to_id, block_to_expert)
     return y, cks
 
 
@@ -443,11 +356,62 @@ def blockwise_mm_fwd_mxfp8(hidden_states, expert_affinities_masked, gate_up_proj
                            gate_and_up_proj_bias=None, down_proj_bias=None,
                            checkpoints=("gate_up_proj_act_checkpoint_T",), output_dtype=None,
                            checkpoint_dtype=np.float32):
-    """MXFP8 forward of the layer. Returns (output [T, H], {checkpoint name: array}) with the checkpoints named in
-    `checkpoints` ("all" = MOE_CHECKPOINTS; shapes [N, 2, I, B], [N, I, B] x3, down_proj_output_checkpoint
-    [N, B, H]; 0 at padding positions). output_dtype: default hidden_states' dtype. Pre-quantized weights use the
-    forward's axes: gate_up_proj_weight codes quantized along H with gate_up_weight_scales [E, ceil(H/32), 2, I],
-    down_proj_weight codes along I with down_weight_scales [E, ceil(I/32), H] (mxfp8.quantize(w, axis=1))."""
+    """MXFP8 forward of the blockwise MoE layer (see the module doc), producing the backward's checkpoints.
+
+    GEMM 1: X_blk [B, H] @ W1[e] [H, 2I], both quantized along H; GEMM 2: inter [B, I] @ W2[e] [I, H], both
+    quantized along I; the affinity scales the GEMM 2 result in FP32; output accumulates over blocks in FP32 and is
+    rounded once.
+
+    Parameters
+    ----------
+    hidden_states : array [T, H]
+        X: float32 / bfloat16 / float16 (float64, numbers and lists are rounded to float32).
+    expert_affinities_masked : array [T * E, 1] (or [T * E])
+        a, as `route` returns it.
+    gate_up_proj_weight : array [E, H, 2, I]
+        W1 ([:, :, 0] gate, [:, :, 1] up; see from_mixtral), high precision, or FP8 codes quantized along H (axis 1:
+        ``mxfp8.quantize(W1, fmt, axis=1)``) with gate_up_weight_scales [E, ceil(H/32), 2, I].
+    down_proj_weight : array [E, I, H]
+        W2, high precision, or codes quantized along I (axis 1) with down_weight_scales [E, ceil(I/32), H].
+    token_position_to_id : integer array [N * B]
+        Token of each block position (-1, or T with skip_token=False, for padding); ignored (may be None) with
+        config.single_expert_dense.
+    block_to_expert : integer array [N, 1] (or [N])
+        Expert of each block; ignored (may be None) with config.single_expert_dense.
+    block_size : int B >= 1
+        Positions per block, as given to `route`. The default 4096 is the NKI kernel's; small problems need their
+        own value.
+    config : MXFP8MOEBwdConfig or None (defaults)
+    gate_up_weight_scales, down_weight_scales : uint8 / float8_e8m0fnu arrays or None
+        Scales of pre-quantized weights (see above).
+    num_valid_tokens : int array [1] or None
+        With config.single_expert_dense: tokens at or past the count act as padding (their output rows are 0).
+    gate_and_up_proj_bias : array [E, 2, I] or None, keyword-only
+        b1 (with config.bias; None = zero).
+    down_proj_bias : array [E, H] or None, keyword-only
+        b2 (with config.bias; None = zero).
+    checkpoints : "all", one name, or an iterable of names, keyword-only
+        The checkpoints to return, from MOE_CHECKPOINTS (default: gate_up_proj_act_checkpoint_T only):
+        gate_up_proj_act_checkpoint_T [N, 2, I, B] (clamped g at [n, 0, i, p], u at [n, 1, i, p]),
+        gate_act_checkpoint_T [N, I, B] (act(g)), intermediate_checkpoint_T [N, I, B] (act(g) * u),
+        scaled_intermediate_checkpoint_T [N, I, B] (a * act(g) * u) and down_proj_output_checkpoint [N, B, H]
+        (inter @ W2 + b2, before the affinity; read by the AFFINITY_ON_H backward). Entries at padding positions
+        are 0.
+    output_dtype : dtype or None, keyword-only
+        dtype of output: float32 / bfloat16 / float16; None = hidden_states' dtype (float32 for float64 input).
+    checkpoint_dtype : float32 (default) | bfloat16 | float16, keyword-only
+        dtype of the checkpoints (float32 checkpoints make the backward bitwise equal to recomputing them).
+
+    Returns
+    -------
+    (output [T, H], {checkpoint name: array})
+
+    Raises
+    ------
+    ValueError (option values, unknown checkpoint names, ranks), TypeError (dtypes, config type), MXFP8Error (the
+    library's checks: shapes, ids out of range, block_size, aliasing; the message says when block_size is the
+    likely cause).
+    """
     _declare()
     return _fwd_call("mxfp8_moe_forward", hidden_states, expert_affinities_masked, gate_up_proj_weight,
                      down_proj_weight, token_position_to_id, block_to_expert, block_size, config,
@@ -461,8 +425,17 @@ def blockwise_mm_fwd_golden(hidden_states, expert_affinities_masked, gate_up_pro
                             gate_up_weight_scales=None, down_weight_scales=None, num_valid_tokens=None, *,
                             gate_and_up_proj_bias=None, down_proj_bias=None, quantized=False,
                             checkpoints=()):
-    """FP64 golden forward (float64 output and checkpoints): unquantized, or (quantized=True) with every GEMM
-    operand MX-quantized along its contraction axis and the GEMM in FP64."""
+    """FP64 golden of blockwise_mm_fwd_mxfp8: a slow scalar reference for tests and second opinions. Returns
+    (output [T, H] float64, {checkpoint name: float64 array}).
+
+    hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
+    block_to_expert, block_size, config, gate_up_weight_scales, down_weight_scales, num_valid_tokens,
+    gate_and_up_proj_bias, down_proj_bias: as for blockwise_mm_fwd_mxfp8 (same shapes, dtypes and checks).
+
+    quantized=False: the unquantized layer (pre-quantized weights enter as their exact dequantized values);
+    quantized=True: every GEMM operand MX-quantized along that GEMM's contraction axis (1x32 groups, config's
+    fp8_x4_dtype and scale_rule, values rounded to float32 first) and dequantized exactly, the GEMMs in FP64 -- the
+    kernel without its FP32 rounding. checkpoints: as for blockwise_mm_fwd_mxfp8 (default none)."""
     _declare()
     return _fwd_call("mxfp8_moe_forward_golden", hidden_states, expert_affinities_masked, gate_up_proj_weight,
                      down_proj_weight, token_position_to_id, block_to_expert, block_size, config,
@@ -481,9 +454,9 @@ def _bwd_call(fn, extra, grad_dtype, hidden_states, expert_affinities_masked, ga
     _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                  token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
                  down_weight_scales, num_valid_tokens)
-    a.output_hidden_states_grad = _lib.view(_arr(output_hidden_states_grad, "output_hidden_states_grad"))
+    _put(a, "output_hidden_states_grad", _lib.view(_arr(output_hidden_states_grad, "output_hidden_states_grad")))
     for name, v in cks.items():
-        setattr(a, name, _opt_view(v, name))
+        _put(a, name, _opt_view(v, name))
     shapes = ((T, H), (T * E, 1), (E, H, 2, I), (E, I, H), (E, 2, I), (E, H))
     g = _BwdGrads()
     out = []
@@ -503,7 +476,7 @@ def _bwd_call(fn, extra, grad_dtype, hidden_states, expert_affinities_masked, ga
         if v.array is not arr:
             raise ValueError(f"{_GRAD_NAMES[k]}: the buffer must have element-aligned strides")
         setattr(g, _GRAD_NAMES[k], v)
-    _lib.call(fn, ctypes.byref(a), ctypes.byref(g), *extra)
+    _call(fn, a, g, extra, B, None if cfg.single_expert_dense else token_position_to_id, block_to_expert)
     return tuple(out)
 
 
@@ -516,18 +489,75 @@ def blockwise_mm_bwd_mxfp8(hidden_states, expert_affinities_masked, gate_up_proj
                            gate_and_up_proj_bias=None, down_proj_bias=None, grad_dtype=None,
                            hidden_states_grad=None, gate_up_proj_weight_grad=None, down_proj_weight_grad=None,
                            gate_and_up_proj_bias_grad=None, down_proj_bias_grad=None):
-    """blockwise_mm_bwd_mxfp8 [NKI-E]: returns (hidden_states_grad [T, H], expert_affinities_masked_grad [T*E, 1],
-    gate_up_proj_weight_grad [E, H, 2, I], down_proj_weight_grad [E, I, H]) plus (gate_and_up_proj_bias_grad
-    [E, 2, I], down_proj_bias_grad [E, H]) when config.bias.
+    """MXFP8 backward of the blockwise MoE layer (NKI's blockwise_mm_bwd_mxfp8; see the module doc for the layer).
 
-    Checkpoints are optional (recomputed per block when absent; F32 checkpoints from blockwise_mm_fwd_mxfp8 give
-    bitwise the same result). Pre-quantized weights use the backward's axes: gate_up_proj_weight codes quantized
-    along 2I (mxfp8.quantize(W1.reshape(E, H, 2*I), axis=2)) with gate_up_weight_scales [E, H, ceil(2I/32)],
-    down_proj_weight codes along H with down_weight_scales [E, I, ceil(H/32)]. num_valid_tokens (needs
-    config.single_expert_dense): rows / entries past the count are 0.
-    Keyword-only (ours): down_proj_output_checkpoint, the biases, grad_dtype (default hidden_states' dtype) and
-    output buffers (*_grad=...) that config.accumulate_hidden_states_grad / skip_grad_initialization add into
-    (they are written in place and returned)."""
+    Per block: Phase 1 dY_blk @ W2[e]^T (quantized along H) gives the intermediate's gradient and the affinity
+    gradient; the activation's derivative (with strict clamp masks) gives dGU = [d_gate | d_up]; Phase 2
+    dGU @ W1[e]^T (along 2I) adds into hidden_states_grad; Phases 3 and 4 (along the block's positions) add into
+    the weight gradients. Gradients accumulate over blocks in FP32 and are rounded once.
+
+    Parameters
+    ----------
+    hidden_states : array [T, H]
+        X: float32 / bfloat16 / float16 (float64, numbers and lists are rounded to float32).
+    expert_affinities_masked : array [T * E, 1] (or [T * E])
+        a, as `route` returns it.
+    gate_up_proj_weight : array [E, H, 2, I]
+        W1 ([:, :, 0] gate, [:, :, 1] up), high precision, or FP8 codes quantized along 2I
+        (``mxfp8.quantize(W1.reshape(E, H, 2 * I), fmt, axis=2)``, codes reshaped back) with gate_up_weight_scales
+        [E, H, ceil(2I/32)].
+    down_proj_weight : array [E, I, H]
+        W2, high precision, or codes quantized along H (axis 2) with down_weight_scales [E, I, ceil(H/32)].
+    token_position_to_id : integer array [N * B]
+        Token of each block position (-1, or T with skip_token=False, for padding); ignored with
+        config.single_expert_dense.
+    block_to_expert : integer array [N, 1] (or [N])
+        Expert of each block; ignored with config.single_expert_dense.
+    output_hidden_states_grad : array [T, H]
+        dY, the gradient of the layer's output.
+    block_size : int B >= 1
+        Positions per block, as given to `route`. The default 4096 is the NKI kernel's; small problems need their
+        own value.
+    gate_up_proj_act_checkpoint_T : array [N, 2, I, B] or None
+        Clamped g, u from the forward; recomputed per block (the forward's MXFP8 GEMM) when None.
+    gate_act_checkpoint_T, intermediate_checkpoint_T : arrays [N, I, B] or None
+        act(g) and act(g) * u; recomputed when None.
+    scaled_intermediate_checkpoint_T : array [N, I, B] or None
+        a * act(g) * u (the AFFINITY_ON_I Phase 4 operand); recomputed when None.
+    down_proj_act_checkpoint : array [N, B, H] or None
+        a * dY (the AFFINITY_ON_H Phase 1 / 4 operand); recomputed when None.
+    config : MXFP8MOEBwdConfig or None (defaults)
+    gate_up_weight_scales, down_weight_scales : uint8 / float8_e8m0fnu arrays or None
+        Scales of pre-quantized weights (see above).
+    num_valid_tokens : int array [1] or None
+        With config.single_expert_dense: tokens at or past the count act as padding; their hidden_states_grad rows
+        and expert_affinities_masked_grad entries are 0.
+    down_proj_output_checkpoint : array [N, B, H] or None, keyword-only
+        inter @ W2 + b2 from the forward (AFFINITY_ON_H affinity gradient); recomputed when None.
+    gate_and_up_proj_bias, down_proj_bias : arrays [E, 2, I], [E, H] or None, keyword-only
+        b1, b2 of a layer with config.bias (None = zero).
+    grad_dtype : dtype or None, keyword-only
+        dtype of the returned gradients: float32 / bfloat16 / float16; None = hidden_states' dtype (float32 for
+        float64 input).
+    hidden_states_grad, gate_up_proj_weight_grad, down_proj_weight_grad, gate_and_up_proj_bias_grad,
+    down_proj_bias_grad : writable arrays or None, keyword-only
+        Output buffers of the gradients' shapes; with config.accumulate_hidden_states_grad /
+        config.skip_grad_initialization the gradient is added to what they hold (one FP32 addition). They are
+        written in place and returned.
+
+    Returns
+    -------
+    (hidden_states_grad [T, H], expert_affinities_masked_grad [T * E, 1], gate_up_proj_weight_grad [E, H, 2, I],
+    down_proj_weight_grad [E, I, H]), plus (gate_and_up_proj_bias_grad [E, 2, I], down_proj_bias_grad [E, H]) when
+    config.bias. expert_affinities_masked_grad is 0 for (token, expert) pairs no block routes; turn it into the
+    gradient of topk_weights with mxfp8.topk_weights_grad.
+
+    Raises
+    ------
+    ValueError (option values, buffers of the wrong shape or read-only), TypeError (dtypes, config type),
+    MXFP8Error (the library's checks: shapes, ids out of range, block_size, clamp limits, aliasing; nothing is
+    written on error; the message says when block_size is the likely cause).
+    """
     _declare()
     cks = dict(gate_up_proj_act_checkpoint_T=gate_up_proj_act_checkpoint_T,
                gate_act_checkpoint_T=gate_act_checkpoint_T, intermediate_checkpoint_T=intermediate_checkpoint_T,
@@ -547,10 +577,17 @@ def blockwise_mm_bwd_golden(hidden_states, expert_affinities_masked, gate_up_pro
                             token_position_to_id, block_to_expert, output_hidden_states_grad, block_size=4096,
                             config=None, gate_up_weight_scales=None, down_weight_scales=None, num_valid_tokens=None,
                             *, gate_and_up_proj_bias=None, down_proj_bias=None, quantized=False, **given):
-    """FP64 golden backward (float64 gradients, same tuple as blockwise_mm_bwd_mxfp8): every intermediate is
-    recomputed in FP64 from the inputs (checkpoints are not taken). quantized=False: the unquantized layer (the
-    NKI criteria's golden); quantized=True: each GEMM operand MX-quantized along its contraction axis, GEMMs in
-    FP64. Output buffers (float64) may be given as keywords as for blockwise_mm_bwd_mxfp8."""
+    """FP64 golden of blockwise_mm_bwd_mxfp8: a slow scalar reference for tests and second opinions. Returns the
+    same tuple as blockwise_mm_bwd_mxfp8, as float64 arrays.
+
+    hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
+    block_to_expert, output_hidden_states_grad, block_size, config, gate_up_weight_scales, down_weight_scales,
+    num_valid_tokens, gate_and_up_proj_bias, down_proj_bias: as for blockwise_mm_bwd_mxfp8 (same shapes, dtypes and
+    checks). Checkpoints are not taken: every intermediate is recomputed in FP64 from the inputs.
+
+    quantized=False: the unquantized layer (the golden of the NKI pass criteria); quantized=True: each GEMM operand
+    MX-quantized along its contraction axis as the kernel does (values rounded to float32 first), GEMMs in FP64.
+    Output buffers (float64) may be given as keywords, as for blockwise_mm_bwd_mxfp8."""
     _declare()
     unknown = set(given) - set(_GRAD_NAMES)
     if unknown:

@@ -1,10 +1,17 @@
-"""MX quantization, dequantization, scale layouts and element packing (numpy / ml_dtypes front end of libmxfp8).
+"""MX quantization, dequantization, scale layouts and element packing (the numpy / ml_dtypes front end of libmxfp8).
 
-Rules [OCP MX v1.0 §6.3], [NKI quantize_mx]: groups of 32 values along `axis` share one E8M0 scale 2^e; elements
-are RNE(x * 2^-e) in FP8 (E4M3 or E5M2), saturating to +-max normal. Scale rules: "nki" (default,
-e = floor(log2 amax) - (emax-1)), "ocp" (floor(log2 amax) - emax), "rceil" (ceil(log2(amax / max_normal))).
-All-zero group -> scale code 0; any NaN/Inf in a group -> scale code 255 and NaN elements. Groups: "1x32"
-(contiguous) or "wrapx" (Trainium's; the axis length must be a multiple of 128).
+The rule (OCP Microscaling Formats v1.0, section 6.3, and NKI's nki.isa.quantize_mx): groups of 32 consecutive values
+along `axis` share one E8M0 scale 2^e; each element is RNE(x * 2^-e) in FP8 (E4M3 or E5M2), saturating to +-max
+normal. Scale rules: "nki" (default, e = floor(log2 amax) - (emax - 1), NKI's choice: one spare binade), "ocp"
+(e = floor(log2 amax) - emax, the OCP specification's) and "rceil" (e = ceil(log2(amax / max_normal)), the smallest
+scale that needs no saturation). An all-zero group gets scale code 0; a group holding any NaN or Inf gets scale code
+255 (the E8M0 NaN) and NaN elements. Groups: "1x32" (32 consecutive values; a last group may be shorter) or "wrapx"
+(Trainium's wrapped groups inside tiles of 128; the axis length must be a multiple of 128).
+
+Dtypes: inputs are float32, ml_dtypes.bfloat16 or float16; float64 (numpy's default) and Python numbers or lists
+are accepted and rounded once to float32 (to nearest, ties to even), so the result equals that of
+``x.astype(np.float32)``. Element codes are ml_dtypes.float8_e4m3fn / float8_e5m2 arrays; scales are uint8 E8M0
+codes (value 2^(code - 127)), ml_dtypes.float8_e8m0fnu arrays are accepted too.
 """
 
 import ctypes
@@ -28,15 +35,35 @@ def _norm_axis(axis, ndim, param="axis"):
 
 
 def quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32"):
-    """MX-quantize `x` along `axis`.
+    """MX-quantize `x` along `axis`: 32-element groups sharing one E8M0 scale.
 
-    x: array of float32, ml_dtypes.bfloat16 or float16 (Python floats become float32), rank >= 1, any strides.
-    fmt: "e4m3" | "e5m2" (or the ml_dtypes float8 dtype). scale_rule: "nki" | "ocp" | "rceil".
-    group: "1x32" | "wrapx" (wrapx needs x.shape[axis] % 128 == 0).
-    Returns (data, scales): data has x's shape and dtype ml_dtypes.float8_e4m3fn / float8_e5m2; scales are uint8
-    E8M0 codes (scale = 2^(code-127), 255 = NaN) of shape x.shape with axis replaced by ceil(len/32), in compact
-    group order. Raises TypeError (x's dtype, naming the accepted ones), ValueError (bad option, axis), MXFP8Error
-    (the library's checks, e.g. wrapx with a length not a multiple of 128).
+    Parameters
+    ----------
+    x : array_like, rank >= 1, any strides
+        float32, ml_dtypes.bfloat16 or float16; float64 arrays, Python numbers and lists are rounded once to
+        float32 (to nearest even) first.
+    fmt : "e4m3" | "e5m2" (any case), or the dtype ml_dtypes.float8_e4m3fn / float8_e5m2
+        Element format.
+    axis : int
+        The quantization axis (the contraction axis of the GEMM that consumes the result); negative counts from the
+        end.
+    scale_rule : "nki" (default) | "ocp" | "rceil"
+        How the shared exponent follows from the group's amax (see the module doc).
+    group : "1x32" (default) | "wrapx"
+        Group scheme; "wrapx" needs ``x.shape[axis] % 128 == 0``.
+
+    Returns
+    -------
+    (data, scales)
+        data: x's shape, dtype ml_dtypes.float8_e4m3fn or float8_e5m2 (the element codes).
+        scales: uint8 E8M0 codes (scale = 2^(code - 127); 255 = NaN) of x's shape with ``axis`` replaced by
+        ceil(len / 32), in group order along the axis (for "wrapx": group k0/32 + j of the tile starting at k0).
+
+    Raises
+    ------
+    TypeError: x's dtype is not accepted (the message lists the accepted ones). ValueError: an unknown option
+    string, a 0-d x, an axis out of range. MXFP8Error: the library's checks (e.g. "wrapx" with a length that is
+    not a multiple of 128).
     """
     f = _lib.parse_format(fmt, "fmt")
     rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
@@ -56,14 +83,40 @@ def quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32"):
 
 
 def dequantize(data, scales, axis=-1, group="1x32", out_dtype="float32", fmt=None):
-    """Dequantize MX codes: out = fp8(data) * 2^(scales - 127), exact in float32 (rounded RNE for bfloat16/float16);
-    scale code 255 gives NaN.
+    """Dequantize MX codes: out = fp8(data) * 2^(scales - 127) (scale code 255 gives NaN).
 
-    data: ml_dtypes.float8_e4m3fn / float8_e5m2 array (or uint8 codes with `fmt` given). scales: uint8 E8M0 codes
-    (or ml_dtypes.float8_e8m0fnu) as returned by quantize for the same `axis` and `group`.
-    out_dtype: "float32" | "bfloat16" | "float16" (or the numpy/ml_dtypes dtype). Returns an array of data's shape.
+    Parameters
+    ----------
+    data : array, rank >= 1
+        ml_dtypes.float8_e4m3fn / float8_e5m2 codes, or uint8 codes together with `fmt`.
+    scales : array
+        uint8 E8M0 codes (or ml_dtypes.float8_e8m0fnu) of data's shape with ``axis`` replaced by ceil(len / 32), as
+        returned by `quantize` for the same `axis` and `group`.
+    axis : int
+        The axis the groups run along.
+    group : "1x32" | "wrapx"
+        The group scheme the codes were made with.
+    out_dtype : "float32" (default) | "bfloat16" | "float16" | "float64", or the numpy / ml_dtypes dtype
+        float32 and float64 hold every dequantized value exactly; bfloat16 / float16 round to nearest even.
+    fmt : "e4m3" | "e5m2" | None
+        Element format of uint8 codes; when data is a float8 array it must agree with data's dtype.
+
+    Returns
+    -------
+    array of data's shape and dtype `out_dtype`.
+
+    Raises
+    ------
+    TypeError (dtypes), ValueError (options, fmt disagreeing with data), MXFP8Error (the library's checks, e.g.
+    scales of the wrong shape).
     """
-    code_out = _lib.parse_out_dtype(out_dtype, "out_dtype")
+    as_f64 = isinstance(out_dtype, str) and out_dtype.strip().lower() in ("float64", "f64")
+    if not isinstance(out_dtype, str):
+        try:
+            as_f64 = np.dtype(out_dtype) == np.float64
+        except TypeError:
+            as_f64 = False
+    code_out = _lib.F32 if as_f64 else _lib.parse_out_dtype(out_dtype, "out_dtype")
     grp = _lib.parse(_lib.GROUPS, group, "group")
     data = _lib.as_array(data, allowed=(_lib.E4M3, _lib.E5M2, _lib.U8), name="data")
     scales = _lib.as_array(scales, allowed=(_lib.U8, _lib.E8M0), name="scales")
@@ -82,12 +135,23 @@ def dequantize(data, scales, axis=-1, group="1x32", out_dtype="float32", fmt=Non
     scode = _lib.U8 if scales.dtype == np.uint8 else None
     vd, vs, vo = _lib.view(data, dcode, "data"), _lib.view(scales, scode, "scales"), _lib.view(out)
     _lib.call("mxfp8_dequantize", _lib.ref(vd), _lib.ref(vs), ax, grp, _lib.ref(vo))
-    return out
+    return out.astype(np.float64) if as_f64 else out  # exact: every dequantized value is a float32
 
 
 def scale_layout_shape(layout, rows, K):
-    """Shape (2-tuple) of the scales of an operand with `rows` non-contracted rows and K contraction indices in
-    `layout` ("compact" | "nki_unpacked" | "nki_packed" | "swizzle_128x4")."""
+    """Shape (rows', cols') of the scales of an operand with `rows` non-contracted rows (F) and `K` contraction
+    indices (G = ceil(K / 32) groups) in `layout`:
+
+      "compact"        [F, G]: scale of row f, group g at [f, g] (what `quantize` returns for a [F, K] operand
+                       quantized along its last axis).
+      "nki_unpacked"   [ceil(G / 4) * 32, F]: NKI's quadrant layout; group g of column f at row (g // 4) * 32 + g % 4.
+      "nki_packed"     [ceil(K / 2048) * 128, F]: NKI's packed layout; group g at row
+                       (g // 64) * 128 + ((g % 64) // 16) * 4 + ((g % 16) // 4) * 32 + g % 4.
+      "swizzle_128x4"  [R', C'] with R' = F rounded up to 128 and C' = G rounded up to 4: the cuBLAS / CUTLASS
+                       block-scaled swizzle, flat offset ((r // 128) * (C' // 4) + c // 4) * 512 + (r % 32) * 16
+                       + ((r % 128) // 32) * 4 + c % 4.
+    Unused positions of the padded layouts hold 0. rows, K: ints >= 0. Raises ValueError (layout), MXFP8Error
+    (negative or overflowing sizes)."""
     lay = _lib.parse(_lib.LAYOUTS, layout, "layout")
     shape = (ctypes.c_int64 * 2)()
     _lib.call("mxfp8_scale_layout_shape", lay, int(rows), int(K), shape)
@@ -95,8 +159,12 @@ def scale_layout_shape(layout, rows, K):
 
 
 def to_scale_layout(scales, K, layout):
-    """Convert compact scales [rows, ceil(K/32)] (uint8 codes) of an operand with K contraction indices into
-    `layout` (see scale_layout_shape). Unused positions are zero. Returns a uint8 array."""
+    """Convert compact scales [F, ceil(K / 32)] (uint8 or float8_e8m0fnu E8M0 codes) of an operand with F rows and
+    K contraction indices into `layout` ("compact" | "nki_unpacked" | "nki_packed" | "swizzle_128x4"; see
+    `scale_layout_shape` for each layout's shape and addressing).
+
+    Returns a uint8 array of shape ``scale_layout_shape(layout, F, K)``; unused positions are 0. Raises ValueError
+    (layout, a scales array that is not 2-D), MXFP8Error (shape of scales vs K)."""
     scales = _lib.as_array(scales, name="scales")
     if scales.ndim != 2:
         raise ValueError(f"scales: expected a 2-D compact array [rows, ceil(K/32)], got shape {scales.shape}")
@@ -108,9 +176,12 @@ def to_scale_layout(scales, K, layout):
 
 
 def from_scale_layout(scales, K, layout, rows=None):
-    """Inverse of to_scale_layout: read scales in `layout` back into compact [rows, ceil(K/32)] uint8.
-    `rows` (the operand's non-contracted extent) is taken from the array for the compact and NKI layouts; the
-    swizzle_128x4 layout pads rows to 128, so it needs `rows`."""
+    """Inverse of `to_scale_layout`: read uint8 / E8M0 scales in `layout` (a 2-D array of the shape
+    `scale_layout_shape` gives) back into compact [rows, ceil(K / 32)] uint8 codes.
+
+    rows: the operand's non-contracted extent F. Taken from the array for "compact" ([F, G]) and the NKI layouts
+    ([., F]); "swizzle_128x4" pads rows to a multiple of 128, so it needs `rows`. Raises ValueError (layout, missing
+    rows, a scales array that is not 2-D), MXFP8Error (shapes)."""
     lay = _lib.parse(_lib.LAYOUTS, layout, "layout")
     scales = _lib.as_array(scales, name="scales")
     if scales.ndim != 2:
@@ -129,8 +200,11 @@ def from_scale_layout(scales, K, layout, rows=None):
 
 
 def pack_x4(data, axis=-1):
-    """Pack FP8 codes four to a uint32 word along `axis`: byte c (least significant first) of word p is element
-    4p+c; a missing tail is zero. data: float8_e4m3fn / float8_e5m2 / uint8. Returns uint32 [..., ceil(L/4), ...]."""
+    """Pack FP8 codes four to a uint32 word along `axis` (NKI's x4 element packing).
+
+    data: ml_dtypes.float8_e4m3fn / float8_e5m2 or uint8 codes [..., L, ...] (L along `axis`), rank >= 1.
+    Returns uint32 words [..., ceil(L / 4), ...]: byte c (least significant first) of word p is element 4p + c; a
+    missing tail is zero. Raises ValueError (0-d data, axis), MXFP8Error (dtype)."""
     data = _lib.as_array(data, name="data")
     if data.ndim == 0:
         raise ValueError("data: packing needs an array of rank >= 1")
@@ -144,8 +218,10 @@ def pack_x4(data, axis=-1):
 
 
 def unpack_x4(words, length, axis=-1, fmt="e4m3"):
-    """Inverse of pack_x4: uint32 words -> `length` FP8 codes along `axis` (dtype from fmt: "e4m3" | "e5m2", or
-    None for uint8)."""
+    """Inverse of `pack_x4`: uint32 words [..., W, ...] -> `length` FP8 codes along `axis` (length <= 4 W).
+
+    fmt: "e4m3" | "e5m2" gives an ml_dtypes float8 array; None gives uint8 codes. Returns the codes
+    [..., length, ...]. Raises ValueError (negative length, axis), MXFP8Error (length past the words)."""
     words = _lib.as_array(words, name="words")
     if words.ndim == 0:
         raise ValueError("words: unpacking needs an array of rank >= 1")
@@ -163,8 +239,11 @@ def unpack_x4(words, length, axis=-1, fmt="e4m3"):
 
 
 def swizzle_nki(x):
-    """NKI swizzle of an operand [K, F] (contraction axis first) into [K/4, 4F]: for each wrapX (sub)tile at k0 of
-    size P (S = P/4), out[k0/4 + p, 4f + s] = x[k0 + s*S + p, f]. K must be a multiple of 128."""
+    """NKI's swizzle of an operand [K, F] (contraction axis K first, any dtype) into [K / 4, 4 F].
+
+    The K axis is cut as the "wrapx" groups cut it (tiles of 512, the remainder in 256 / 128 subtiles); for a
+    (sub)tile at k0 of size P, S = P / 4: ``out[k0/4 + p, 4f + s] = x[k0 + s*S + p, f]``. K must be a multiple of
+    128 (MXFP8Error otherwise). Returns an array of x's dtype. Raises ValueError (x not 2-D)."""
     x = _lib.as_array(x)
     if x.ndim != 2:
         raise ValueError(f"x: expected a 2-D array [K, F], got shape {x.shape}")
@@ -176,7 +255,8 @@ def swizzle_nki(x):
 
 
 def unswizzle_nki(x):
-    """Inverse of swizzle_nki: [K/4, 4F] -> [K, F]."""
+    """Inverse of `swizzle_nki`: x [K / 4, 4 F] (any dtype) -> [K, F] of x's dtype. Raises ValueError (x not 2-D),
+    MXFP8Error (K not a multiple of 128)."""
     x = _lib.as_array(x)
     if x.ndim != 2:
         raise ValueError(f"x: expected a 2-D array [K/4, 4F], got shape {x.shape}")
@@ -188,9 +268,13 @@ def unswizzle_nki(x):
 
 
 def info():
-    """Library facts: version, path of the shared library, CPU features, the ISA level in use (and why), threads,
-    and ``kernels``: for each slot ("gemm", "quantize", "dequantize") the kernel in use, its instruction set,
-    whether it passed its start-up self-test, and a note on any faster kernel of this CPU that is not in use."""
+    """Facts about the loaded library, as a dict: "version" (str), "library" (path of the shared library),
+    "isa" ("scalar" | "avx512" | "amx": the ISA level in use, after MXFP8_ISA and the CPU checks), "isa_reason"
+    (why), "num_threads" (threads a call uses), the CPU features "has_avx512f", "has_avx512bw", "has_avx512vl",
+    "has_avx512_bf16", "has_amx_tile", "has_amx_bf16", "amx_permitted" (bools), and "kernels": for each slot
+    ("gemm", "quantize", "dequantize") a dict with "kernel" (the kernel in use), "isa" (its instructions),
+    "self_test" (bool: it passed its start-up self-test) and "note" (why a faster kernel of this CPU is not in
+    use, or "")."""
     inf = _lib.Info()
     _lib.call("mxfp8_get_info", _lib.ref(inf))
     ver = _lib.function("mxfp8_version_string")()
@@ -216,8 +300,10 @@ def info():
 
 
 def set_num_threads(n):
-    """Threads every later library call uses, process-wide (0 = back to MXFP8_NUM_THREADS / OMP_NUM_THREADS / all
-    cores). Results never depend on it."""
+    """Set the number of threads every later library call uses, process-wide.
+
+    n: int >= 0; 0 returns to the default (MXFP8_NUM_THREADS, else OMP_NUM_THREADS, else all cores); values above
+    4096 are clamped. Results never depend on it (bitwise). Raises TypeError (not an int), MXFP8Error (negative)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"n: expected an int, got {type(n).__name__}")
     _lib.call("mxfp8_set_num_threads", int(n))

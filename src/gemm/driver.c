@@ -26,25 +26,33 @@
 #include "../quant/panel.h"
 #include "../runtime/fenv.h"
 #include "gemm.h"
-#include "workspace.h"
+#include "../runtime/workspace.h"
 
-typedef struct gemm_ctx {
+typedef struct gemm_ctx gemm_ctx;
+struct gemm_ctx {
     const mxfp8i_gop *a, *b;
     const mxfp8_matmul_config *cfg;
     const mxfp8i_ukernel *uk;
+    mxfp8i_to_bf16_fn to_bf16;    /* the registry's FP32 -> BF16 rounding (epilogue) */
     int accumulate;
     const mxfp8_tensor *c;
     int64_t M, N, K, MCb, NCb, MB, NB, ldcb;
     int64_t pa_stride, pb_stride; /* bytes between consecutive A / B panels */
     char *Bp, *Ap;
-    char **abuf;                  /* per thread: A panels of one block row (spill_reload = 0) */
+    char *tbuf;                   /* every thread's buffers, thread t's at tbuf + t * tstride: */
+    int64_t tstride, off_s, off_t, off_a; /* accumulators at 0, packing scratch, tmp, A block row (byte offsets) */
     char *ash[2];                 /* coop: the A panels of block rows mb (ash[mb & 1]), packed by all threads */
     int b_ready;                  /* Bp already holds B's panels (a keyed slot of the workspace scope) */
     int coop;                     /* threads share the packing of each block row's A panels (shard along N) */
-    float **cblk;                 /* per thread: FP32 accumulators of one block [MCb, ldcb] */
-    float **scratch, **tmp;       /* per thread: packing scratch (max(mr, nr) * K floats), K floats + scale bytes */
+                                  /* accumulators: FP32 of one block [MCb, ldcb]; scratch: max(mr, nr) * K floats;
+                                     tmp: K floats + scale bytes; A block row: spill_reload = 0 without coop */
     int nt;
-} gemm_ctx;
+};
+/* Thread t's buffers. */
+static inline float *T_CBLK(const gemm_ctx *x, int t) { return (float *)(x->tbuf + t * x->tstride); }
+static inline float *T_SCRATCH(const gemm_ctx *x, int t) { return (float *)(x->tbuf + t * x->tstride + x->off_s); }
+static inline float *T_TMP(const gemm_ctx *x, int t) { return (float *)(x->tbuf + t * x->tstride + x->off_t); }
+static inline char *T_ABUF(const gemm_ctx *x, int t) { return x->tbuf + t * x->tstride + x->off_a; }
 
 /* A high-precision column-geometry operand (a transposed view: [K, R]-contiguous, s0 == 1): rows [r0, r0 + rows)
  * quantized down the columns straight into out[k*ld + i] -- the values mxfp8i_gop_rows_f32 gives, without its
@@ -59,26 +67,49 @@ static int cols_f32(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_
     return 1;
 }
 
+/* A high-precision operand in 1x32 groups, rows or columns geometry: quantized into BF16 values and their scales,
+ * then packed from those (the kernel's pack_q: half the bytes of the FP32 route, chunk facts from the scales).
+ * Returns 0, writing nothing into the panel, when the operand does not qualify or a value is not exact in BF16
+ * (then the FP32 route runs). */
+static int pack_q(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, int rows, int w,
+                  void *panel) {
+    const mxfp8_matmul_config *cfg = x->cfg;
+    if (rows <= 0 || op->prequant || op->swizzled || cfg->quant_scheme != MXFP8_GROUP_1X32) return 0;
+    const int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
+    const int cm = op->s1 != 1;
+    if (cm && (op->s0 != 1 || op->s1 <= 0)) return 0;
+    uint16_t *q = (uint16_t *)T_SCRATCH(x, tid);
+    uint8_t *sc = (uint8_t *)(T_TMP(x, tid) + K);
+    const char *base = op->data + r0 * op->s0 * (int64_t)mxfp8_dtype_size(op->dtype);
+    mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, op->s1, cfg->float8_dtype, cfg->scale_rule,
+                       MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, cm ? 1 : K, cm ? w : 1, sc, cm ? 1 : G, cm ? w : 1,
+                       mxfp8i_gop_sround(op, r0), NULL};
+    if (mxfp8i_quantize_panel(&p) != 0) return 0;
+    x->uk->pack_q(is_b, q, cm ? w : K, cm, rows, K, sc, cm ? 1 : G, cm ? w : 1, (int)cfg->float8_dtype, panel);
+    return 1;
+}
+
 /* Pack rows [r0, r0 + w) of op over all of K into one panel of the kernel's format. */
 static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, void *panel) {
     const mxfp8_matmul_config *cfg = x->cfg;
     const mxfp8i_ukernel *uk = x->uk;
     int w = is_b ? uk->nr : uk->mr;
     int64_t K = op->K;
-    float *tmp = x->tmp[tid];
+    float *tmp = T_TMP(x, tid);
     if (uk->panel == MXFP8I_PANEL_F32) {
         mxfp8i_gop_pack_panel(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, w, (float *)panel,
-                              x->scratch[tid], (uint8_t *)(tmp + K), tmp);
+                              T_SCRATCH(x, tid), (uint8_t *)(tmp + K), tmp);
         return;
     }
     int rows = (int)(op->R - r0 < w ? op->R - r0 : w);
-    if (uk->pack_cm && cols_f32(op, cfg, r0, rows, x->scratch[tid], w)) {
-        uk->pack_cm(is_b, x->scratch[tid], w, rows, K, panel);
+    if (uk->pack_q && pack_q(x, tid, op, is_b, r0, rows, w, panel)) return;
+    if (uk->pack_cm && cols_f32(op, cfg, r0, rows, T_SCRATCH(x, tid), w)) {
+        uk->pack_cm(is_b, T_SCRATCH(x, tid), w, rows, K, panel);
         return;
     }
-    mxfp8i_gop_rows_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, x->scratch[tid],
-                        (uint8_t *)(tmp + K), tmp, x->scratch[tid] + (int64_t)w * K);
-    uk->pack(is_b, x->scratch[tid], K, rows, K, panel);
+    mxfp8i_gop_rows_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, T_SCRATCH(x, tid),
+                        (uint8_t *)(tmp + K), tmp, T_SCRATCH(x, tid) + (int64_t)w * K);
+    uk->pack(is_b, T_SCRATCH(x, tid), K, rows, K, panel);
 }
 
 static void loop_dims(mxfp8_loop_order o, int d[3]) { /* 0 = m, 1 = n, 2 = k; d[0] outermost */
@@ -107,8 +138,7 @@ static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1,
                 for (int64_t n = 0; n < nn; n++) dst[n * cs1] = src[n];
         } else if (c->dtype == MXFP8_DTYPE_BF16) {
             uint16_t *dst = (uint16_t *)c->data + m * cs0 + n0 * cs1;
-            if (cs1 == 1)
-                for (int64_t n = 0; n < nn; n++) dst[n] = mxfp8i_fp32_to_bf16(src[n]);
+            if (cs1 == 1) x->to_bf16(src, x->ldcb, dst, cs0, 1, nn);
             else
                 for (int64_t n = 0; n < nn; n++) dst[n * cs1] = mxfp8i_fp32_to_bf16(src[n]);
         } else {
@@ -132,12 +162,12 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
     } else {
         if (*packed_mb != mb) {
             for (int64_t r = m0; r < m1; r += uk->mr)
-                pack_panel(x, tid, x->a, 0, r, x->abuf[tid] + ((r - m0) / uk->mr) * x->pa_stride);
+                pack_panel(x, tid, x->a, 0, r, T_ABUF(x, tid) + ((r - m0) / uk->mr) * x->pa_stride);
             *packed_mb = mb;
         }
-        Ablk = x->abuf[tid];
+        Ablk = T_ABUF(x, tid);
     }
-    float *cb = x->cblk[tid];
+    float *cb = T_CBLK(x, tid);
     int64_t tm = cfg->tile_m, tn = cfg->tile_n, tk = cfg->tile_k;
     int64_t lo[3] = {m0, n0, 0}, hi[3] = {m1, n1, K}, step[3] = {tm, tn, tk};
     int d[3];
@@ -164,23 +194,33 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
 
 static void thread_body(const gemm_ctx *x, int tid, int nt) {
     const mxfp8i_ukernel *uk = x->uk;
-    /* 1-2: packing of B (and A with spill_reload), panels split between threads. */
+    int shard_n = x->cfg->lnc_2_shard_rhs != 0;
+    int64_t nsh = shard_n ? x->NB : x->MB, nother = shard_n ? x->MB : x->NB;
+    int64_t s0 = nsh * tid / nt, s1 = nsh * (tid + 1) / nt;
+    /* 1-2: packing of B (and A with spill_reload). Threads split along N whose block columns start on panel
+     * boundaries pack only the panels of their own columns and need no barrier; otherwise the panels are split
+     * between threads round-robin and every thread waits for all of them. */
     int64_t npb = mxfp8i_ceil_div(x->N, uk->nr);
-    if (!x->b_ready)
-        for (int64_t p = tid; p < npb; p += nt) pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+    int own_b = shard_n && !x->Ap && x->NCb % uk->nr == 0;
+    if (!x->b_ready) {
+        if (own_b) {
+            int64_t p1 = mxfp8i_ceil_div(s1 * x->NCb, uk->nr);
+            for (int64_t p = s0 * x->NCb / uk->nr; p < p1 && p < npb; p++)
+                pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+        } else {
+            for (int64_t p = tid; p < npb; p += nt) pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+        }
+    }
     if (x->Ap) {
         int64_t npa = mxfp8i_ceil_div(x->M, uk->mr);
         for (int64_t p = tid; p < npa; p += nt) pack_panel(x, tid, x->a, 0, p * uk->mr, x->Ap + p * x->pa_stride);
     }
 #ifdef _OPENMP
-    if (nt > 1) {
+    if (nt > 1 && !own_b) {
 #pragma omp barrier
     }
 #endif
     /* 3: this thread's share of blocks along the shard axis. */
-    int shard_n = x->cfg->lnc_2_shard_rhs != 0;
-    int64_t nsh = shard_n ? x->NB : x->MB, nother = shard_n ? x->MB : x->NB;
-    int64_t s0 = nsh * tid / nt, s1 = nsh * (tid + 1) / nt;
     int d[3];
     loop_dims(x->cfg->block_loop_order, d);
     int m_first = 1;
@@ -241,50 +281,33 @@ static bool buffer_sizes(const gemm_ctx *x, gemm_sizes *z) {
            mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &z->T);
 }
 
-/* Every buffer of the GEMM (from the workspace scope's cache where one is open); false when one is missing (the
- * caller still releases what was obtained with put_buffers). */
-static bool get_buffers(gemm_ctx *x, const gemm_sizes *z, int kslot, uint64_t bkey) {
-    const mxfp8_matmul_config *cfg = x->cfg;
-    const int nt = x->nt;
-    if (kslot >= 0) x->Bp = mxfp8i_ws_keyed(kslot, bkey, x->uk, z->B, &x->b_ready); /* b_ready: packed earlier */
-    else x->Bp = mxfp8i_ws_get(0, z->B);
-    if (cfg->spill_reload) x->Ap = mxfp8i_ws_get(1, z->A);
-    if (x->coop) {
-        x->ash[0] = mxfp8i_ws_get(2, z->Ablk);
-        x->ash[1] = mxfp8i_ws_get(3, z->Ablk);
-    }
-    x->abuf = calloc((size_t)nt, sizeof(char *));
-    x->cblk = calloc((size_t)nt, sizeof(float *));
-    x->scratch = calloc((size_t)nt, sizeof(float *));
-    x->tmp = calloc((size_t)nt, sizeof(float *));
-    const int need_abuf = !cfg->spill_reload && !x->coop;
-    bool ok = x->Bp && (!cfg->spill_reload || x->Ap) && (!x->coop || (x->ash[0] && x->ash[1])) && x->abuf &&
-              x->cblk && x->scratch && x->tmp;
-    for (int t = 0; ok && t < nt; t++) {
-        x->cblk[t] = mxfp8i_ws_get(4 + 4 * t, z->C);
-        x->scratch[t] = mxfp8i_ws_get(5 + 4 * t, z->S);
-        x->tmp[t] = mxfp8i_ws_get(6 + 4 * t, z->T);
-        if (need_abuf) x->abuf[t] = mxfp8i_ws_get(7 + 4 * t, z->Ablk);
-        ok = x->cblk[t] && x->scratch[t] && x->tmp[t] && (!need_abuf || x->abuf[t]);
-    }
-    return ok;
+/* The per-thread layout of the threads' slot: accumulators, scratch, tmp, A block row, each 64-byte aligned. */
+static bool thread_layout(gemm_ctx *x, const gemm_sizes *z) {
+    const int need_abuf = !x->cfg->spill_reload && !x->coop;
+    int64_t off = mxfp8i_round_up(z->C, 64);
+    x->off_s = off;
+    off += mxfp8i_round_up(z->S, 64);
+    x->off_t = off;
+    off += mxfp8i_round_up(z->T, 64);
+    x->off_a = off;
+    off += need_abuf ? mxfp8i_round_up(z->Ablk, 64) : 0;
+    x->tstride = off;
+    int64_t all;
+    return mxfp8i_mul_size(off, x->nt, &all);
 }
 
-static void put_buffers(gemm_ctx *x) {
-    for (int t = 0; t < x->nt; t++) {
-        if (x->cblk) mxfp8i_ws_put(x->cblk[t]);
-        if (x->scratch) mxfp8i_ws_put(x->scratch[t]);
-        if (x->tmp) mxfp8i_ws_put(x->tmp[t]);
-        if (x->abuf) mxfp8i_ws_put(x->abuf[t]);
+/* Every buffer of the GEMM, slots of the scope's arena; false when one cannot be allocated. */
+static bool get_buffers(gemm_ctx *x, const gemm_sizes *z, int kslot, uint64_t bkey) {
+    const mxfp8_matmul_config *cfg = x->cfg;
+    if (kslot >= 0) x->Bp = mxfp8i_ws_keyed(kslot, bkey, x->uk, (size_t)z->B, &x->b_ready); /* b_ready: packed before */
+    else x->Bp = mxfp8i_ws_get(MXFP8I_WS_GEMM_B, (size_t)z->B);
+    if (cfg->spill_reload) x->Ap = mxfp8i_ws_get(MXFP8I_WS_GEMM_A, (size_t)z->A);
+    if (x->coop) {
+        x->ash[0] = mxfp8i_ws_get(MXFP8I_WS_GEMM_ASH0, (size_t)z->Ablk);
+        x->ash[1] = mxfp8i_ws_get(MXFP8I_WS_GEMM_ASH1, (size_t)z->Ablk);
     }
-    free(x->cblk);
-    free(x->scratch);
-    free(x->tmp);
-    free(x->abuf);
-    mxfp8i_ws_put(x->Bp);
-    mxfp8i_ws_put(x->Ap);
-    mxfp8i_ws_put(x->ash[0]);
-    mxfp8i_ws_put(x->ash[1]);
+    x->tbuf = mxfp8i_ws_get(MXFP8I_WS_GEMM_THREADS, (size_t)(x->tstride * x->nt));
+    return x->Bp && (!cfg->spill_reload || x->Ap) && (!x->coop || (x->ash[0] && x->ash[1])) && x->tbuf;
 }
 
 /* The blocking of one GEMM: block sizes, thread count (never more than blocks along the shard axis), panel
@@ -332,8 +355,21 @@ static void run_threads(const gemm_ctx *x) {
     mxfp8i_fenv_leave(csr);
 }
 
+static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
+                                int accumulate, const mxfp8_tensor *c, int num_threads);
+
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads) {
+    /* The buffers come from the open scope's arena (a private one when this GEMM runs alone). */
+    mxfp8i_scope scope;
+    if (mxfp8i_scope_begin(&scope, NULL)) return MXFP8_ERR_OUT_OF_MEMORY;
+    mxfp8_status st = gemm_scoped(a, b, config, accumulate, c, num_threads);
+    mxfp8i_scope_end(&scope);
+    return st;
+}
+
+static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
+                                int accumulate, const mxfp8_tensor *c, int num_threads) {
     int64_t M = a->R, N = b->R, K = a->K;
     /* A pending B key applies to this GEMM only, and only when its B operand is the one it was given for. */
     uint64_t bkey = 0;
@@ -355,6 +391,7 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     gemm_ctx x;
     memset(&x, 0, sizeof x);
     x.uk = mxfp8i_gemm_ukernel();
+    x.to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
     mxfp8i_gemm_resolve(config, x.uk, M, N, K, nt, &cfg);
     x.a = a;
     x.b = b;
@@ -366,13 +403,32 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
     x.K = K;
     plan(&x, &cfg, nt);
     gemm_sizes z;
-    if (!buffer_sizes(&x, &z)) return MXFP8_ERR_OUT_OF_MEMORY;
-    mxfp8_status st = MXFP8_ERR_OUT_OF_MEMORY;
-    if (get_buffers(&x, &z, kslot, bkey)) {
-        run_threads(&x);
-        st = MXFP8_OK;
-        if (kslot >= 0) mxfp8i_ws_keyed_done(kslot, bkey, x.uk);
+    if (!buffer_sizes(&x, &z) || !thread_layout(&x, &z)) return MXFP8_ERR_OUT_OF_MEMORY;
+    if (!get_buffers(&x, &z, kslot, bkey)) return MXFP8_ERR_OUT_OF_MEMORY;
+    run_threads(&x);
+    if (kslot >= 0) mxfp8i_ws_keyed_done(kslot, bkey, x.uk);
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_matmul_config *config, int num_threads,
+                                 int keyed_slot) {
+    if (M <= 0 || N <= 0 || K <= 0) return MXFP8_OK;
+    mxfp8_matmul_config defaults, cfg;
+    if (!config) {
+        mxfp8_matmul_config_init(&defaults);
+        config = &defaults;
     }
-    put_buffers(&x);
-    return st;
+    int nt = num_threads < 1 || !config->run_with_lnc2 ? 1 : num_threads;
+    gemm_ctx x;
+    memset(&x, 0, sizeof x);
+    x.uk = mxfp8i_gemm_ukernel();
+    mxfp8i_gemm_resolve(config, x.uk, M, N, K, nt, &cfg);
+    x.cfg = &cfg;
+    x.M = M;
+    x.N = N;
+    x.K = K;
+    plan(&x, &cfg, nt);
+    gemm_sizes z;
+    if (!buffer_sizes(&x, &z) || !thread_layout(&x, &z)) return MXFP8_ERR_OUT_OF_MEMORY;
+    return get_buffers(&x, &z, keyed_slot, 0) ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }

@@ -22,6 +22,7 @@
 #include "../kernels/qpanel.h"
 #include "../kernels/ukernel.h"
 #include "../runtime/tensor.h"
+#include "../runtime/workspace.h"
 
 /** A validated operand, flattened for the packer. */
 typedef struct mxfp8i_gop {
@@ -94,19 +95,15 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads);
 
-/** Workspace reuse across the GEMMs of one public call (speed only). Between mxfp8i_gemm_ws_begin() and
- *  mxfp8i_gemm_ws_end() on one thread, the GEMMs started from that thread keep their buffers (packed panels,
- *  accumulators, scratch; grow-only) for the next GEMM instead of freeing them, so repeated GEMMs take no page faults
- *  of fresh memory; end frees everything (nested scopes are counted, the outermost end frees). The peak is the sum
- *  over buffers of the largest size any GEMM in the scope asked for: no more than one GEMM at the largest M, N, K. */
-void mxfp8i_gemm_ws_begin(void);
-void mxfp8i_gemm_ws_end(void);
-/** Inside a scope: the next GEMM started from this thread, if its B operand's data pointer is b_data, keeps its
- *  packed B panels in keyed slot `slot` (0 or 1) under `key` (nonzero); a later GEMM of the scope given the same
- *  slot, key and B size skips packing B and reuses them. The caller guarantees that equal keys mean equal B values
- *  (e.g. key = expert + 1 for one expert's weights) and equal quantization settings. Speed only: the panels are the
- *  same bytes the GEMM would pack. Costs one more B panel set per slot in the scope's peak. */
-void mxfp8i_gemm_ws_bkey(int slot, uint64_t key, const void *b_data);
+/* Scratch: every buffer of a GEMM is a slot of the calling thread's open workspace scope
+ * (src/runtime/workspace.h; a private scope when none is open), so the GEMMs of one public call, and the calls of
+ * one user workspace, reuse their buffers. mxfp8i_ws_bkey keeps an expert's packed weights across its blocks. */
+
+/** Make the open scope's arena hold every buffer a later mxfp8i_gemm_gop of this size will take (C [M, N],
+ *  contraction K, the same config and thread count; keyed_slot >= 0: its B panels in that keyed slot), so that the
+ *  GEMM itself cannot fail: a layer reserves all its GEMMs before its first store. OK or OUT_OF_MEMORY. */
+mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_matmul_config *config, int num_threads,
+                                 int keyed_slot);
 
 /* ---- packing (pack.c) ---- */
 /** Dequantized values of row r of an operand for k in [0, K): out[k] (exact FP32). Quantizes high-precision rows

@@ -67,8 +67,13 @@ typedef struct mxfp8i_dqpanel {
 
 typedef int64_t (*mxfp8i_qpanel_fn)(const mxfp8i_qpanel *p);
 typedef int64_t (*mxfp8i_dqpanel_fn)(const mxfp8i_dqpanel *p);
+/** FP32 -> BF16 rows (the GEMM epilogue): dst[r*ld_dst + j] = mxfp8i_fp32_to_bf16(src[r*ld_src + j]) for r < rows,
+ *  j < n: round to nearest even, NaN quieted with its sign, subnormals kept (no FTZ: VCVTNEPS2BF16 does not apply). */
+typedef void (*mxfp8i_to_bf16_fn)(const float *src, int64_t ld_src, uint16_t *dst, int64_t ld_dst, int64_t rows,
+                                  int64_t n);
 
-/** A quantization kernel pair (one registry slot each for quantize and dequantize). */
+/** The quantization kernels of one ISA (the registry's quantize and dequantize slots; the FP32 -> BF16 rounding of
+ *  the GEMM epilogue comes with them). */
 typedef struct mxfp8i_qkernel {
     const char *name;          /**< e.g. "mx_quantize_panel__avx512" */
     const char *isa_name;      /**< "scalar", "avx512" */
@@ -76,6 +81,7 @@ typedef struct mxfp8i_qkernel {
     unsigned needs;            /**< MXFP8I_NEEDS_* (ukernel.h) */
     mxfp8i_qpanel_fn quantize;
     mxfp8i_dqpanel_fn dequantize;
+    mxfp8i_to_bf16_fn to_bf16;
 } mxfp8i_qkernel;
 
 /* ---- the per-group reference (src/kernels/ref/quant_ref.c) ----

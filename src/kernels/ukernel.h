@@ -50,6 +50,11 @@ typedef void (*mxfp8i_ukernel_fn)(int64_t kc, const float *a, const float *b, fl
  *  row-major source: element (r, k) at src[r*ld + k]; column-major source (pack_cm): at src[k*ld + r]. Rows past
  *  `rows` become zeros. is_b: 0 = A panel (rows of C, w = mr), 1 = B panel (columns of C, w = nr). */
 typedef void (*mxfp8i_pack_fn)(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel);
+/** Pack from BF16 values that are exact dequantized MX values in 1x32 groups along K, with their E8M0 scales:
+ *  element (r, k) at src[r*ld + k] (cm = 0) or src[k*ld + r] (cm = 1), the scale of row r's group g at
+ *  scales[r*s_r + g*s_g], fmt 0 = E4M3 / 1 = E5M2. Gives a panel with the same results as pack() of the values. */
+typedef void (*mxfp8i_pack_q_fn)(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
+                                 const uint8_t *scales, int64_t s_r, int64_t s_g, int fmt, void *panel);
 
 /** One microkernel. The driver uses panel_bytes, pack, pack_cm, run and the tile defaults:
  *    panel_bytes(K, w)  bytes of one packed panel of w rows (w = mr for A, nr for B) covering all of K; the driver
@@ -73,6 +78,7 @@ typedef struct mxfp8i_ukernel {
     int64_t (*panel_bytes)(int64_t K, int w);
     mxfp8i_pack_fn pack;       /**< row-major source */
     mxfp8i_pack_fn pack_cm;    /**< column-major source (NULL: the driver transposes first) */
+    mxfp8i_pack_q_fn pack_q;   /**< BF16 values + scales (NULL: the driver packs from FP32 values) */
     void (*run)(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
                 int load_c);
 } mxfp8i_ukernel;

@@ -12,6 +12,7 @@
 
 #include "../gemm/gemm.h"
 #include "../runtime/cpu.h"
+#include "../runtime/workspace.h"
 #include "opstats.h"
 
 /* A 2-D output view must address M*N distinct elements (threads write disjoint elements). */
@@ -148,8 +149,16 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     op_stats os;
     os.n = 2, os.op[0] = &ga, os.op[1] = &gb, os.out[0] = a->stats, os.out[1] = b->stats;
     const mxfp8_matmul_config *cfgs[2] = {config, config};
-    if (a->stats || b->stats) MXFP8I_FORWARD_IF_ERROR(stats_collect(fn, &os, cfgs));
+    mxfp8i_scope scope;
+    if (mxfp8i_scope_begin(&scope, config->workspace))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the workspace", fn);
+    st = a->stats || b->stats ? stats_collect(fn, &os, cfgs) : MXFP8_OK;
+    if (st) {
+        mxfp8i_scope_end(&scope);
+        return st;
+    }
     st = mxfp8i_gemm_gop(&ga, &gb, config, accumulate, c, mxfp8i_num_threads());
+    mxfp8i_scope_end(&scope);
     if (st) return mxfp8i_error(st, "%s: out of memory for the packed operands", fn);
     stats_export(&os);
     return MXFP8_OK;
@@ -301,6 +310,47 @@ static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *ar
     return mxfp8i_check_no_alias(fn, "input_grad", input_grad, "weight_grad", weight_grad);
 }
 
+/* The two GEMMs inside the call's workspace scope: every buffer (dY's FP32 copy when needed, both GEMMs') is
+ * obtained before dX is written, so an OUT_OF_MEMORY leaves both outputs untouched. */
+static mxfp8_status backward_scoped(const char *fn, const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
+                                    mxfp8_tensor *weight_grad, const mxfp8i_gop *g_dy, const mxfp8i_gop *g_w,
+                                    const mxfp8i_gop *g_x, const mxfp8_matmul_config *cx,
+                                    const mxfp8_matmul_config *cw) {
+    const int64_t M = input_grad->shape[0], K = input_grad->shape[1], N = weight_grad->shape[0];
+    const int nt = mxfp8i_num_threads();
+    /* wgrad operand dY^T [N, M]: the high-precision dY, transposed; when dY is swizzled or pre-quantized, its FP32
+     * values (exact dequantized values) are first written to a plain [M, N] buffer. */
+    mxfp8i_gop g_dyt = mxfp8i_gop_hp(args->output_grad.data, args->output_grad.dtype, N, M,
+                                     args->output_grad.strides[1], args->output_grad.strides[0]);
+    float *dyf = NULL;
+    int64_t n = 0;
+    const int need_dyf = M > 0 && N > 0 && (g_dy->prequant || g_dy->swizzled);
+    if (need_dyf && (!mxfp8i_mul_size(M, N * 4, &n) || !(dyf = mxfp8i_ws_get(MXFP8I_WS_MATMUL_DY, (size_t)n))))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for dY's [%lld, %lld] buffer", fn,
+                            (long long)M, (long long)N);
+    if (mxfp8i_gemm_reserve(M, K, N, cx, nt, -1) || mxfp8i_gemm_reserve(N, K, M, cw, nt, -1))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the packed operands", fn);
+    if (need_dyf) {
+        for (int64_t m = 0; m < M; m++)
+            mxfp8i_gop_load_row(g_dy, m, args->float8_dtype, args->quant_scheme, dyf + m * N);
+        g_dyt = mxfp8i_gop_hp(dyf, MXFP8_DTYPE_F32, N, M, 1, N);
+    }
+    g_dyt.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, args->rounding_seed, 2, 0,
+                                  1, N); /* (n, m) */
+    mxfp8_quant_stats *so = args->stats;
+    op_stats os;
+    const mxfp8i_gop *ops[4] = {g_dy, g_w, &g_dyt, g_x};
+    os.n = 4;
+    for (int i = 0; i < 4; i++) os.op[i] = ops[i], os.out[i] = so ? so + i : NULL;
+    const mxfp8_matmul_config *cfgs[4] = {cx, cx, cw, cw};
+    if (so) MXFP8I_FORWARD_IF_ERROR(stats_collect(fn, &os, cfgs));
+    mxfp8_status st = mxfp8i_gemm_gop(g_dy, g_w, cx, 0, input_grad, nt);
+    if (!st) st = mxfp8i_gemm_gop(&g_dyt, g_x, cw, 0, weight_grad, nt);
+    if (st) return mxfp8i_error(MXFP8_ERR_INTERNAL, "%s: a GEMM failed after its reservation", fn);
+    stats_export(&os);
+    return MXFP8_OK;
+}
+
 mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
                                    mxfp8_tensor *weight_grad) {
     static const char *fn = "mxfp8_matmul_backward";
@@ -328,39 +378,15 @@ mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tens
     mxfp8i_gop g_dy, g_w, g_x;
     MXFP8I_FORWARD_IF_ERROR(bwd_operands(fn, args, input_grad, weight_grad, M, N, K, &g_dy, &g_w, &g_x));
 
-    /* wgrad operand dY^T [N, M]: the high-precision dY, transposed; when dY is swizzled or pre-quantized, its FP32
-     * values (exact dequantized values) are first written to a plain [M, N] workspace. */
-    float *dyf = NULL;
-    mxfp8i_gop g_dyt = mxfp8i_gop_hp(args->output_grad.data, args->output_grad.dtype, N, M,
-                                     args->output_grad.strides[1], args->output_grad.strides[0]);
-    if (M > 0 && N > 0 && (g_dy.prequant || g_dy.swizzled)) {
-        int64_t n;
-        if (!mxfp8i_mul_size(M, N, &n) || !(dyf = malloc((size_t)n * sizeof(float))))
-            return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for dY's [%lld, %lld] workspace", fn,
-                                (long long)M, (long long)N);
-        for (int64_t m = 0; m < M; m++)
-            mxfp8i_gop_load_row(&g_dy, m, args->float8_dtype, args->quant_scheme, dyf + m * N);
-        g_dyt = mxfp8i_gop_hp(dyf, MXFP8_DTYPE_F32, N, M, 1, N);
-    }
     /* the four quantizations: stream q, the row-major index of the element in its own tensor */
     const uint64_t seed = args->rounding_seed;
-    const int sr_dy = args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC;
-    g_dy.sr = mxfp8i_sround_make(sr_dy, seed, 0, 0, N, 1);                                        /* (m, n) */
-    g_w.sr = mxfp8i_sround_make(args->weights_rounding == MXFP8_ROUND_STOCHASTIC, seed, 1, 0, 1, K); /* (k, n) */
-    g_dyt.sr = mxfp8i_sround_make(sr_dy, seed, 2, 0, 1, N);                                       /* (n, m) */
-    g_x.sr = mxfp8i_sround_make(args->input_rounding == MXFP8_ROUND_STOCHASTIC, seed, 3, 0, 1, K);  /* (k, m) */
-    mxfp8_quant_stats *so = args->stats;
-    op_stats os;
-    const mxfp8i_gop *ops[4] = {&g_dy, &g_w, &g_dyt, &g_x};
-    os.n = 4;
-    for (int i = 0; i < 4; i++) os.op[i] = ops[i], os.out[i] = so ? so + i : NULL;
-    const mxfp8_matmul_config *cfgs[4] = {&cx, &cx, &cw, &cw};
-    mxfp8_status st = so ? stats_collect(fn, &os, cfgs) : MXFP8_OK;
-    int nt = mxfp8i_num_threads();
-    if (!st) st = mxfp8i_gemm_gop(&g_dy, &g_w, &cx, 0, input_grad, nt);
-    if (!st) st = mxfp8i_gemm_gop(&g_dyt, &g_x, &cw, 0, weight_grad, nt);
-    free(dyf);
-    if (st) return mxfp8i_error(st, "%s: out of memory for the packed operands", fn);
-    stats_export(&os);
-    return MXFP8_OK;
+    g_dy.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, seed, 0, 0, N, 1); /* (m, n) */
+    g_w.sr = mxfp8i_sround_make(args->weights_rounding == MXFP8_ROUND_STOCHASTIC, seed, 1, 0, 1, K);     /* (k, n) */
+    g_x.sr = mxfp8i_sround_make(args->input_rounding == MXFP8_ROUND_STOCHASTIC, seed, 3, 0, 1, K);       /* (k, m) */
+    mxfp8i_scope scope;
+    if (mxfp8i_scope_begin(&scope, args->workspace))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the workspace", fn);
+    mxfp8_status st = backward_scoped(fn, args, input_grad, weight_grad, &g_dy, &g_w, &g_x, &cx, &cw);
+    mxfp8i_scope_end(&scope);
+    return st;
 }

@@ -12,6 +12,7 @@
 #endif
 
 #include "../quant/panel.h"
+#include "../runtime/workspace.h"
 #include "opstats.h"
 
 /* Rows [r0, r0 + n) of op: quantized into codes (n * K bytes of scratch; f32: n * K floats for loaded rows). */
@@ -40,36 +41,62 @@ static void stats_chunk(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule
     mxfp8i_quantize_panel(&p);
 }
 
+/* Rows per chunk (whole SIMD widths, ~64 KiB of elements) and a bound on a chunk's elements, monotone in K. */
+static int64_t chunk_rows(int64_t K) { return mxfp8i_round_up(mxfp8i_ceil_div(65536, K), 32); }
+static size_t chunk_bound(int64_t K) { return (size_t)(65536 + 33 * K); }
+
+/* A scratch buffer: the scope's slot, else (no scope open) malloc'ed and owned by the caller. */
+static void *scratch(int slot, size_t bytes, int *owned) {
+    void *p = mxfp8i_ws_get(slot, bytes);
+    *owned = !p;
+    return p ? p : malloc(bytes);
+}
+
+mxfp8_status mxfp8i_gop_stats_reserve(int64_t Kmax, int nt) {
+    if (Kmax < 1) Kmax = 1;
+    if (nt < 1) nt = 1;
+    const size_t c = (size_t)nt * chunk_bound(Kmax);
+    if (!mxfp8i_ws_get(MXFP8I_WS_STATS_ACC, (size_t)nt * sizeof(mxfp8i_qstats)) ||
+        !mxfp8i_ws_get(MXFP8I_WS_STATS_CODES, c) || !mxfp8i_ws_get(MXFP8I_WS_STATS_F32, c * sizeof(float)))
+        return MXFP8_ERR_OUT_OF_MEMORY;
+    return MXFP8_OK;
+}
+
 mxfp8_status mxfp8i_gop_stats(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
                               int nt, mxfp8i_qstats *st) {
     const int64_t R = op->R, K = op->K;
     if (op->prequant || R <= 0 || K <= 0) return MXFP8_OK;
     const int loaded = op->swizzled || (op->s1 != 1 && op->s0 != 1);
-    /* chunks of whole SIMD widths of rows, ~64 KiB of elements each */
-    int64_t n = mxfp8i_ceil_div(65536, K);
-    n = mxfp8i_round_up(n < 1 ? 1 : n, 32);
+    int64_t n = chunk_rows(K);
     if (n > R) n = R;
     const int64_t chunks = mxfp8i_ceil_div(R, n);
     if (nt > chunks) nt = (int)chunks;
     if (nt < 1) nt = 1;
-    mxfp8i_qstats *tst = (mxfp8i_qstats *)calloc((size_t)nt, sizeof *tst);
-    uint8_t *codes = (uint8_t *)malloc((size_t)(nt * n * K));
-    float *f32 = loaded ? (float *)malloc((size_t)(nt * n * K) * sizeof(float)) : NULL;
+    int own_t = 0, own_c = 0, own_f = 0;
+    mxfp8i_qstats *tst = (mxfp8i_qstats *)scratch(MXFP8I_WS_STATS_ACC, (size_t)nt * sizeof *tst, &own_t);
+    uint8_t *codes = (uint8_t *)scratch(MXFP8I_WS_STATS_CODES, (size_t)nt * chunk_bound(K), &own_c);
+    float *f32 = loaded ? (float *)scratch(MXFP8I_WS_STATS_F32, (size_t)nt * chunk_bound(K) * sizeof(float), &own_f)
+                        : NULL;
+    mxfp8_status rc = MXFP8_OK;
     if (!tst || !codes || (loaded && !f32)) {
-        free(tst), free(codes), free(f32);
-        return MXFP8_ERR_OUT_OF_MEMORY;
-    }
+        rc = MXFP8_ERR_OUT_OF_MEMORY;
+    } else {
+        for (int t = 0; t < nt; t++) mxfp8i_qstats_zero(&tst[t]);
+        const size_t cb = chunk_bound(K);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
-    for (int64_t c = 0; c < chunks; c++) {
+        for (int64_t c = 0; c < chunks; c++) {
 #ifdef _OPENMP
-        const int t = omp_get_thread_num();
+            const int t = omp_get_thread_num();
 #else
-        const int t = 0;
+            const int t = 0;
 #endif
-        const int64_t r0 = c * n, m = R - r0 < n ? R - r0 : n;
-        stats_chunk(op, fmt, rule, group, r0, m, codes + t * n * K, loaded ? f32 + t * n * K : NULL, &tst[t]);
+            const int64_t r0 = c * n, m = R - r0 < n ? R - r0 : n;
+            stats_chunk(op, fmt, rule, group, r0, m, codes + t * cb, loaded ? f32 + t * cb : NULL, &tst[t]);
+        }
+        for (int t = 0; t < nt; t++) mxfp8i_qstats_merge(st, &tst[t]);
     }
-    for (int t = 0; t < nt; t++) mxfp8i_qstats_merge(st, &tst[t]);
-    free(tst), free(codes), free(f32);
-    return MXFP8_OK;
+    if (own_t) free(tst);
+    if (own_c) free(codes);
+    if (own_f) free(f32);
+    return rc;
 }

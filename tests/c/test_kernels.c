@@ -110,6 +110,69 @@ static void test_bf16c_packer(void) {
     TU_CHECK(memcmp(pc, pb, sizeof pb) == 0, "column-major B pack differs from the row-major pack");
 }
 
+/* ---- the packer from BF16 values + scales against the packer from FP32 values ---- */
+static void test_bf16c_pack_q(void) {
+    enum { K = 100, R = 32, G = (K + 31) / 32 };
+    static float f[R * K], ft[K * R];
+    static uint16_t h[R * K], ht[K * R];
+    static uint8_t sc[R * G], sct[G * R];
+    static uint8_t p1[4 * MXFP8I_BF16C_CHUNK_BYTES] __attribute__((aligned(64)));
+    static uint8_t p2[4 * MXFP8I_BF16C_CHUNK_BYTES] __attribute__((aligned(64)));
+    tu_rng r = {99};
+    int fails = 0, cases = 0;
+    for (int trial = 0; trial < 24; trial++) {
+        const int fmt = trial & 1, rows = trial % 3 == 0 ? R : 1 + (int)(tu_next(&r) % R);
+        for (int i = 0; i < R; i++)
+            for (int g = 0; g < G; g++) {
+                /* ordinary scales, and (trial-dependent) a zero group, a NaN group, a tiny scale */
+                int kind = (int)(tu_next(&r) % 16), code = 100 + (int)(tu_next(&r) % 40);
+                if (kind == 0 && trial > 4) code = 0;
+                if (kind == 1 && trial > 8) code = 255;
+                if (kind == 2 && trial > 12) code = 10 + (int)(tu_next(&r) % 6); /* values still exact in BF16 */
+                sc[i * G + g] = sct[g * R + i] = (uint8_t)code;
+                for (int k = g * 32; k < K && k < g * 32 + 32; k++) {
+                    float v;
+                    if (code == 255) v = NAN;
+                    else if (code == 0 && kind == 0) v = 0.0f;
+                    else {
+                        uint8_t c8 = (uint8_t)(tu_next(&r) % (fmt ? 124u : 127u));
+                        if (tu_next(&r) & 1) c8 |= 0x80;
+                        v = ldexpf(mxfp8_fp8_to_fp32(c8, (mxfp8_format)fmt), code - 127);
+                    }
+                    f[i * K + k] = ft[k * R + i] = v;
+                    h[i * K + k] = ht[k * R + i] = (uint16_t)(tu_f32_bits(v) >> 16);
+                }
+            }
+        for (int cm = 0; cm < 2; cm++)
+            for (int is_b = 0; is_b < 2; is_b++)
+                for (int swap = 0; swap < 2; swap++) {
+                    memset(p1, 0xAB, sizeof p1);
+                    memset(p2, 0xAB, sizeof p2);
+                    (swap ? mxfp8i_bf16c_pack_swapped : mxfp8i_bf16c_pack)(is_b, f, K, rows, K, p1);
+                    mxfp8i_bf16c_pack_q(is_b, cm ? ht : h, cm ? R : K, cm, rows, K, cm ? sct : sc, cm ? 1 : G,
+                                        cm ? R : 1, fmt, swap, p2);
+                    for (int ch = 0; ch < G; ch++) {
+                        const uint8_t *c1 = p1 + ch * MXFP8I_BF16C_CHUNK_BYTES, *c2 = p2 + ch * MXFP8I_BF16C_CHUNK_BYTES;
+                        const mxfp8i_bf16c_meta *m1 = mxfp8i_bf16c_chunk_meta(c1), *m2 = mxfp8i_bf16c_chunk_meta(c2);
+                        for (int t = 0; t < 2; t++) {
+                            cases++;
+                            int ok = m2[t].f32 == m1[t].f32 && m2[t].qmin <= m1[t].qmin && m2[t].emax >= m1[t].emax;
+                            size_t n = m1[t].f32 ? MXFP8I_BF16C_SLOT : MXFP8I_BF16C_SLOT / 2;
+                            ok = ok && !memcmp(c1 + 64 + t * MXFP8I_BF16C_SLOT, c2 + 64 + t * MXFP8I_BF16C_SLOT, n);
+                            ok = ok && c1[MXFP8I_BF16C_SWAP_BYTE] == c2[MXFP8I_BF16C_SWAP_BYTE];
+                            if (!ok && fails++ < 5)
+                                TU_CHECK(0, "pack_q trial %d cm %d is_b %d swap %d chunk %d tile %d: f32 %d/%d qmin %d/%d "
+                                         "emax %d/%d or slot bytes differ", trial, cm, is_b, swap, ch, t, m2[t].f32,
+                                         m1[t].f32, m2[t].qmin, m1[t].qmin, m2[t].emax, m1[t].emax);
+                        }
+                    }
+                }
+    }
+    TU_CHECK(fails == 0, "pack_q: %d of %d tile-chunks differ from pack", fails, cases);
+    printf("test_kernels: BF16 chunk pack from BF16 + scales: %d tile-chunks, same slots, facts never tighter\n",
+           cases);
+}
+
 /* ---- 2. kernels against the test-side reference ---- */
 enum { KMAX = 288, T = 32 };
 typedef struct problem {
@@ -253,6 +316,48 @@ static void test_mxcsr(void) {
     }
 }
 
+/* ---- FP32 -> BF16 rounding of the epilogue: every quantization kernel against a test-side RNE ---- */
+/* The BF16 nearest to x (finite), ties to the even code, from the two BF16 neighbours compared in double. NaN:
+ * the quiet NaN with x's sign and payload top bits. */
+static uint16_t bf16_oracle(uint32_t u) {
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+    if ((u & 0xFFFFu) == 0) return lo;
+    double x = (double)tu_bits_f32(u), a = (double)tu_bits_f32((uint32_t)lo << 16);
+    double b = (lo & 0x7FFF) == 0x7F7F ? ldexp(1.0, 128) * (lo & 0x8000 ? -1 : 1) /* next is Inf */
+                                        : (double)tu_bits_f32((uint32_t)hi << 16);
+    double da = fabs(x - a), db = fabs(x - b);
+    if (da < db) return lo;
+    if (db < da) return hi;
+    return (lo & 1) ? hi : lo;
+}
+
+static void test_to_bf16(void) {
+    enum { NV = 65536 * 8 };
+    static float src[NV];
+    static uint16_t dst[NV];
+    static const uint32_t low[8] = {0, 1, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF, 0x1234};
+    for (uint32_t i = 0; i < NV; i++) src[i] = tu_bits_f32((i / 8) << 16 | low[i % 8]);
+    for (const mxfp8i_qkernel *const *it = mxfp8i_qkernel_list(); *it; it++) {
+        if (!mxfp8i_cpu_has((*it)->needs)) {
+            printf("test_kernels: SKIP %s: this CPU lacks its instructions\n", (*it)->name);
+            skips++;
+            continue;
+        }
+        memset(dst, 0, sizeof dst);
+        (*it)->to_bf16(src, 1000, dst, 1000, NV / 1000, 1000); /* rows of 1000: a masked tail in every row */
+        (*it)->to_bf16(src + NV / 1000 * 1000, 0, dst + NV / 1000 * 1000, 0, 1, NV % 1000);
+        int bad = 0;
+        for (uint32_t i = 0; i < NV && bad < 5; i++)
+            if (dst[i] != bf16_oracle(tu_f32_bits(src[i]))) {
+                TU_CHECK(0, "%s: to_bf16(0x%08x) = 0x%04x, want 0x%04x", (*it)->name, tu_f32_bits(src[i]), dst[i],
+                         bf16_oracle(tu_f32_bits(src[i])));
+                bad++;
+            }
+        printf("test_kernels: %-40s FP32 -> BF16 on %d patterns: %s\n", (*it)->name, NV, bad ? "FAIL" : "ok");
+    }
+}
+
 /* ---- 4. selection ---- */
 static void test_selection(void) {
     mxfp8_info in;
@@ -301,12 +406,13 @@ static void test_selection(void) {
 }
 
 int main(void) {
-    if (mxfp8i_cpu_has(MXFP8I_NEEDS_AVX512)) test_bf16c_packer();
+    if (mxfp8i_cpu_has(MXFP8I_NEEDS_AVX512)) test_bf16c_packer(), test_bf16c_pack_q();
     else {
         printf("test_kernels: SKIP the BF16 chunk packer: this CPU lacks AVX-512F/BW\n");
         skips++;
     }
     test_every_kernel();
+    test_to_bf16();
     test_mxcsr();
     test_selection();
     if (skips) printf("test_kernels: %d sections skipped for absent CPU features\n", skips);

@@ -3,7 +3,8 @@
 no output file left), --help on every command, and bundle round-trips of matmul-bwd / moe-bwd against the Python
 API, bit for bit.
 
-The binary: $MXFP8_CLI, else build/mxfp8 in the repository.
+The binary: $MXFP8_CLI, else mxfp8 in $MXFP8_BUILD_DIR (the directory `make` built), else build/ (build_paths.py); a
+missing binary or subcommand fails the tests.
 """
 
 import json
@@ -17,11 +18,14 @@ import pytest
 
 import mx_oracle
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-CLI = os.environ.get("MXFP8_CLI") or os.path.join(REPO, "build", "mxfp8")
+from build_paths import CLI, require
 
-pytestmark = pytest.mark.skipif(not os.path.isfile(CLI), reason=f"the mxfp8 CLI is not built ({CLI})")
+
+@pytest.fixture(autouse=True)
+def _cli_is_built():
+    """A missing CLI fails every test here (it is part of the build), it never skips them."""
+    require(CLI)
+
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -282,7 +286,7 @@ def test_malformed_safetensors_are_malformed_for_the_reference_too():
     """Each malformed case is rejected by the reference implementation as well (when installed), so the CLI's
     rejections follow the format, not a quirk of our reader. rank_7 is valid safetensors: rejected only because
     mxfp8 views have at most MXFP8_MAX_DIMS = 6 dimensions."""
-    safetensors = pytest.importorskip("safetensors")
+    import safetensors
     for case, blob in MALFORMED_ST.items():
         if case == "rank_7":
             safetensors.deserialize(blob)
@@ -324,8 +328,8 @@ def test_valid_files_still_accepted(tmp_path):
 def test_interop_with_the_reference_safetensors(tmp_path, rng):
     """Files written by the reference implementation (the `safetensors` package, when installed) are read, and the
     files we write pass its (Rust) validation with the same tensors: every dtype both sides know."""
-    st = pytest.importorskip("safetensors.numpy")
     import safetensors
+    import safetensors.numpy as st
     x = (rng.standard_normal((5, 70)) * 100).astype(np.float32)
     tensors = {"f32": x, "f16": x.astype(np.float16), "bf16": x.astype(BF16), "f64": x.astype(np.float64),
                "u8": rng.integers(0, 255, (3, 4), dtype=np.uint8), "i32": rng.integers(-9, 9, (7,), dtype=np.int32)}
@@ -400,7 +404,10 @@ def test_info():
 # matmul-bwd / moe-bwd (present once the GEMM / MoE libraries land)
 # ---------------------------------------------------------------------------------------------------------------
 def _have(cmd):
-    return cmd in _commands()
+    """Asserts that the CLI has subcommand `cmd` (a missing one is a failure, not a skip); returns True."""
+    cmds = _commands()
+    assert cmd in cmds, f"the mxfp8 CLI ({CLI}) has no '{cmd}' command (it has: {', '.join(cmds)})"
+    return True
 
 
 def _bf16(rng, shape, lo=None, hi=None):
@@ -409,19 +416,15 @@ def _bf16(rng, shape, lo=None, hi=None):
 
 
 def test_matmul_bwd_default_problem_small():
-    if not _have("matmul-bwd"):
-        pytest.skip("matmul-bwd not built yet")
+    _have("matmul-bwd")
     r = run("matmul-bwd", "--M", "64", "--N", "96", "--K", "128", "--repeat", "1", check_rc=0)
     assert "input_grad" in r.stdout and "weight_grad" in r.stdout and "PASS" in r.stdout
     assert "verdict: PASS" in r.stdout
 
 
 def test_matmul_bwd_bundle_round_trip(tmp_path, rng):
-    if not _have("matmul-bwd"):
-        pytest.skip("matmul-bwd not built yet")
+    _have("matmul-bwd")
     import mxfp8
-    if not hasattr(mxfp8, "matmul_mxfp8_backward"):
-        pytest.skip("mxfp8.matmul_mxfp8_backward not available yet")
     M, N, K = 48, 96, 80
     dy, w, x = _bf16(rng, (M, N)), _bf16(rng, (N, K)), _bf16(rng, (M, K))
     st_save(tmp_path / "bundle.safetensors", {"output_grad": dy, "weights": w, "input_activation": x})
@@ -438,11 +441,8 @@ def test_matmul_bwd_bundle_round_trip(tmp_path, rng):
 def test_matmul_bwd_prequantized_bundle(tmp_path, rng):
     """FP8 codes + compact scales in the bundle are passed through as pre-quantized operands (float8 dtype inferred
     from the codes): bitwise the Python API's result on the same codes."""
-    if not _have("matmul-bwd"):
-        pytest.skip("matmul-bwd not built yet")
+    _have("matmul-bwd")
     import mxfp8
-    if not hasattr(mxfp8, "matmul_mxfp8_backward"):
-        pytest.skip("mxfp8.matmul_mxfp8_backward not available yet")
     M, N, K = 64, 96, 48
     dy, w, x = _bf16(rng, (M, N)), _bf16(rng, (N, K)), _bf16(rng, (M, K))
     for fmt, f8 in (("e4m3", "float8_e4m3fn"), ("e5m2", "float8_e5m2")):
@@ -463,8 +463,7 @@ def test_matmul_bwd_prequantized_bundle(tmp_path, rng):
 
 
 def test_matmul_bwd_bad_bundle(tmp_path, rng):
-    if not _have("matmul-bwd"):
-        pytest.skip("matmul-bwd not built yet")
+    _have("matmul-bwd")
     st_save(tmp_path / "b.safetensors", {"output_grad": _bf16(rng, (4, 8)), "weights": _bf16(rng, (7, 5)),
                                          "input_activation": _bf16(rng, (4, 5))})
     r = run("matmul-bwd", "--inputs", tmp_path / "b.safetensors", "--output", tmp_path / "g.safetensors")
@@ -486,8 +485,7 @@ def _moe_problem(rng, T=40, H=64, I=32, E=3, topk=2):
 
 
 def test_moe_bwd_default_problem_small():
-    if not _have("moe-bwd"):
-        pytest.skip("moe-bwd not built yet")
+    _have("moe-bwd")
     r = run("moe-bwd", "--H", "64", "--T", "48", "--E", "3", "--B", "16", "--topk", "2", "--I", "32", check_rc=0)
     for name in ("hidden_states_grad", "expert_affinities_masked_grad", "gate_up_proj_weight_grad",
                  "down_proj_weight_grad"):
@@ -500,8 +498,7 @@ def test_moe_bwd_default_problem_small():
                                    "--float8-dtype float8_e5m2 --scale-rule rceil --grad-dtype f32 --threads 1",
                                    "--T 0", "--E 1 --topk 1 --single-expert-dense"])
 def test_moe_bwd_options(tmp_path, extra):
-    if not _have("moe-bwd"):
-        pytest.skip("moe-bwd not built yet")
+    _have("moe-bwd")
     args = {"--H": "64", "--T": "48", "--E": "3", "--B": "16", "--topk": "2", "--I": "40"}
     rest = []
     toks = extra.split()
@@ -528,8 +525,7 @@ def test_moe_bwd_failed_criterion_exits_1(tmp_path):
     """SquaredReLU with tight clamps: quantization moves pre-activations across the clamp limits, so the gate/up
     weight gradient misses the cosine criterion against the unquantized golden (while it matches the quantized FP64
     reference): exit 1, the table says FAIL, and the computed gradients are still written."""
-    if not _have("moe-bwd"):
-        pytest.skip("moe-bwd not built yet")
+    _have("moe-bwd")
     r = run("moe-bwd", "--H", "64", "--T", "48", "--E", "3", "--B", "16", "--topk", "2", "--I", "40", "--activation",
             "squared_relu", "--gate-clamp", "-0.5,0.5", "--up-clamp", ",0.3", "--output", tmp_path / "g.safetensors")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -538,12 +534,8 @@ def test_moe_bwd_failed_criterion_exits_1(tmp_path):
 
 
 def test_moe_bwd_bundle_round_trip(tmp_path, rng):
-    if not _have("moe-bwd"):
-        pytest.skip("moe-bwd not built yet")
+    _have("moe-bwd")
     import mxfp8
-    if not (hasattr(mxfp8, "blockwise_mm_bwd_mxfp8") and hasattr(mxfp8, "route")
-            and hasattr(mxfp8, "blockwise_mm_fwd_mxfp8")):
-        pytest.skip("the MoE Python API is not available yet")
     p = _moe_problem(rng)
     B, E = 16, 3
     st_save(tmp_path / "bundle.safetensors", p)
@@ -588,8 +580,7 @@ def _route_numpy(ids, wts, E, B, T, padding=-1):
 def test_moe_bwd_bundle_routing_forms_agree(tmp_path, rng):
     """topk_ids routing, explicit routing (int64 ids, padding -1) and the zero-row padding convention (id T) give
     bitwise the same gradients."""
-    if not _have("moe-bwd"):
-        pytest.skip("moe-bwd not built yet")
+    _have("moe-bwd")
     p = _moe_problem(rng)
     T, E, B = 40, 3, 16
     st_save(tmp_path / "topk.safetensors", p)
@@ -612,8 +603,7 @@ def test_moe_bwd_bundle_routing_forms_agree(tmp_path, rng):
 
 
 def test_moe_bwd_bad_bundles(tmp_path, rng):
-    if not _have("moe-bwd"):
-        pytest.skip("moe-bwd not built yet")
+    _have("moe-bwd")
     p = _moe_problem(rng)
     T, E, B = 40, 3, 16
     tpi, b2e, ea = _route_numpy(p["topk_ids"], p["topk_weights"], E, B, T)
@@ -639,11 +629,8 @@ def test_moe_bwd_bad_bundles(tmp_path, rng):
 def test_moe_bwd_generated_problem_matches_python(tmp_path, opts, config):
     """The CLI's generated problem (--save-inputs) run through the Python API without checkpoints gives bitwise the
     gradients the CLI wrote (it used the forward's F32 checkpoints): the checkpoint path equals recomputing."""
-    if not _have("moe-bwd"):
-        pytest.skip("moe-bwd not built yet")
+    _have("moe-bwd")
     import mxfp8
-    if not hasattr(mxfp8, "blockwise_mm_bwd_mxfp8"):
-        pytest.skip("the MoE Python API is not available yet")
     B = 16
     run("moe-bwd", "--H", "64", "--T", "48", "--E", "3", "--B", B, "--topk", "2", "--I", "40", *opts,
         "--save-inputs", tmp_path / "p.safetensors", "--output", tmp_path / "g.safetensors", check_rc=0)
@@ -670,11 +657,8 @@ def test_moe_bwd_generated_problem_matches_python(tmp_path, opts, config):
 
 
 def test_matmul_bwd_generated_problem_matches_python(tmp_path):
-    if not _have("matmul-bwd"):
-        pytest.skip("matmul-bwd not built yet")
+    _have("matmul-bwd")
     import mxfp8
-    if not hasattr(mxfp8, "matmul_mxfp8_backward"):
-        pytest.skip("mxfp8.matmul_mxfp8_backward not available yet")
     run("matmul-bwd", "--M", "40", "--N", "72", "--K", "56", "--repeat", "1", "--save-inputs",
         tmp_path / "p.safetensors", "--output", tmp_path / "g.safetensors", check_rc=0)
     p, g = st_load(tmp_path / "p.safetensors"), st_load(tmp_path / "g.safetensors")
@@ -688,8 +672,7 @@ def test_float8_dtype_exact_names():
     """Issue 3: --float8-dtype is "float8_e4m3fn" or "float8_e5m2"; any other string is an error ("float8_e4m3" is
     ml_dtypes' IEEE-like e4m3, a different format). quantize's --fmt takes issue 2's e4m3 | e5m2 only."""
     for cmd in ("matmul-bwd", "moe-bwd"):
-        if not _have(cmd):
-            continue
+        _have(cmd)
         for bad in ("float8_e4m3", "e4m3", "e4m3fn", "E4M3", "FLOAT8_E5M2", "e5m2"):
             r = run(cmd, "--float8-dtype", bad, check_rc=2)
             assert "float8_e4m3fn or float8_e5m2" in r.stderr, r.stderr

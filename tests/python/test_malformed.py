@@ -1,9 +1,10 @@
 """The committed corpus of malformed tensor files (tests/fuzz/corpus/{npy,safetensors}/bad_*, also the fuzzers'
-seeds; issue 6): the CLI rejects each one with exit status 2, one line 'mxfp8 <command>: error: ...' naming the file,
+seeds): the CLI rejects each one with exit status 2, one line 'mxfp8 <command>: error: ...' naming the file,
 and leaves no output file -- for both commands that read tensors. Every other corpus file (valid files of each dtype
 and fuzzer-found inputs) must give exit 0 or 2, never a crash.
 
-The binary: $MXFP8_CLI, else build/mxfp8 in the repository.
+The binary: $MXFP8_CLI, else mxfp8 in $MXFP8_BUILD_DIR (the directory `make` built), else build/ (build_paths.py); a
+missing binary fails the tests.
 """
 
 import os
@@ -12,12 +13,15 @@ import subprocess
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-CLI = os.path.abspath(os.environ.get("MXFP8_CLI") or os.path.join(REPO, "build", "mxfp8"))
+from build_paths import CLI, REPO, require
+
 CORPUS = os.path.join(REPO, "tests", "fuzz", "corpus")
 
-pytestmark = pytest.mark.skipif(not os.path.isfile(CLI), reason=f"the mxfp8 CLI is not built ({CLI})")
+
+@pytest.fixture(autouse=True)
+def _cli_is_built():
+    """A missing CLI fails every test here (it is part of the build), it never skips them."""
+    require(CLI)
 
 
 def corpus(kind, bad):
@@ -31,7 +35,7 @@ OTHER = corpus("npy", False) + corpus("safetensors", False)
 
 
 def test_corpus_covers_every_malformed_case():
-    """Each malformed case issue 6 lists has a file (the test fails if the corpus loses one)."""
+    """Each malformed case of the readers' contract has a file (the test fails if the corpus loses one)."""
     names = {n for _, n in BAD}
     for want in ["npy/bad_truncated", "npy/bad_hlen_past_end", "npy/bad_hlen_huge_v2", "npy/bad_dtype",
                  "npy/bad_overflow", "safetensors/bad_truncated", "safetensors/bad_hlen_past_end",

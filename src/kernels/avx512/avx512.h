@@ -12,6 +12,8 @@
  *  and the "cols" geometry (unit stride across lines for src, out and scales); -1 for any other (quant_avx512.c). */
 int64_t mxfp8i_quantize_panel__avx512(const mxfp8i_qpanel *p);
 int64_t mxfp8i_dequantize_panel__avx512(const mxfp8i_dqpanel *p);
+void mxfp8i_to_bf16__avx512(const float *src, int64_t ld_src, uint16_t *dst, int64_t ld_dst, int64_t rows,
+                            int64_t n);
 extern const mxfp8i_qkernel mxfp8i_mx_quant__avx512;
 
 /** The AVX-512F FMA microkernel on F32 panels, 8 x 32 register tile (gemm_f32_avx512.c). */

@@ -81,11 +81,44 @@ static inline void transpose16(__m512i r[16]) {
     }
 }
 
+/* BF16 slot of one tile-chunk from its pair dwords: A (row-major) d[r] = row r's 16 pairs; B (VNNI) transposed
+ * first. Each dword is bf16(kk = 2p) | bf16(kk = 2p + 1) << 16, rotated by 16 bits when swap. */
+static void store_bf16_slot(int is_b, __m512i d[16], uint8_t *slot, int swap) {
+    if (swap)
+        for (int r = 0; r < 16; r++) d[r] = _mm512_rol_epi32(d[r], 16);
+    if (is_b) transpose16(d);
+    for (int r = 0; r < 16; r++) _mm512_store_si512((void *)(slot + r * 64), d[r]);
+}
+
+/* One tile-chunk from its FP32 values t[16][32] (raw bits, [r][kk]): the facts from the values, then the slot in
+ * BF16 (pairs of the BF16-exact values' high halves) or, when some value is not a BF16 normal or zero, in FP32. */
+static void tile_from_f32(int is_b, const uint32_t *t, uint8_t *chunk, int tile, int swap) {
+    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    mxfp8i_bf16c_meta m = chunk_meta(t);
+    memcpy(chunk + tile * sizeof m, &m, sizeof m);
+    uint8_t *slot = chunk + 64 + tile * MXFP8I_BF16C_SLOT;
+    if (m.f32) {
+        uint32_t *s = (uint32_t *)slot;
+        if (!is_b) memcpy(s, t, 16 * 32 * 4); /* [r][kk] */
+        else
+            for (int kk = 0; kk < 32; kk++)
+                for (int j = 0; j < 16; j++) s[kk * 16 + j] = t[j * 32 + kk]; /* [kk][j] */
+        return;
+    }
+    __m512i d[16];
+    for (int j = 0; j < 16; j++) {
+        __m512i v0 = _mm512_load_si512((const void *)(t + j * 32));
+        __m512i v1 = _mm512_load_si512((const void *)(t + j * 32 + 16));
+        __m512i e = _mm512_permutex2var_epi32(v0, ev, v1), o = _mm512_permutex2var_epi32(v0, od, v1);
+        d[j] = _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_and_si512(o, _mm512_set1_epi32((int)0xFFFF0000u)));
+    }
+    store_bf16_slot(is_b, d, slot, swap);
+}
+
 /* cm = 0: element (r, k) at src[r*rs + k]; cm = 1: at src[k*rs + r] (column-major, rs = leading dimension). */
 static void bf16c_pack(int is_b, const float *src, int64_t rs, int rows, int64_t K, void *panel_v, int swap, int cm) {
     uint8_t *panel = panel_v;
-    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     uint32_t t[16 * 32] __attribute__((aligned(64)));
     int64_t nch = mxfp8i_bf16c_chunks(K);
     for (int64_t ch = 0; ch < nch; ch++) {
@@ -124,35 +157,7 @@ static void bf16c_pack(int is_b, const float *src, int64_t rs, int rows, int64_t
                     _mm512_store_si512((void *)(t + r * 32 + 16), v1);
                 }
             }
-            mxfp8i_bf16c_meta m = chunk_meta(t);
-            memcpy(chunk + tile * sizeof m, &m, sizeof m);
-            uint8_t *slot = chunk + 64 + tile * MXFP8I_BF16C_SLOT;
-            if (m.f32) {
-                uint32_t *s = (uint32_t *)slot;
-                if (!is_b) memcpy(s, t, sizeof t); /* [r][kk] */
-                else
-                    for (int kk = 0; kk < 32; kk++)
-                        for (int j = 0; j < 16; j++) s[kk * 16 + j] = t[j * 32 + kk]; /* [kk][j] */
-            } else {
-                /* Pair dwords of each row: bf16(kk = 2p) | bf16(kk = 2p + 1) << 16 (the high halves of the
-                 * BF16-exact FP32 values), rotated by 16 bits when swap. A: row r's 16 dwords at byte r*64 (the
-                 * [r][kk] bf16 layout); B (VNNI): dword (p, j) at byte p*64 + j*4, a 16x16 transpose. */
-                __m512i w[16];
-                for (int j = 0; j < 16; j++) {
-                    __m512i v0 = _mm512_load_si512((const void *)(t + j * 32));
-                    __m512i v1 = _mm512_load_si512((const void *)(t + j * 32 + 16));
-                    __m512i e = _mm512_permutex2var_epi32(v0, ev, v1), o = _mm512_permutex2var_epi32(v0, od, v1);
-                    __m512i d = _mm512_or_si512(_mm512_srli_epi32(e, 16),
-                                                _mm512_and_si512(o, _mm512_set1_epi32((int)0xFFFF0000u)));
-                    if (swap) d = _mm512_rol_epi32(d, 16);
-                    if (is_b) w[j] = d;
-                    else _mm512_store_si512((void *)(slot + j * 64), d);
-                }
-                if (is_b) {
-                    transpose16(w);
-                    for (int p = 0; p < 16; p++) _mm512_store_si512((void *)(slot + p * 64), w[p]);
-                }
-            }
+            tile_from_f32(is_b, t, chunk, tile, swap);
         }
     }
 }
@@ -169,6 +174,103 @@ void mxfp8i_bf16c_pack_cm(int is_b, const float *src, int64_t ld, int rows, int6
 }
 void mxfp8i_bf16c_pack_swapped_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel) {
     bf16c_pack(is_b, src, ld, rows, K, panel, 1, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* packing from BF16 values with their 1x32 group scales                                                       */
+/* ---------------------------------------------------------------------------------------------------------- */
+/* The facts of a tile-chunk from the E8M0 codes of its rows' groups (bf16chunk.h, why this is enough): a value of a
+ * group with scale e is fp8 * 2^e, nonzero ones with exponent in [e - lo, e + hi] (E4M3: lo 9, hi 8; E5M2: 16, 15)
+ * and a lowest set bit >= 2^(e - lo): so qmin >= min(e) - lo, emax <= max(e) + hi. Conservative bounds only send
+ * more chunks down the exact path; a code 0 (an all-zero group, or e = -127), 255 (NaN) or one low enough that a
+ * value may be a BF16 subnormal returns 0: the caller derives the facts from the values instead. */
+static int meta_from_scales(const uint8_t *sc, int64_t s_r, int rn, int fmt, mxfp8i_bf16c_meta *m) {
+    const int lo = fmt ? 16 : 9, hi = fmt ? 15 : 8;
+    int smin = 255, smax = 0;
+    for (int r = 0; r < rn; r++) {
+        int c = sc[r * s_r];
+        smin = c < smin ? c : smin;
+        smax = c > smax ? c : smax;
+    }
+    memset(m, 0, sizeof *m);
+    if (rn <= 0) { /* no valid row: zeros */
+        m->qmin = 1000;
+        m->emax = -1000;
+        return 1;
+    }
+    if (smin == 0 || smax == 255 || smin - 127 - lo < -126) return 0;
+    m->qmin = (int16_t)(smin - 127 - lo);
+    m->emax = (int16_t)(smax - 127 + hi);
+    return 1;
+}
+
+/* The pair dwords d[16] of one tile-chunk in the A layout (d[r] = row r's 16 pairs), from BF16 values: rows
+ * geometry (row r at src + r*ld, kn <= 32 steps) or column-major (step kk at src + kk*ld, 16 rows). Rows past rn and
+ * steps past kn are zero. */
+static void load_pairs(const uint16_t *src, int64_t ld, int cm, int rn, int kn, __m512i d[16]) {
+    if (!cm) {
+        __mmask32 km = kn >= 32 ? 0xFFFFFFFFu : (((__mmask32)1 << kn) - 1);
+        for (int r = 0; r < 16; r++)
+            d[r] = r < rn ? _mm512_maskz_loadu_epi16(km, src + r * ld) : _mm512_setzero_si512();
+        return;
+    }
+    /* steps 2p and 2p + 1 interleaved: dword j of e[p] = (row j at step 2p, row j at step 2p + 1) */
+    __mmask16 rm = rn >= 16 ? (__mmask16)0xFFFF : rn <= 0 ? 0 : (__mmask16)((1u << rn) - 1);
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    for (int p = 0; p < 16; p++) {
+        int k = 2 * p;
+        __m512i lo = k < kn ? _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(rm, src + k * ld))
+                            : _mm512_setzero_si512();
+        __m512i hi = k + 1 < kn ? _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(rm, src + (k + 1) * ld))
+                                : _mm512_setzero_si512();
+        d[p] = _mm512_permutex2var_epi16(lo, idx, hi);
+    }
+    transpose16(d); /* [p][r] -> [r][p] */
+}
+
+void mxfp8i_bf16c_pack_q(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
+                         const uint8_t *scales, int64_t s_r, int64_t s_g, int fmt, int swap, void *panel_v) {
+    uint8_t *panel = panel_v;
+    uint32_t t[16 * 32] __attribute__((aligned(64)));
+    const int64_t nch = mxfp8i_bf16c_chunks(K);
+    for (int64_t ch = 0; ch < nch; ch++) {
+        uint8_t *chunk = panel + ch * MXFP8I_BF16C_CHUNK_BYTES;
+        memset(chunk, 0, 64);
+        chunk[MXFP8I_BF16C_SWAP_BYTE] = (uint8_t)swap;
+        const int64_t k0 = ch * MXFP8I_BF16C_KCHUNK;
+        const int kn = (int)(K - k0 < MXFP8I_BF16C_KCHUNK ? K - k0 : MXFP8I_BF16C_KCHUNK);
+        for (int tile = 0; tile < 2; tile++) {
+            const int rn = rows - tile * 16 < 0 ? 0 : rows - tile * 16 > 16 ? 16 : rows - tile * 16;
+            const uint16_t *base = cm ? src + k0 * ld + tile * 16 : src + (int64_t)tile * 16 * ld + k0;
+            __m512i d[16];
+            load_pairs(base, ld, cm, rn, kn, d);
+            mxfp8i_bf16c_meta m;
+            if (meta_from_scales(scales + (int64_t)tile * 16 * s_r + ch * s_g, s_r, rn, fmt, &m)) {
+                memcpy(chunk + tile * sizeof m, &m, sizeof m);
+                store_bf16_slot(is_b, d, chunk + 64 + tile * MXFP8I_BF16C_SLOT, swap);
+                continue;
+            }
+            /* the facts from the values: FP32 bits of each BF16 value (its pair dword's halves) */
+            for (int r = 0; r < 16; r++) {
+                __m512i lo = _mm512_slli_epi32(d[r], 16), hi = _mm512_and_si512(d[r], _mm512_set1_epi32((int)0xFFFF0000u));
+                const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+                const __m512i i1 = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+                _mm512_store_si512((void *)(t + r * 32), _mm512_permutex2var_epi32(lo, i0, hi));
+                _mm512_store_si512((void *)(t + r * 32 + 16), _mm512_permutex2var_epi32(lo, i1, hi));
+            }
+            tile_from_f32(is_b, t, chunk, tile, swap);
+        }
+    }
+}
+
+void mxfp8i_bf16c_pack_q_plain(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
+                               const uint8_t *scales, int64_t s_r, int64_t s_g, int fmt, void *panel) {
+    mxfp8i_bf16c_pack_q(is_b, src, ld, cm, rows, K, scales, s_r, s_g, fmt, 0, panel);
+}
+void mxfp8i_bf16c_pack_q_swapped(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
+                                 const uint8_t *scales, int64_t s_r, int64_t s_g, int fmt, void *panel) {
+    mxfp8i_bf16c_pack_q(is_b, src, ld, cm, rows, K, scales, s_r, s_g, fmt, 1, panel);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -271,5 +373,51 @@ void mxfp8i_bf16c_store_acc(const float *cb, float *c, int64_t ldc, int mr, int 
     for (int i = 0; i < mr; i++) {
         _mm512_mask_storeu_ps(c + i * ldc, m0, _mm512_load_ps(cb + i * 32));
         _mm512_mask_storeu_ps(c + i * ldc + 16, m1, _mm512_load_ps(cb + i * 32 + 16));
+    }
+}
+
+/* Rows [r0, r0 + 8) (r0 a multiple of 8) of an A chunk and all 32 columns of a B chunk as FP32: af[i][kk], bf[kk][j]. */
+static void expand_rows8(const uint8_t *a, const uint8_t *b, int r0, float *af, float *bf) {
+    const mxfp8i_bf16c_meta *am = mxfp8i_bf16c_chunk_meta(a), *bm = mxfp8i_bf16c_chunk_meta(b);
+    int sa_sw = a[MXFP8I_BF16C_SWAP_BYTE], sb_sw = b[MXFP8I_BF16C_SWAP_BYTE], tile = r0 / 16;
+    const uint8_t *sa = a + 64 + tile * MXFP8I_BF16C_SLOT;
+    for (int i = 0; i < 8; i++) {
+        int r = r0 % 16 + i;
+        for (int kk = 0; kk < 32; kk++) {
+            uint32_t u;
+            if (am[tile].f32) memcpy(&u, sa + r * 128 + kk * 4, 4);
+            else { uint16_t h; memcpy(&h, sa + r * 64 + (kk ^ sa_sw) * 2, 2); u = (uint32_t)h << 16; }
+            memcpy(&af[i * 32 + kk], &u, 4);
+        }
+    }
+    for (int t = 0; t < 2; t++) {
+        const uint8_t *sb = b + 64 + t * MXFP8I_BF16C_SLOT;
+        for (int kk = 0; kk < 32; kk++)
+            for (int j = 0; j < 16; j++) {
+                uint32_t u;
+                if (bm[t].f32) memcpy(&u, sb + kk * 64 + j * 4, 4);
+                else {
+                    uint16_t h;
+                    memcpy(&h, sb + (kk / 2) * 64 + j * 4 + ((kk % 2) ^ sb_sw) * 2, 2);
+                    u = (uint32_t)h << 16;
+                }
+                memcpy(&bf[kk * 32 + t * 16 + j], &u, 4);
+            }
+    }
+}
+
+void mxfp8i_bf16c_exact_rows8(float *c, int64_t ldc, int r0, const void *a_chunk, const void *b_chunk, int kn) {
+    float af[8 * 32] __attribute__((aligned(64))), bf[32 * 32] __attribute__((aligned(64)));
+    expand_rows8(a_chunk, b_chunk, r0, af, bf);
+    for (int i = 0; i < 8; i++) {
+        float *ci = c + (int64_t)i * ldc;
+        __m512 c0 = _mm512_loadu_ps(ci), c1 = _mm512_loadu_ps(ci + 16);
+        for (int kk = 0; kk < kn; kk++) {
+            __m512 av = _mm512_set1_ps(af[i * 32 + kk]);
+            c0 = _mm512_fmadd_ps(av, _mm512_load_ps(bf + kk * 32), c0);
+            c1 = _mm512_fmadd_ps(av, _mm512_load_ps(bf + kk * 32 + 16), c1);
+        }
+        _mm512_storeu_ps(ci, c0);
+        _mm512_storeu_ps(ci + 16, c1);
     }
 }

@@ -76,6 +76,21 @@ void mxfp8i_bf16c_pack_swapped(int is_b, const float *src, int64_t ld, int rows,
 void mxfp8i_bf16c_pack_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel);
 void mxfp8i_bf16c_pack_swapped_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel);
 
+/** Pack from BF16 values that are exact dequantized MX values in 1x32 groups along K, with their E8M0 scales:
+ *  element (r, k) at src[r*ld + k] (cm = 0) or src[k*ld + r] (cm = 1); the scale of row r's group g at
+ *  scales[r*s_r + g*s_g]; fmt the element format (0 E4M3, 1 E5M2); swap as the _swapped packers. The chunk facts
+ *  come from the scales (bounds that are never tighter than the values' own) except where a scale code leaves them
+ *  open (0, 255, or a group whose values may be BF16 subnormals): there from the values. Panels of this packer and
+ *  of mxfp8i_bf16c_pack on the FP32 values hold the same slot data and give the same results; their facts may
+ *  differ (these are conservative). */
+void mxfp8i_bf16c_pack_q(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
+                         const uint8_t *scales, int64_t s_r, int64_t s_g, int fmt, int swap, void *panel);
+/** mxfp8i_bf16c_pack_q with swap 0 / 1 (the kernels' pack_q). */
+void mxfp8i_bf16c_pack_q_plain(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
+                               const uint8_t *scales, int64_t s_r, int64_t s_g, int fmt, void *panel);
+void mxfp8i_bf16c_pack_q_swapped(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
+                                 const uint8_t *scales, int64_t s_r, int64_t s_g, int fmt, void *panel);
+
 /** The facts of a chunk (its 64-byte header: tile 0, tile 1). */
 static inline const mxfp8i_bf16c_meta *mxfp8i_bf16c_chunk_meta(const void *chunk) {
     return (const mxfp8i_bf16c_meta *)chunk;
@@ -95,6 +110,9 @@ static inline int mxfp8i_bf16c_chunk_ok(const void *a_chunk, const void *b_chunk
 }
 /** cb[32][32] (row-major accumulators) += the chunk's steps kk < kn, acc = fmaf(a, b, acc) in ascending kk. */
 void mxfp8i_bf16c_exact_chunk(float *cb, const void *a_chunk, const void *b_chunk, int kn);
+/** The same for rows [r0, r0 + 8) of a full 32-column tile held directly in c (row stride ldc, in floats): c[i*ldc +
+ *  j] for i < 8, j < 32 are the accumulators of rows r0 + i. */
+void mxfp8i_bf16c_exact_rows8(float *c, int64_t ldc, int r0, const void *a_chunk, const void *b_chunk, int kn);
 /** 1 when every accumulator of cb[32][32] is zero or a finite normal whose lowest set bit is >= 2^-126. */
 int mxfp8i_bf16c_acc_ok(const float *cb);
 /** cb[32][32] (64-byte aligned) = the valid mr x nr block of c when load_c, zeros elsewhere; and the way back. */

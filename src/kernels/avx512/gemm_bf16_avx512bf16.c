@@ -67,9 +67,118 @@ static void dp_run(float *cb, const uint8_t *a, const uint8_t *b, int64_t nch, i
     }
 }
 
+/* ---- full 32 x 32 tiles: accumulators loaded from and stored to C directly ---- */
+
+/* Bit ch of the result: chunk ch of [0, nch) (nch <= 64) may run on the unit (all four tile pairs). */
+static uint64_t ok_mask(const uint8_t *a, const uint8_t *b, int64_t nch, int route) {
+    uint64_t m = 0;
+    for (int64_t ch = 0; ch < nch; ch++)
+        if (mxfp8i_bf16c_chunk_ok(a + ch * MXFP8I_BF16C_CHUNK_BYTES, b + ch * MXFP8I_BF16C_CHUNK_BYTES, route))
+            m |= (uint64_t)1 << ch;
+    return m;
+}
+
+/* 1 when every lane of the 16 accumulators is zero or 2^-103 <= |c| < Inf (biased exponent 24..254): then its
+ * lowest set bit is >= 2^-126 (bf16chunk.h, condition 2). A conservative test: an accumulator that fails it only
+ * sends its chunks down the exact path, which is always exact. */
+static inline __attribute__((always_inline)) int regs_ok(const __m512 acc[8][2]) {
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), lo = _mm512_set1_epi32(24 << 23),
+                  span = _mm512_set1_epi32((255 - 24) << 23);
+    __mmask16 bad = 0;
+    for (int r = 0; r < 8; r++)
+        for (int h = 0; h < 2; h++) {
+            __m512i ax = _mm512_and_si512(_mm512_castps_si512(acc[r][h]), absm);
+            bad |= _mm512_cmpge_epu32_mask(_mm512_sub_epi32(ax, lo), span) & _mm512_test_epi32_mask(ax, ax);
+        }
+    return bad == 0;
+}
+
+/* nch chunks from bases a (this group's 8 rows of the A slot) and b, all allowed on the unit, into acc. */
+static inline __attribute__((always_inline)) void dp_chunks(__m512 acc[8][2], const uint8_t *a, const uint8_t *b,
+                                                            int64_t nch) {
+    for (int64_t ch = 0; ch < nch; ch++) {
+        const uint8_t *ca = a + ch * MXFP8I_BF16C_CHUNK_BYTES, *cbb = b + ch * MXFP8I_BF16C_CHUNK_BYTES + 64;
+        const uint8_t *na = ca + PF_DIST * MXFP8I_BF16C_CHUNK_BYTES, *nb = cbb + PF_DIST * MXFP8I_BF16C_CHUNK_BYTES;
+        const int pf = ch + PF_DIST < nch;
+        for (int p = 0; p < 16; p++) {
+            if (pf) {
+                _mm_prefetch((const char *)(nb + p * 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(nb + MXFP8I_BF16C_SLOT + p * 64), _MM_HINT_T0);
+                if (p < 8) _mm_prefetch((const char *)(na + p * 64), _MM_HINT_T0);
+            }
+            __m512i b0 = _mm512_load_si512((const void *)(cbb + p * 64));
+            __m512i b1 = _mm512_load_si512((const void *)(cbb + MXFP8I_BF16C_SLOT + p * 64));
+            for (int r = 0; r < 8; r++) {
+                int32_t w;
+                memcpy(&w, ca + r * 64 + p * 4, 4);
+                __m512bh av = (__m512bh)_mm512_set1_epi32(w);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, (__m512bh)b0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, (__m512bh)b1);
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void load_rows(__m512 acc[8][2], const float *c, int64_t ldc,
+                                                            int load_c) {
+    for (int r = 0; r < 8; r++) {
+        acc[r][0] = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
+        acc[r][1] = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+    }
+}
+static inline __attribute__((always_inline)) void store_rows(const __m512 acc[8][2], float *c, int64_t ldc) {
+    for (int r = 0; r < 8; r++) {
+        _mm512_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
+    }
+}
+
+/* A full tile (mr = nr = 32): per group of 8 rows, the accumulators live in registers across every run of chunks
+ * allowed on the unit; a chunk that is not (or one after an accumulator left the safe range) is run on C by the
+ * exact path between a store and a reload. */
+static inline __attribute__((always_inline)) void full_tile(int route, int64_t nfull, int tail, const uint8_t *a,
+                                                            const uint8_t *b, float *c, int64_t ldc, int load_c) {
+    const uint64_t ok = ok_mask(a, b, nfull, route);
+    for (int g = 0; g < 32; g += 8) {
+        const uint8_t *ag = a + 64 + (g / 16) * MXFP8I_BF16C_SLOT + (g % 16) * 64;
+        float *cg = c + g * ldc;
+        __m512 acc[8][2];
+        load_rows(acc, cg, ldc, load_c);
+        int c_ok = !route || !load_c || regs_ok(acc);
+        int64_t ch = 0;
+        while (ch < nfull) {
+            if (!c_ok || !(ok >> ch & 1)) {
+                store_rows(acc, cg, ldc);
+                mxfp8i_bf16c_exact_rows8(cg, ldc, g, a + ch * MXFP8I_BF16C_CHUNK_BYTES,
+                                         b + ch * MXFP8I_BF16C_CHUNK_BYTES, MXFP8I_BF16C_KCHUNK);
+                load_rows(acc, cg, ldc, 1);
+                c_ok = !route || regs_ok(acc);
+                ch++;
+                continue;
+            }
+            int64_t end = ch + 1;
+            while (end < nfull && (ok >> end & 1)) end++;
+            dp_chunks(acc, ag + ch * MXFP8I_BF16C_CHUNK_BYTES, b + ch * MXFP8I_BF16C_CHUNK_BYTES, end - ch);
+            ch = end; /* accumulators stay multiples of 2^-126 on the unit: c_ok holds */
+        }
+        store_rows(acc, cg, ldc);
+        if (tail)
+            mxfp8i_bf16c_exact_rows8(cg, ldc, g, a + nfull * MXFP8I_BF16C_CHUNK_BYTES,
+                                     b + nfull * MXFP8I_BF16C_CHUNK_BYTES, tail);
+    }
+}
+
 static inline __attribute__((always_inline)) void kernel(int route, int64_t k0, int64_t kc, const void *a_panel,
                                                          const void *b_panel, float *c, int64_t ldc, int mr, int nr,
                                                          int load_c) {
+    int64_t nfull0 = kc / MXFP8I_BF16C_KCHUNK;
+    if (mr == 32 && nr == 32 && nfull0 <= 64) {
+        const uint8_t *a0 = (const uint8_t *)a_panel + (k0 / MXFP8I_BF16C_KCHUNK) * MXFP8I_BF16C_CHUNK_BYTES;
+        const uint8_t *b0 = (const uint8_t *)b_panel + (k0 / MXFP8I_BF16C_KCHUNK) * MXFP8I_BF16C_CHUNK_BYTES;
+        full_tile(route, nfull0, (int)(kc % MXFP8I_BF16C_KCHUNK), a0, b0, c, ldc, load_c);
+        return;
+    }
+    /* partial tiles (and passes over 64 chunks): on a 32 x 32 copy of the valid block */
     float cb[32 * 32] __attribute__((aligned(64)));
     mxfp8i_bf16c_load_acc(cb, c, ldc, mr, nr, load_c);
     int c_ok = load_c ? mxfp8i_bf16c_acc_ok(cb) : 1;
@@ -116,18 +225,20 @@ static void run_noroute(int64_t k0, int64_t kc, const void *a, const void *b, fl
 /* Tiles: the kernel reloads and checks its 32x32 accumulators per call, so a deep k tile pays: 512 measured ~16%
  * faster than 128 at 1024x2048x1024 on AMD Zen 4, and 2048 another 3-6% over 512 on the kernel alone (4 x 8 panels,
  * K = 2048: 220 -> 227 GFLOP/s; K = 4096: 206 -> 214). Speed only. */
-#define DP_SLOT(nm, packfn, packcm, tonly, runfn)                                                                      \
+#define DP_SLOT(nm, packfn, packcm, packq, tonly, runfn)                                                                      \
     {.name = nm, .isa_name = "avx512_bf16", .isa_level = 1, .needs = MXFP8I_NEEDS_AVX512 | MXFP8I_NEEDS_AVX512_BF16,  \
      .test_only = tonly, .panel = MXFP8I_PANEL_BF16C, .mr = 32, .nr = 32, .kalign = MXFP8I_BF16C_KCHUNK,               \
      .tile_m = 128, .tile_n = 256, .tile_k = 2048, .fn = NULL, .panel_bytes = mxfp8i_bf16c_panel_bytes,               \
-     .pack = packfn, .pack_cm = packcm, .run = runfn}
+     .pack = packfn, .pack_cm = packcm, .pack_q = packq, .run = runfn}
 /* The unit takes the odd element of each pair first (the SDM; AMD Zen 4): panels with swapped pairs. */
 const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__avx512bf16_oddfirst_ukernel =
-    DP_SLOT("bf16_gemm_32x32__avx512bf16_oddfirst", mxfp8i_bf16c_pack_swapped, mxfp8i_bf16c_pack_swapped_cm, 0, run_dp);
+    DP_SLOT("bf16_gemm_32x32__avx512bf16_oddfirst", mxfp8i_bf16c_pack_swapped, mxfp8i_bf16c_pack_swapped_cm,
+            mxfp8i_bf16c_pack_q_swapped, 0, run_dp);
 /* A unit that takes the even element first: plain panels. */
 const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__avx512bf16_evenfirst_ukernel =
-    DP_SLOT("bf16_gemm_32x32__avx512bf16_evenfirst", mxfp8i_bf16c_pack, mxfp8i_bf16c_pack_cm, 0, run_dp);
+    DP_SLOT("bf16_gemm_32x32__avx512bf16_evenfirst", mxfp8i_bf16c_pack, mxfp8i_bf16c_pack_cm, mxfp8i_bf16c_pack_q_plain,
+            0, run_dp);
 /* Negative control (tests only): no DAZ/FTZ routing; must fail the checker on real hardware. */
 const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__avx512bf16_noroute_ukernel =
-    DP_SLOT("bf16_gemm_32x32__avx512bf16_noroute", mxfp8i_bf16c_pack_swapped, mxfp8i_bf16c_pack_swapped_cm, 1,
-            run_noroute);
+    DP_SLOT("bf16_gemm_32x32__avx512bf16_noroute", mxfp8i_bf16c_pack_swapped, mxfp8i_bf16c_pack_swapped_cm,
+            mxfp8i_bf16c_pack_q_swapped, 1, run_noroute);

@@ -319,5 +319,26 @@ int64_t mxfp8i_dequantize_panel__avx512(const mxfp8i_dqpanel *p) {
     return -1;
 }
 
+/* FP32 -> BF16, RNE on the bits (as mxfp8i_fp32_to_bf16): (u + 0x7FFF + lsb) >> 16; NaN -> (u >> 16) | 0x40. */
+void mxfp8i_to_bf16__avx512(const float *src, int64_t ld_src, uint16_t *dst, int64_t ld_dst, int64_t rows,
+                            int64_t n) {
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), q = _mm512_set1_epi32(0x40);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = src + r * ld_src;
+        uint16_t *d = dst + r * ld_dst;
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 m = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+            __m512i u = _mm512_maskz_loadu_epi32(m, s + j);
+            __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+            __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
+            __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
+            __m512i v = _mm512_mask_or_epi32(rne, nan, _mm512_srli_epi32(u, 16), q);
+            _mm256_mask_storeu_epi16(d + j, m, _mm512_cvtepi32_epi16(v));
+        }
+    }
+}
+
 const mxfp8i_qkernel mxfp8i_mx_quant__avx512 = {"mx_quant_panel__avx512", "avx512", 1, MXFP8I_NEEDS_AVX512,
-                                                mxfp8i_quantize_panel__avx512, mxfp8i_dequantize_panel__avx512};
+                                                mxfp8i_quantize_panel__avx512, mxfp8i_dequantize_panel__avx512,
+                                                mxfp8i_to_bf16__avx512};

@@ -129,5 +129,10 @@ int64_t mxfp8i_dequantize_panel__ref(const mxfp8i_dqpanel *p) {
     return inexact;
 }
 
+void mxfp8i_to_bf16__ref(const float *src, int64_t ld_src, uint16_t *dst, int64_t ld_dst, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) dst[r * ld_dst + j] = mxfp8i_fp32_to_bf16(src[r * ld_src + j]);
+}
+
 const mxfp8i_qkernel mxfp8i_mx_quant__ref = {"mx_quant_panel__ref", "scalar", 0, 0, mxfp8i_quantize_panel__ref,
-                                             mxfp8i_dequantize_panel__ref};
+                                             mxfp8i_dequantize_panel__ref, mxfp8i_to_bf16__ref};

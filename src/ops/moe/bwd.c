@@ -28,48 +28,47 @@
 
 #include "bwd.h"
 
-static void ws_free(mxfp8i_moe_bwd *w) {
-    free(w->dx); free(w->dw1); free(w->dw2); free(w->sw1); free(w->sw2); free(w->da); free(w->db1); free(w->db2);
-    free(w->xb); free(w->dyb); free(w->gu); free(w->g); free(w->u); free(w->act); free(w->inter); free(w->dI);
-    free(w->dgu); free(w->dxb); free(w->S); free(w->D); free(w->down); free(w->b1); free(w->b2); free(w->dablk);
-    mxfp8i_moe_wcopy_free(&w->wc);
-}
-
-static void *xmalloc(int64_t n, size_t es, bool *ok) {
-    void *q = malloc((size_t)(n > 0 ? n : 1) * es);
+/* A slot of the call's workspace for n elements of es bytes (the next of the layer's slots). */
+static void *slot(int *next, int64_t n, size_t es, bool *ok) {
+    void *q = mxfp8i_ws_get((*next)++, (size_t)(n > 0 ? n : 1) * es);
     if (!q) *ok = false;
     return q;
 }
 
-/* Every workspace, before the first store; zeroed accumulators. OUT_OF_MEMORY (nothing kept) or OK. */
+/* Every buffer, and every block GEMM's, before the first store; zeroed accumulators. OUT_OF_MEMORY or OK. */
 static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8_moe_bwd_grads *grads) {
     const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Bw, Es = E > 1 ? E - 1 : 0;
     bool ok = true;
-    w->dx = (float *)xmalloc(T * H, sizeof(float), &ok);
-    w->dw1 = (float *)xmalloc(H * I2, sizeof(float), &ok);
-    w->dw2 = (float *)xmalloc(I * H, sizeof(float), &ok);
-    w->sw1 = xmalloc(Es * H * I2, mxfp8_dtype_size(grads->gate_up_proj_weight_grad.dtype), &ok);
-    w->sw2 = xmalloc(Es * I * H, mxfp8_dtype_size(grads->down_proj_weight_grad.dtype), &ok);
-    w->da = (double *)xmalloc(T * E, sizeof(double), &ok);
-    w->db1 = (double *)xmalloc(E * I2, sizeof(double), &ok);
-    w->db2 = (double *)xmalloc(E * H, sizeof(double), &ok);
+    int k = MXFP8I_WS_MOE_BUF0;
+    w->dx = (float *)slot(&k, T * H, sizeof(float), &ok);
+    w->dw1 = (float *)slot(&k, H * I2, sizeof(float), &ok);
+    w->dw2 = (float *)slot(&k, I * H, sizeof(float), &ok);
+    w->sw1 = slot(&k, Es * H * I2, mxfp8_dtype_size(grads->gate_up_proj_weight_grad.dtype), &ok);
+    w->sw2 = slot(&k, Es * I * H, mxfp8_dtype_size(grads->down_proj_weight_grad.dtype), &ok);
+    w->da = (double *)slot(&k, T * E, sizeof(double), &ok);
+    w->db1 = (double *)slot(&k, E * I2, sizeof(double), &ok);
+    w->db2 = (double *)slot(&k, E * H, sizeof(double), &ok);
     float **rows[] = {&w->xb, &w->dyb, &w->dxb, &w->D, &w->down}, **cols[] = {&w->g, &w->u, &w->act, &w->inter,
                                                                               &w->dI, &w->S};
-    for (int i = 0; i < 5; i++) *rows[i] = (float *)xmalloc(Bw * H, sizeof(float), &ok);
-    for (int i = 0; i < 6; i++) *cols[i] = (float *)xmalloc(Bw * I, sizeof(float), &ok);
-    w->gu = (float *)xmalloc(Bw * I2, sizeof(float), &ok);
-    w->dgu = (float *)xmalloc(Bw * I2, sizeof(float), &ok);
-    w->b1 = (float *)xmalloc(I2, sizeof(float), &ok);
-    w->b2 = (float *)xmalloc(H, sizeof(float), &ok);
-    w->dablk = (double *)xmalloc(Bw, sizeof(double), &ok);
+    for (int i = 0; i < 5; i++) *rows[i] = (float *)slot(&k, Bw * H, sizeof(float), &ok);
+    for (int i = 0; i < 6; i++) *cols[i] = (float *)slot(&k, Bw * I, sizeof(float), &ok);
+    w->gu = (float *)slot(&k, Bw * I2, sizeof(float), &ok);
+    w->dgu = (float *)slot(&k, Bw * I2, sizeof(float), &ok);
+    w->b1 = (float *)slot(&k, I2, sizeof(float), &ok);
+    w->b2 = (float *)slot(&k, H, sizeof(float), &ok);
+    w->dablk = (double *)slot(&k, Bw, sizeof(double), &ok);
     /* the weight uses: Phases 1, 2; the recomputations when their checkpoints are absent */
+    const int re_gu = !w->args->gate_up_proj_act_checkpoint_T.data;
+    const int re_down = w->onH && !w->args->down_proj_output_checkpoint.data;
     unsigned uses = 1u << MXFP8I_W2_H | 1u << MXFP8I_W1_2I;
-    if (!w->args->gate_up_proj_act_checkpoint_T.data) uses |= 1u << MXFP8I_W1_H;
-    if (w->onH && !w->args->down_proj_output_checkpoint.data) uses |= 1u << MXFP8I_W2_I;
-    if (!ok || mxfp8i_moe_wcopy_alloc(p, uses, &w->wc)) {
-        ws_free(w);
+    if (re_gu) uses |= 1u << MXFP8I_W1_H;
+    if (re_down) uses |= 1u << MXFP8I_W2_I;
+    if (!ok || mxfp8i_moe_wcopy_alloc(p, uses, &w->wc)) return MXFP8_ERR_OUT_OF_MEMORY;
+    /* the block GEMMs (at most Bw positions): Phase 1 and 2 weights in keyed slots 0 and 1 */
+    if (mxfp8i_moe_gemm_reserve(p, Bw, I, H, 0) || mxfp8i_moe_gemm_reserve(p, Bw, H, I2, 1) ||
+        mxfp8i_moe_gemm_reserve(p, H, I2, Bw, -1) || mxfp8i_moe_gemm_reserve(p, I, H, Bw, -1) ||
+        (re_gu && mxfp8i_moe_gemm_reserve(p, Bw, I2, H, -1)) || (re_down && mxfp8i_moe_gemm_reserve(p, Bw, H, I, -1)))
         return MXFP8_ERR_OUT_OF_MEMORY;
-    }
     memset(w->dx, 0, sizeof(float) * (size_t)(T * H));
     for (int64_t i = 0; i < T * E; i++) w->da[i] = 0.0;
     for (int64_t i = 0; i < E * I2; i++) w->db1[i] = 0.0;
@@ -116,38 +115,38 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads) {
-    static const char *fn = "mxfp8_moe_backward";
-    mxfp8i_clear_error();
-    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
-    MXFP8I_RETURN_ERROR_IF(!grads, MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
+/* The call inside its workspace scope. */
+static mxfp8_status backward_scoped(const char *fn, const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads) {
     mxfp8i_moe_in in;
     mxfp8i_moe_in_bwd(args, &in);
     mxfp8i_moe p;
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 1, &p));
-    mxfp8_status st = mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 0);
-    if (!st && mxfp8i_moe_stats_alloc(&p, args->stats))
-        st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate the statistics", fn);
-    if (st) {
-        mxfp8i_moe_free(&p);
-        return st;
-    }
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 0));
     mxfp8i_moe_bwd w;
     memset(&w, 0, sizeof w);
     w.p = &p;
     w.args = args;
     w.onH = p.cfg.affinity_option == MXFP8_AFFINITY_ON_H;
-    if (ws_alloc(&w, &p, grads)) {
-        mxfp8i_moe_free(&p);
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
-    }
-    /* The block GEMMs reuse one set of GEMM buffers (no fresh pages per GEMM), released before the stores. */
-    mxfp8i_gemm_ws_begin();
-    st = run_experts(&w, grads);
-    mxfp8i_gemm_ws_end();
-    if (st == MXFP8_OK) store_outputs(&w, grads), mxfp8i_moe_stats_export(&p, args->stats);
-    else st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM workspace (outputs untouched)", fn);
-    ws_free(&w);
-    mxfp8i_moe_free(&p);
+    MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p, grads) || mxfp8i_moe_stats_alloc(&p, args->stats),
+                           MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
+    MXFP8I_RETURN_ERROR_IF(run_experts(&w, grads), MXFP8_ERR_INTERNAL, "%s: a block GEMM failed after its reservation",
+                           fn);
+    store_outputs(&w, grads);
+    mxfp8i_moe_stats_export(&p, args->stats);
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads) {
+    static const char *fn = "mxfp8_moe_backward";
+    mxfp8i_clear_error();
+    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!grads, MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
+    /* Every buffer, the block GEMMs' included, is a slot of this scope's arena: the caller's workspace, kept for
+       the next call, or a private one freed here. */
+    mxfp8i_scope scope;
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, args->workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate a workspace", fn);
+    mxfp8_status st = backward_scoped(fn, args, grads);
+    mxfp8i_scope_end(&scope);
     return st;
 }

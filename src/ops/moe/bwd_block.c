@@ -20,11 +20,15 @@ static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H;
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q = 0; q < L; q++)
-        for (int64_t h = 0; h < H; h++) {
-            w->xb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p->X, tok[q], h) : 0.0f;
-            w->dyb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p->dY, tok[q], h) : 0.0f;
+    for (int64_t q = 0; q < L; q++) {
+        if (tok[q] < 0) {
+            memset(w->xb + q * H, 0, (size_t)H * sizeof(float));
+            memset(w->dyb + q * H, 0, (size_t)H * sizeof(float));
+            continue;
         }
+        mxfp8i_moe_row_f32(&p->X, tok[q], H, w->xb + q * H);
+        mxfp8i_moe_row_f32(&p->dY, tok[q], H, w->dyb + q * H);
+    }
 }
 
 /* g, u, act(g), inter (checkpoints, else the forward's GEMM 1 + b1 + clamp), and the Phase 4 operand S = a*inter
@@ -44,6 +48,23 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
         MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, w->gu, I2));
     }
     const float *b1 = w->b1;
+    /* checkpoints ([n, (j,) i, q]: positions innermost) read in 16-row blocks of i, q ascending, into the [q][i]
+       buffers: contiguous reads along q, one cache line written per (q, block) */
+    const mxfp8_tensor *ckt[5] = {ck_gu, ck_gu, ck_act, ck_inter, ck_s};
+    float *dst[5] = {w->g, w->u, w->act, w->inter, w->S};
+    for (int k = 0; k < 5; k++) {
+        const mxfp8_tensor *t = ckt[k];
+        if (!t->data || (k == 4 && w->onH)) continue;
+        const int four = t->ndim == 4;
+        const int64_t base = n * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
+        const int64_t si = t->strides[four ? 2 : 1], sq = t->strides[four ? 3 : 2];
+        float *d = dst[k];
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t i0 = 0; i0 < I; i0 += 16)
+            for (int64_t q = 0; q < L; q++)
+                for (int64_t i = i0; i < I && i < i0 + 16; i++)
+                    d[q * I + i] = mxfp8i_load_f32(t->data, t->dtype, base + i * si + q * sq);
+    }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
         const int real = tok[q] >= 0;
@@ -52,20 +73,20 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
             float gv = 0.0f, uv = 0.0f, av = 0.0f, iv = 0.0f;
             if (real) {
                 if (ck_gu->data) {
-                    gv = ck4(ck_gu, n, 0, i, q);
-                    uv = ck4(ck_gu, n, 1, i, q);
+                    gv = w->g[q * I + i];
+                    uv = w->u[q * I + i];
                 } else {
                     gv = mxfp8i_moe_clamp(w->gu[q * I2 + i] + b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
                     uv = mxfp8i_moe_clamp(w->gu[q * I2 + I + i] + b1[I + i], c->up_clamp_lower, c->up_clamp_upper);
                 }
-                av = ck_act->data ? ck3(ck_act, n, i, q) : mxfp8i_moe_act(c, gv);
-                iv = ck_inter->data ? ck3(ck_inter, n, i, q) : av * mxfp8i_moe_up(c, uv);
+                av = ck_act->data ? w->act[q * I + i] : mxfp8i_moe_act(c, gv);
+                iv = ck_inter->data ? w->inter[q * I + i] : av * mxfp8i_moe_up(c, uv);
             }
             w->g[q * I + i] = gv;
             w->u[q * I + i] = uv;
             w->act[q * I + i] = av;
             w->inter[q * I + i] = iv;
-            if (!w->onH) w->S[q * I + i] = real ? (ck_s->data ? ck3(ck_s, n, i, q) : aq * iv) : 0.0f;
+            if (!w->onH) w->S[q * I + i] = real ? (ck_s->data ? w->S[q * I + i] : aq * iv) : 0.0f;
         }
         if (w->onH)
             for (int64_t h = 0; h < H; h++)
@@ -82,7 +103,7 @@ static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     mxfp8i_gop A = mxfp8i_gop_hp(w->onH ? w->D : w->dyb, MXFP8_DTYPE_F32, L, H, H, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P1_DY, n, H, H, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_H);
-    mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.data); /* W2[e]'s packed panels serve all of e's blocks (slot 0) */
+    mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data); /* W2[e]'s packed panels serve all of e's blocks (slot 0) */
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P1_DY, &W, MXFP8_MOE_P1_W2, 0, w->dI, I));
     if (w->onH && !w->args->down_proj_output_checkpoint.data) {
         mxfp8i_gop Ai = mxfp8i_gop_hp(w->inter, MXFP8_DTYPE_F32, L, I, I, 1);
@@ -156,7 +177,7 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_
     mxfp8i_gop A = mxfp8i_gop_hp(w->dgu, MXFP8_DTYPE_F32, L, I2, I2, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P2_DGU, n, I2, I2, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_2I);
-    mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
+    mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P2_DGU, &W, MXFP8_MOE_P2_W1, 0, w->dxb, H));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {

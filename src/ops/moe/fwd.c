@@ -66,31 +66,21 @@ typedef struct fwd_ws {
     float *xb, *gu, *g, *u, *act, *inter, *down, *b1, *b2, *aq; /* per-block buffers, rows [0, Bw) */
 } fwd_ws;
 
-static void ws_free(fwd_ws *w) {
-    free(w->acc); free(w->xb); free(w->gu); free(w->g); free(w->u); free(w->act); free(w->inter); free(w->down);
-    free(w->b1); free(w->b2); free(w->aq);
-    mxfp8i_moe_wcopy_free(&w->wc);
-}
-
+/* Every buffer, and both block GEMMs' (weights in keyed slots 0 and 1), before the first store. */
 static mxfp8_status ws_alloc(fwd_ws *w, const mxfp8i_moe *p) {
     const int64_t H = p->H, I = p->I, I2 = 2 * I, Bw = p->Bw;
     memset(w, 0, sizeof *w);
-    w->acc = (float *)calloc((size_t)(p->T * H > 0 ? p->T * H : 1), sizeof(float));
-    w->xb = (float *)malloc((size_t)(Bw * H) * sizeof(float));
-    w->gu = (float *)malloc((size_t)(Bw * I2) * sizeof(float));
-    w->g = (float *)malloc((size_t)(Bw * I) * sizeof(float));
-    w->u = (float *)malloc((size_t)(Bw * I) * sizeof(float));
-    w->act = (float *)malloc((size_t)(Bw * I) * sizeof(float));
-    w->inter = (float *)malloc((size_t)(Bw * I) * sizeof(float));
-    w->down = (float *)malloc((size_t)(Bw * H) * sizeof(float));
-    w->b1 = (float *)malloc((size_t)I2 * sizeof(float));
-    w->b2 = (float *)malloc((size_t)H * sizeof(float));
-    w->aq = (float *)malloc((size_t)Bw * sizeof(float));
-    int ok = w->acc && w->xb && w->gu && w->g && w->u && w->act && w->inter && w->down && w->b1 && w->b2 && w->aq;
-    if (!ok || mxfp8i_moe_wcopy_alloc(p, 1u << MXFP8I_W1_H | 1u << MXFP8I_W2_I, &w->wc)) {
-        ws_free(w);
-        return MXFP8_ERR_OUT_OF_MEMORY;
-    }
+    const size_t f = sizeof(float);
+    int k = MXFP8I_WS_MOE_BUF0;
+    float **bufs[] = {&w->acc, &w->xb, &w->gu, &w->g, &w->u, &w->act, &w->inter, &w->down, &w->b1, &w->b2, &w->aq};
+    const int64_t len[] = {p->T * H, Bw * H, Bw * I2, Bw * I, Bw * I, Bw * I, Bw * I, Bw * H, I2, H, Bw};
+    for (int i = 0; i < 11; i++)
+        if (!(*bufs[i] = (float *)mxfp8i_ws_get(k++, (size_t)(len[i] > 0 ? len[i] : 1) * f)))
+            return MXFP8_ERR_OUT_OF_MEMORY;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_wcopy_alloc(p, 1u << MXFP8I_W1_H | 1u << MXFP8I_W2_I, &w->wc));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_reserve(p, Bw, I2, H, 0));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_reserve(p, Bw, H, I, 1));
+    memset(w->acc, 0, (size_t)(p->T * H) * f);
     return MXFP8_OK;
 }
 
@@ -109,13 +99,14 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
         aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
-        for (int64_t h = 0; h < H; h++) xb[q * H + h] = tok[q] >= 0 ? mxfp8i_moe_ld2(&p->X, tok[q], h) : 0.0f;
+        if (tok[q] >= 0) mxfp8i_moe_row_f32(&p->X, tok[q], H, xb + q * H);
+        else memset(xb + q * H, 0, (size_t)H * sizeof(float));
     }
     /* GEMM 1: GU = X_blk @ W1[e], contraction H (W1[e]'s packed panels kept in keyed slot 0) */
     mxfp8i_gop A = mxfp8i_gop_hp(xb, MXFP8_DTYPE_F32, L, H, H, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
-    mxfp8i_gemm_ws_bkey(0, (uint64_t)e + 1, W.data);
+    mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, gu, I2));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++)
@@ -136,7 +127,7 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     A = mxfp8i_gop_hp(inter, MXFP8_DTYPE_F32, L, I, I, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);
     W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
-    mxfp8i_gemm_ws_bkey(1, (uint64_t)e + 1, W.data);
+    mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM2_INTER, &W, MXFP8_MOE_GEMM2_W2, 0, down, H));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
@@ -159,45 +150,42 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     return MXFP8_OK;
 }
 
+/* The call inside its workspace scope. Every buffer and GEMM reservation comes before the first checkpoint is
+ * written, so an OUT_OF_MEMORY leaves every output untouched. */
+static mxfp8_status forward_scoped(const char *fn, const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs) {
+    mxfp8i_moe_in in;
+    mxfp8i_moe_in_fwd(args, &in);
+    mxfp8i_moe p;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 0, &p));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 0));
+    fwd_ws w;
+    MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p) || mxfp8i_moe_stats_alloc(&p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate workspaces", fn);
+    for (int64_t n = 0; n < p.N; n++) {
+        const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
+        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(&p, &w, n, e, L), MXFP8_ERR_INTERNAL,
+                               "%s: a block GEMM failed after its reservation", fn);
+        write_checkpoints(&p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
+    }
+    const mxfp8_tensor *o = &outputs->output;
+    const int64_t T = p.T, H = p.H;
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)T * (double)H))
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++)
+            mxfp8i_store_f32(o->data, o->dtype, t * o->strides[0] + h * o->strides[1], w.acc[t * H + h]);
+    mxfp8i_moe_stats_export(&p, args->stats);
+    return MXFP8_OK;
+}
+
 mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs) {
     static const char *fn = "mxfp8_moe_forward";
     mxfp8i_clear_error();
     MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
     MXFP8I_RETURN_ERROR_IF(!outputs, MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
-    mxfp8i_moe_in in;
-    mxfp8i_moe_in_fwd(args, &in);
-    mxfp8i_moe p;
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 0, &p));
-    mxfp8_status st = mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 0);
-    if (!st && mxfp8i_moe_stats_alloc(&p, args->stats))
-        st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate the statistics", fn);
-    fwd_ws w;
-    if (!st && ws_alloc(&w, &p)) st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
-    if (st) {
-        mxfp8i_moe_free(&p);
-        return st;
-    }
-    /* The block GEMMs reuse one set of GEMM buffers, and the blocks of one expert its packed weights. */
-    mxfp8i_gemm_ws_begin();
-    for (int64_t n = 0; n < p.N && !st; n++) {
-        const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
-        if (L > 0) st = fwd_block(&p, &w, n, e, L);
-        if (!st) write_checkpoints(&p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
-    }
-    mxfp8i_gemm_ws_end();
-    if (st) {
-        /* A GEMM workspace allocation failed after checkpoints of earlier blocks were written. */
-        st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory in a GEMM (outputs are incomplete)", fn);
-    } else {
-        const mxfp8_tensor *o = &outputs->output;
-        const int64_t T = p.T, H = p.H;
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)T * (double)H))
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t h = 0; h < H; h++)
-                mxfp8i_store_f32(o->data, o->dtype, t * o->strides[0] + h * o->strides[1], w.acc[t * H + h]);
-        mxfp8i_moe_stats_export(&p, args->stats);
-    }
-    ws_free(&w);
-    mxfp8i_moe_free(&p);
+    mxfp8i_scope scope;
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, args->workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate a workspace", fn);
+    mxfp8_status st = forward_scoped(fn, args, outputs);
+    mxfp8i_scope_end(&scope);
     return st;
 }

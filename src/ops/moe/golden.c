@@ -168,9 +168,8 @@ static void *xcalloc(int64_t n, size_t es, bool *ok) {
     return q;
 }
 
-mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs, int quantized) {
+static mxfp8_status forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs, int quantized) {
     static const char *fn = "mxfp8_moe_forward_golden";
-    mxfp8i_clear_error();
     if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
     if (!outputs) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
     if (quantized != 0 && quantized != 1)
@@ -180,17 +179,13 @@ mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_
     mxfp8i_moe p;
     mxfp8_status st = mxfp8i_moe_setup(fn, &in, 0, &p);
     if (st) return st;
-    if ((st = mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 1))) {
-        mxfp8i_moe_free(&p);
-        return st;
-    }
+    if ((st = mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 1))) return st;
     const int64_t T = p.T, H = p.H, I = p.I, B = p.B;
     gold G;
     bool ok = true;
     double *acc = (double *)xcalloc(T * H, sizeof(double), &ok);
     if (!ok || !gold_alloc(&G, &p, quantized)) {
         free(acc);
-        mxfp8i_moe_free(&p);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     }
     const mxfp8_moe_fwd_outputs *o = outputs;
@@ -238,7 +233,6 @@ mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_
             mxfp8i_moe_st(&o->output, t * o->output.strides[0] + h * o->output.strides[1], acc[t * H + h]);
     free(acc);
     gold_free(&G);
-    mxfp8i_moe_free(&p);
     return MXFP8_OK;
 }
 
@@ -258,9 +252,8 @@ static void flat_io(const mxfp8_tensor *t, double *buf, int store) {
     }
 }
 
-mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads, int quantized) {
+static mxfp8_status backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads, int quantized) {
     static const char *fn = "mxfp8_moe_backward_golden";
-    mxfp8i_clear_error();
     if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
     if (!grads) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
     if (quantized != 0 && quantized != 1)
@@ -270,10 +263,7 @@ mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe
     mxfp8i_moe p;
     mxfp8_status st = mxfp8i_moe_setup(fn, &in, 1, &p);
     if (st) return st;
-    if ((st = mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 1))) {
-        mxfp8i_moe_free(&p);
-        return st;
-    }
+    if ((st = mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 1))) return st;
     const int64_t T = p.T, H = p.H, I = p.I, E = p.E, B = p.B, I2 = 2 * I;
     const mxfp8_moe_config *c = &p.cfg;
     const int onH = c->affinity_option == MXFP8_AFFINITY_ON_H;
@@ -287,7 +277,6 @@ mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe
     double *db2 = (double *)xcalloc(E * H, sizeof(double), &ok);
     if (!ok || !gold_alloc(&G, &p, quantized)) {
         free(dx); free(da); free(dw1); free(dw2); free(db1); free(db2);
-        mxfp8i_moe_free(&p);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     }
     /* Given values (accumulate_hidden_states_grad / skip_grad_initialization) are added at the end. */
@@ -358,6 +347,26 @@ mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe
     }
     free(dx); free(da); free(dw1); free(dw2); free(db1); free(db2);
     gold_free(&G);
-    mxfp8i_moe_free(&p);
     return MXFP8_OK;
+}
+
+/* The public entries: the routing table is a slot of a private workspace scope. */
+mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs, int quantized) {
+    mxfp8i_clear_error();
+    mxfp8i_scope scope;
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, NULL), MXFP8_ERR_OUT_OF_MEMORY,
+                           "mxfp8_moe_forward_golden: cannot allocate a workspace");
+    mxfp8_status st = forward_golden(args, outputs, quantized);
+    mxfp8i_scope_end(&scope);
+    return st;
+}
+
+mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads, int quantized) {
+    mxfp8i_clear_error();
+    mxfp8i_scope scope;
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, NULL), MXFP8_ERR_OUT_OF_MEMORY,
+                           "mxfp8_moe_backward_golden: cannot allocate a workspace");
+    mxfp8_status st = backward_golden(args, grads, quantized);
+    mxfp8i_scope_end(&scope);
+    return st;
 }

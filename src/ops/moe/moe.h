@@ -43,16 +43,16 @@ typedef struct mxfp8i_moe {
     mxfp8_moe_config cfg;
     mxfp8_tensor X, a, W1, W2, b1, b2, W1s, W2s, dY;
     int w1_prequant, w2_prequant;
-    int32_t *tok;                     /**< [N*B]: token in [0, V), or -1 for padding (owned; mxfp8i_moe_free) */
+    int32_t *tok;                     /**< [N*B]: token in [0, V), or -1 for padding (a workspace slot) */
     int32_t *expert;                  /**< [N] */
-    mxfp8i_qstats *qst;               /**< NULL, or [E * MXFP8_MOE_NUM_OPERANDS] operand statistics (numerics.c) */
+    mxfp8i_qstats *qst;               /**< NULL, or [E * MXFP8_MOE_NUM_OPERANDS] operand statistics (numerics.c;
+                                           a workspace slot) */
     uint8_t *wdone;                   /**< [E * MXFP8_MOE_NUM_OPERANDS]: a weight operand's statistics are in */
 } mxfp8i_moe;
 
-/** Validate the inputs and the config, fill *p (dims, copies) and resolve the routing (allocates p->tok and
- *  p->expert; INDEX_OUT_OF_RANGE for bad ids). On error nothing is allocated. */
+/** Validate the inputs and the config, fill *p (dims, copies) and resolve the routing (p->tok and p->expert are
+ *  slots of the open workspace scope, which the caller must have opened; INDEX_OUT_OF_RANGE for bad ids). */
 mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p);
-void mxfp8i_moe_free(mxfp8i_moe *p);
 
 /** Optional tensor check: absent is fine; else rank `ndim`, dtype in {F32, BF16, F16} (plus F64 when allow_f64) and
  *  the given extents. */
@@ -69,6 +69,19 @@ static inline int64_t mxfp8i_moe_vec_off(const mxfp8_tensor *t, int64_t i) { ret
 /** Element (r, c) of a 2-D view, as float. */
 static inline float mxfp8i_moe_ld2(const mxfp8_tensor *t, int64_t r, int64_t c) {
     return mxfp8i_load_f32(t->data, t->dtype, r * t->strides[0] + c * t->strides[1]);
+}
+/** Row r of a 2-D F32/BF16/F16 view as FP32 into out[0..n) (exact; vectorizable for unit-stride rows). */
+static inline void mxfp8i_moe_row_f32(const mxfp8_tensor *t, int64_t r, int64_t n, float *out) {
+    const int64_t s1 = t->strides[1], base = r * t->strides[0];
+    if (s1 == 1 && t->dtype == MXFP8_DTYPE_BF16) {
+        const uint16_t *p = (const uint16_t *)t->data + base;
+        uint32_t *o = (uint32_t *)out;
+        for (int64_t h = 0; h < n; h++) o[h] = (uint32_t)p[h] << 16;
+    } else if (s1 == 1 && t->dtype == MXFP8_DTYPE_F32) {
+        memcpy(out, (const float *)t->data + base, (size_t)n * sizeof(float));
+    } else {
+        for (int64_t h = 0; h < n; h++) out[h] = mxfp8i_load_f32(t->data, t->dtype, base + h * s1);
+    }
 }
 /** Affinity a[t*E + e] as float. */
 static inline float mxfp8i_moe_aff(const mxfp8i_moe *p, int64_t t, int64_t e) {
@@ -98,14 +111,16 @@ typedef struct mxfp8i_moe_wcopy {
 /** 1 when `use` reads an FP32 copy instead of the caller's tensor: pre-quantized weights along another axis, or W1
  *  whose (2, I) dimensions are not one axis of stride. */
 int mxfp8i_moe_weight_needs_copy(const mxfp8i_moe *p, mxfp8i_moe_wuse use);
-/** Allocate the copies the uses in the bitmask `uses` (1 << use) need. OUT_OF_MEMORY (nothing kept) or OK. */
+/** The copies the uses in the bitmask `uses` (1 << use) need, as workspace slots. OUT_OF_MEMORY or OK. */
 mxfp8_status mxfp8i_moe_wcopy_alloc(const mxfp8i_moe *p, unsigned uses, mxfp8i_moe_wcopy *w);
-void mxfp8i_moe_wcopy_free(mxfp8i_moe_wcopy *w);
 /** Expert e's weight as the GEMM operand of `use`: a view of the caller's tensor (high precision, or codes and
  *  scales pre-quantized along this axis), else the FP32 copy (filled here when it holds another expert). Equal
  *  values give equal packed panels, so the operand's data pointer keys the GEMM workspace's weight cache. */
 mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use);
 
+/** Reserve (mxfp8i_gemm_reserve) what every later mxfp8i_moe_gemm of at most M rows, N columns and contraction K
+ *  takes, for either of its thread counts; keyed_slot >= 0 for weights kept in that keyed slot. */
+mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot);
 /** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] with M = A->R, N = B->R, K = A->K; C F32 row-major with leading
  *  dimension ldc. Both operands quantized along K with p->cfg.quant_dtype / scale_rule, 1x32, and their rounding
  *  (gop.sr). ida / idb: the operands' mxfp8_moe_operand ids for expert e's statistics (numerics.c; a weight's are
@@ -121,7 +136,8 @@ mxfp8_status mxfp8i_moe_numerics_config(const char *fn, mxfp8_moe_config *cfg);
  *  n*B*width + r*i0 + k*i1 (the dispatched [N*B, width] tensor; i0, i1 its steps along the GEMM's rows and K). */
 void mxfp8i_moe_round_block(const mxfp8i_moe *p, mxfp8i_gop *op, int id, int64_t n, int64_t width, int64_t i0,
                             int64_t i1);
-/** Allocate p->qst (zeroed) when `stats` is not NULL. OUT_OF_MEMORY or OK. */
+/** p->qst (zeroed) and p->wdone from the scope's slots when `stats` is not NULL, and the statistics passes' scratch
+ *  reserved (so that no later GEMM of the call can fail for them). OUT_OF_MEMORY or OK. */
 mxfp8_status mxfp8i_moe_stats_alloc(mxfp8i_moe *p, const mxfp8_quant_stats *stats);
 /** Write the statistics into the caller's array (nothing when p->qst is NULL). */
 void mxfp8i_moe_stats_export(const mxfp8i_moe *p, mxfp8_quant_stats *stats);

@@ -7,6 +7,7 @@
  */
 #include <stdlib.h>
 
+#include "../../runtime/workspace.h"
 #include "../opstats.h"
 #include "moe.h"
 
@@ -38,14 +39,17 @@ void mxfp8i_moe_round_block(const mxfp8i_moe *p, mxfp8i_gop *op, int id, int64_t
 }
 
 mxfp8_status mxfp8i_moe_stats_alloc(mxfp8i_moe *p, const mxfp8_quant_stats *stats) {
-    if (!stats) return MXFP8_OK;
-    const size_t n = (size_t)p->E * MXFP8_MOE_NUM_OPERANDS;
-    p->qst = (mxfp8i_qstats *)calloc(n, sizeof *p->qst);
-    p->wdone = (uint8_t *)calloc(n, 1);
-    if (p->qst && p->wdone) return MXFP8_OK;
-    free(p->qst), free(p->wdone);
     p->qst = NULL, p->wdone = NULL;
-    return MXFP8_ERR_OUT_OF_MEMORY;
+    if (!stats) return MXFP8_OK;
+    const size_t n = (size_t)p->E * MXFP8_MOE_NUM_OPERANDS, bytes = n * (sizeof(mxfp8i_qstats) + 1);
+    char *buf = (char *)mxfp8i_ws_get(MXFP8I_WS_MOE_STATS, bytes);
+    int64_t kmax = p->H > 2 * p->I ? p->H : 2 * p->I;
+    if (p->Bw > kmax) kmax = p->Bw;
+    if (!buf || mxfp8i_gop_stats_reserve(kmax, mxfp8i_num_threads())) return MXFP8_ERR_OUT_OF_MEMORY;
+    memset(buf, 0, bytes);
+    p->qst = (mxfp8i_qstats *)buf;
+    p->wdone = (uint8_t *)(buf + n * sizeof(mxfp8i_qstats));
+    return MXFP8_OK;
 }
 
 void mxfp8i_moe_stats_export(const mxfp8i_moe *p, mxfp8_quant_stats *stats) {
@@ -65,22 +69,37 @@ static mxfp8_status operand_stats(const mxfp8i_moe *p, int64_t e, const mxfp8i_g
     return MXFP8_OK;
 }
 
+/* The config and thread count of a phase GEMM (small GEMMs run on the calling thread). */
+static void phase_setup(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, mxfp8_matmul_config *cfg, int *nt) {
+    mxfp8_matmul_config_init(cfg);
+    cfg->float8_dtype = p->cfg.quant_dtype;
+    cfg->scale_rule = p->cfg.scale_rule;
+    cfg->quant_scheme = MXFP8_GROUP_1X32;
+    *nt = (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
+}
+
+mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot) {
+    mxfp8_matmul_config cfg;
+    int nt;
+    phase_setup(p, M, N, K, &cfg, &nt);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gemm_reserve(M, N, K, &cfg, 1, keyed_slot)); /* smaller problems: 1 thread */
+    return mxfp8i_gemm_reserve(M, N, K, &cfg, mxfp8i_num_threads(), keyed_slot);
+}
+
 /* One GEMM of a phase through the block-scaled GEMM of src/gemm (quantize along K, FP32 fmaf accumulation in
- * ascending k, C + sum when accumulating; each C element written by one thread), after the operands' statistics. */
+ * ascending k, C + sum when accumulating; each C element written by one thread), after the operands' statistics
+ * (their scratch reserved by mxfp8i_moe_stats_alloc). */
 mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t e, const mxfp8i_gop *A, int ida, const mxfp8i_gop *B,
                              int idb, int accumulate, float *C, int64_t ldc) {
     const int64_t M = A->R, N = B->R, K = A->K;
     if (M <= 0 || N <= 0) return MXFP8_OK;
-    const int nt = (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
+    mxfp8_matmul_config cfg;
+    int nt;
+    phase_setup(p, M, N, K, &cfg, &nt);
     if (p->qst) {
         MXFP8I_FORWARD_IF_ERROR(operand_stats(p, e, A, ida, nt));
         MXFP8I_FORWARD_IF_ERROR(operand_stats(p, e, B, idb, nt));
     }
-    mxfp8_matmul_config cfg;
-    mxfp8_matmul_config_init(&cfg);
-    cfg.float8_dtype = p->cfg.quant_dtype;
-    cfg.scale_rule = p->cfg.scale_rule;
-    cfg.quant_scheme = MXFP8_GROUP_1X32;
     mxfp8_tensor c;
     memset(&c, 0, sizeof c);
     c.data = C;

@@ -3,6 +3,7 @@
  * add != 0 (accumulate_hidden_states_grad, skip_grad_initialization): the view's given value + the accumulator,
  * one FP32 addition, then rounded to the dtype. Contiguous views take a threaded fast path with the same roundings.
  */
+#include "../../kernels/registry.h"
 #include "bwd.h"
 
 /* Store a row-major flat FP32 / FP64 buffer into a view; add != 0: the view's value + src (one FP32 addition). */
@@ -69,6 +70,16 @@ void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, cons
     const int cont = mxfp8i_is_contiguous(t), direct = stage == NULL;
     if (!direct) sv.data = stage;
     const int nt = mxfp8i_moe_nt((double)per);
+    if (cont && !add && t->dtype == MXFP8_DTYPE_BF16) { /* the common case: one vectorized rounding pass */
+        uint16_t *d = (uint16_t *)sv.data + e * per;
+        mxfp8i_to_bf16_fn to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int c = 0; c < nt; c++) {
+            const int64_t k0 = per * c / nt, k1 = per * (c + 1) / nt;
+            to_bf16(acc + k0, 0, d + k0, 0, 1, k1 - k0);
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int c = 0; c < nt; c++)
         for (int64_t k = per * c / nt; k < per * (c + 1) / nt; k++) {

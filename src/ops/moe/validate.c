@@ -188,7 +188,6 @@ static mxfp8_status set_workspace_rows(mxfp8i_moe *p) {
     }
     p->Bw = rows;
     if (!mxfp8i_mul_size(rows, p->H + 2 * p->I, &w) || w > INT64_MAX / 64) {
-        mxfp8i_moe_free(p);
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: block workspace L*(H + 2I) overflows", p->fn);
     }
     return MXFP8_OK;
@@ -355,10 +354,9 @@ static mxfp8_status check_routing_shapes(const char *fn, const mxfp8i_moe_in *in
 static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
     const mxfp8_moe_config *c = &p->cfg;
     const int64_t T = p->T, E = p->E, N = p->N, V = p->V, NB = N * p->B;
-    p->tok = (int32_t *)malloc((size_t)(NB > 0 ? NB : 1) * sizeof(int32_t));
-    p->expert = (int32_t *)malloc((size_t)(N > 0 ? N : 1) * sizeof(int32_t));
+    p->tok = (int32_t *)mxfp8i_ws_get(MXFP8I_WS_MOE_TOK, (size_t)(NB > 0 ? NB : 1) * sizeof(int32_t));
+    p->expert = (int32_t *)mxfp8i_ws_get(MXFP8I_WS_MOE_EXPERT, (size_t)(N > 0 ? N : 1) * sizeof(int32_t));
     if (!p->tok || !p->expert) {
-        mxfp8i_moe_free(p);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate the routing table (%lld positions)", fn,
                             (long long)NB);
     }
@@ -369,7 +367,6 @@ static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxf
     }
     const int32_t pad = c->skip_token ? -1 : (int32_t)(T > INT32_MAX ? INT32_MAX : T);
     if (T > INT32_MAX - 1) {
-        mxfp8i_moe_free(p);
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: T = %lld does not fit int32 token ids", fn, (long long)T);
     }
     const int32_t *tk = (const int32_t *)in->tok->data;
@@ -378,7 +375,6 @@ static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxf
         if (t == pad) {
             p->tok[i] = -1;
         } else if (t < 0 || t >= T) {
-            mxfp8i_moe_free(p);
             return mxfp8i_error(MXFP8_ERR_INDEX_OUT_OF_RANGE,
                                 "%s: token_position_to_id[%lld] = %d is out of range: valid are [0, T = %lld) and the "
                                 "padding id %d (config.skip_token = %d)", fn, (long long)i, (int)t, (long long)T,
@@ -391,7 +387,6 @@ static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxf
     for (int64_t n = 0; n < N; n++) {
         int32_t e = be[n * in->b2e->strides[0]];
         if (e < 0 || e >= E) {
-            mxfp8i_moe_free(p);
             return mxfp8i_error(MXFP8_ERR_INDEX_OUT_OF_RANGE,
                                 "%s: block_to_expert[%lld] = %d is out of range [0, E = %lld)", fn, (long long)n,
                                 (int)e, (long long)E);
@@ -429,16 +424,6 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     return resolve_routing(fn, in, p);
 }
 
-void mxfp8i_moe_free(mxfp8i_moe *p) {
-    free(p->tok);
-    free(p->expert);
-    free(p->qst);
-    free(p->wdone);
-    p->tok = NULL;
-    p->expert = NULL;
-    p->qst = NULL;
-    p->wdone = NULL;
-}
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Outputs                                                                                                    */

@@ -105,19 +105,11 @@ mxfp8_status mxfp8i_moe_wcopy_alloc(const mxfp8i_moe *p, unsigned uses, mxfp8i_m
             else need2 = 1;
         }
     const size_t HI = (size_t)p->H * (size_t)p->I;
-    if (need1 && !(w->w1f = (float *)malloc(2 * HI * sizeof(float)))) return MXFP8_ERR_OUT_OF_MEMORY;
-    if (need2 && !(w->w2f = (float *)malloc(HI * sizeof(float)))) {
-        mxfp8i_moe_wcopy_free(w);
+    if (need1 && !(w->w1f = (float *)mxfp8i_ws_get(MXFP8I_WS_MOE_W1F, 2 * HI * sizeof(float))))
         return MXFP8_ERR_OUT_OF_MEMORY;
-    }
+    if (need2 && !(w->w2f = (float *)mxfp8i_ws_get(MXFP8I_WS_MOE_W2F, HI * sizeof(float))))
+        return MXFP8_ERR_OUT_OF_MEMORY;
     return MXFP8_OK;
-}
-
-void mxfp8i_moe_wcopy_free(mxfp8i_moe_wcopy *w) {
-    free(w->w1f);
-    free(w->w2f);
-    memset(w, 0, sizeof *w);
-    w->e1 = w->e2 = -1;
 }
 
 /* The weight's stochastic rounding when the config asks for it: the operand id of the use, and the row-major index

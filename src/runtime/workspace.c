@@ -1,0 +1,142 @@
+/* workspace.c -- mxfp8_workspace and the per-thread scratch scope (workspace.h). */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "workspace.h"
+
+struct mxfp8_workspace {
+    atomic_int busy;                   /* 1 while a call uses it */
+    void *p[MXFP8I_WS_NSLOTS];
+    size_t n[MXFP8I_WS_NSLOTS];
+    void *kp[MXFP8I_WS_KEYED];         /* keyed panels: buffer, bytes, the key and kernel they hold (key 0: none) */
+    size_t kn[MXFP8I_WS_KEYED];
+    uint64_t key[MXFP8I_WS_KEYED];
+    const void *kuk[MXFP8I_WS_KEYED];
+    int next_slot;                     /* the pending key for the next GEMM */
+    uint64_t next_key;
+    const void *next_bdata;
+};
+
+static _Thread_local mxfp8_workspace *g_cur; /* the arena of the innermost open scope */
+static _Thread_local int g_depth;
+
+static void *alloc64(size_t n) {
+    n = (n + 63) & ~(size_t)63;
+    return aligned_alloc(64, n ? n : 64);
+}
+
+static void release(mxfp8_workspace *w) {
+    for (int i = 0; i < MXFP8I_WS_NSLOTS; i++) free(w->p[i]);
+    for (int i = 0; i < MXFP8I_WS_KEYED; i++) free(w->kp[i]);
+}
+
+mxfp8_status mxfp8_workspace_create(mxfp8_workspace **workspace) {
+    mxfp8i_clear_error();
+    MXFP8I_RETURN_ERROR_IF(!workspace, MXFP8_ERR_NULL_POINTER, "mxfp8_workspace_create: workspace is NULL");
+    *workspace = calloc(1, sizeof **workspace);
+    MXFP8I_RETURN_ERROR_IF(!*workspace, MXFP8_ERR_OUT_OF_MEMORY, "mxfp8_workspace_create: out of memory");
+    return MXFP8_OK;
+}
+
+void mxfp8_workspace_destroy(mxfp8_workspace *workspace) {
+    if (!workspace) return;
+    release(workspace);
+    free(workspace);
+}
+
+size_t mxfp8_workspace_bytes(const mxfp8_workspace *workspace) {
+    if (!workspace) return 0;
+    size_t s = 0;
+    for (int i = 0; i < MXFP8I_WS_NSLOTS; i++) s += workspace->n[i];
+    for (int i = 0; i < MXFP8I_WS_KEYED; i++) s += workspace->kn[i];
+    return s;
+}
+
+mxfp8_status mxfp8i_scope_begin(mxfp8i_scope *s, mxfp8_workspace *user) {
+    memset(s, 0, sizeof *s);
+    s->prev = g_cur;
+    if (g_depth++ > 0) { /* nested: the outer call's arena */
+        s->ws = g_cur;
+        return MXFP8_OK;
+    }
+    if (user && atomic_exchange(&user->busy, 1) == 0) {
+        s->ws = user;
+        s->user = 1;
+    } else {
+        s->ws = calloc(1, sizeof *s->ws);
+        s->owned = 1;
+        if (!s->ws) {
+            g_depth--;
+            return MXFP8_ERR_OUT_OF_MEMORY;
+        }
+    }
+    /* a new call: weights may have changed since the last one, so no keyed panels carry over */
+    for (int i = 0; i < MXFP8I_WS_KEYED; i++) s->ws->key[i] = 0;
+    s->ws->next_key = 0;
+    g_cur = s->ws;
+    return MXFP8_OK;
+}
+
+void mxfp8i_scope_end(mxfp8i_scope *s) {
+    if (!s->ws) return;
+    g_depth--;
+    g_cur = s->prev;
+    if (s->owned) {
+        release(s->ws);
+        free(s->ws);
+    } else if (s->user) {
+        atomic_store(&s->ws->busy, 0);
+    }
+    s->ws = NULL;
+}
+
+void *mxfp8i_ws_get(int slot, size_t bytes) {
+    mxfp8_workspace *w = g_cur;
+    if (!w || slot < 0 || slot >= MXFP8I_WS_NSLOTS) return NULL;
+    if (w->p[slot] && w->n[slot] >= bytes) return w->p[slot];
+    free(w->p[slot]);
+    w->p[slot] = alloc64(bytes);
+    w->n[slot] = w->p[slot] ? (bytes + 63) & ~(size_t)63 : 0;
+    return w->p[slot];
+}
+
+void mxfp8i_ws_bkey(int slot, uint64_t key, const void *b_data) {
+    mxfp8_workspace *w = g_cur;
+    if (!w || slot < 0 || slot >= MXFP8I_WS_KEYED) return;
+    w->next_slot = slot;
+    w->next_key = key;
+    w->next_bdata = b_data;
+}
+
+int mxfp8i_ws_take_bkey(const void *b_data, uint64_t *key) {
+    mxfp8_workspace *w = g_cur;
+    if (!w) return -1;
+    int slot = -1;
+    if (w->next_key && w->next_bdata == b_data) {
+        slot = w->next_slot;
+        *key = w->next_key;
+    }
+    w->next_key = 0;
+    w->next_bdata = NULL;
+    return slot;
+}
+
+void *mxfp8i_ws_keyed(int slot, uint64_t key, const void *uk, size_t bytes, int *ready) {
+    mxfp8_workspace *w = g_cur;
+    *ready = w->key[slot] == key && w->kuk[slot] == uk && w->kn[slot] >= bytes && w->kp[slot];
+    if (*ready) return w->kp[slot];
+    w->key[slot] = 0;
+    if (!w->kp[slot] || w->kn[slot] < bytes) {
+        free(w->kp[slot]);
+        w->kp[slot] = alloc64(bytes);
+        w->kn[slot] = w->kp[slot] ? (bytes + 63) & ~(size_t)63 : 0;
+    }
+    return w->kp[slot];
+}
+
+void mxfp8i_ws_keyed_done(int slot, uint64_t key, const void *uk) {
+    g_cur->key[slot] = key;
+    g_cur->kuk[slot] = uk;
+}
