@@ -872,7 +872,7 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     directly: no output is written before the last GEMM); FP64 sums 8 (T E + 2 E I + E H), at most one
  *     expert's weights in FP32 (<= 12 H I; only for pre-quantized weights contracted along an axis other than the
  *     one they were quantized along, or W1 views whose (2, I) axes are not one 2I axis: high-precision weights
- *     are read in place), per-block buffers 4 B' (8 H + 12 I), the routing table
+ *     are read in place), per-block buffers 4 B' (8 H + 13 I), the routing table
  *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP;
  *     the backward also keeps the current expert's packed weights for Phases 1 and 2 (the B operands above:
  *     4 H (I + 32) + 8 I (H + 32)), reused by all of the expert's blocks.

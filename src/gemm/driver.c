@@ -112,6 +112,47 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
     uk->pack(is_b, T_SCRATCH(x, tid), K, rows, K, panel);
 }
 
+/* Panels quantized together when the operand is read down its columns (the contraction axis strided): one pass
+ * over PACK_GROUP * w columns reads each source row PACK_GROUP times longer, instead of w values per row. */
+#define PACK_GROUP 4
+
+/* Panels [p0, p1) of op (panel p holds rows [p w, p w + w)), panel p at dst + (p - p0) * stride: the panels
+ * pack_panel gives one by one. Column-geometry operands that pack from BF16 values are quantized PACK_GROUP
+ * panels at a time into the thread's scratch, then each panel is packed from its slice; if a value of the group
+ * is not exact in BF16 each panel goes through pack_panel. */
+static void pack_panels(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t p0, int64_t p1,
+                        char *dst, int64_t stride) {
+    const mxfp8_matmul_config *cfg = x->cfg;
+    const mxfp8i_ukernel *uk = x->uk;
+    const int w = is_b ? uk->nr : uk->mr;
+    const int grouped = uk->panel != MXFP8I_PANEL_F32 && uk->pack_q && !op->prequant && !op->swizzled &&
+                        cfg->quant_scheme == MXFP8_GROUP_1X32 && op->s0 == 1 && op->s1 > 1;
+    for (int64_t p = p0; p < p1;) {
+        const int64_t n = p1 - p < PACK_GROUP ? p1 - p : PACK_GROUP;
+        const int64_t r0 = p * w, rows = op->R - r0 < n * w ? op->R - r0 : n * w;
+        if (!grouped || n == 1 || rows <= (n - 1) * w) {
+            pack_panel(x, tid, op, is_b, r0, dst + (p - p0) * stride);
+            p++;
+            continue;
+        }
+        const int64_t K = op->K, ld = n * w;
+        uint16_t *q = (uint16_t *)T_SCRATCH(x, tid);
+        uint8_t *sc = (uint8_t *)(T_TMP(x, tid) + K);
+        const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
+        mxfp8i_qpanel qp = {base, op->dtype, rows, K, 1, op->s1, cfg->float8_dtype, cfg->scale_rule,
+                            MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, 1, ld, sc, 1, ld, mxfp8i_gop_sround(op, r0),
+                            NULL};
+        const int exact = mxfp8i_quantize_panel(&qp) == 0;
+        for (int64_t j = 0; j < n; j++) {
+            const int rj = (int)(rows - j * w < w ? rows - j * w : w);
+            char *panel = dst + (p + j - p0) * stride;
+            if (exact) uk->pack_q(is_b, q + j * w, ld, 1, rj, K, sc + j * w, 1, ld, (int)cfg->float8_dtype, panel);
+            else pack_panel(x, tid, op, is_b, r0 + j * w, panel);
+        }
+        p += n;
+    }
+}
+
 static void loop_dims(mxfp8_loop_order o, int d[3]) { /* 0 = m, 1 = n, 2 = k; d[0] outermost */
     static const int tab[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
     d[0] = tab[o][0];
@@ -161,8 +202,7 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
         Ablk = x->Ap + (m0 / uk->mr) * x->pa_stride;
     } else {
         if (*packed_mb != mb) {
-            for (int64_t r = m0; r < m1; r += uk->mr)
-                pack_panel(x, tid, x->a, 0, r, T_ABUF(x, tid) + ((r - m0) / uk->mr) * x->pa_stride);
+            pack_panels(x, tid, x->a, 0, m0 / uk->mr, mxfp8i_ceil_div(m1, uk->mr), T_ABUF(x, tid), x->pa_stride);
             *packed_mb = mb;
         }
         Ablk = T_ABUF(x, tid);
@@ -204,16 +244,20 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
     int own_b = shard_n && !x->Ap && x->NCb % uk->nr == 0;
     if (!x->b_ready) {
         if (own_b) {
-            int64_t p1 = mxfp8i_ceil_div(s1 * x->NCb, uk->nr);
-            for (int64_t p = s0 * x->NCb / uk->nr; p < p1 && p < npb; p++)
-                pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+            int64_t p0 = s0 * x->NCb / uk->nr, p1 = mxfp8i_ceil_div(s1 * x->NCb, uk->nr);
+            if (p1 > npb) p1 = npb;
+            if (p0 < p1) pack_panels(x, tid, x->b, 1, p0, p1, x->Bp + p0 * x->pb_stride, x->pb_stride);
         } else {
-            for (int64_t p = tid; p < npb; p += nt) pack_panel(x, tid, x->b, 1, p * uk->nr, x->Bp + p * x->pb_stride);
+            for (int64_t p = tid * PACK_GROUP; p < npb; p += nt * PACK_GROUP)
+                pack_panels(x, tid, x->b, 1, p, p + PACK_GROUP < npb ? p + PACK_GROUP : npb,
+                            x->Bp + p * x->pb_stride, x->pb_stride);
         }
     }
     if (x->Ap) {
         int64_t npa = mxfp8i_ceil_div(x->M, uk->mr);
-        for (int64_t p = tid; p < npa; p += nt) pack_panel(x, tid, x->a, 0, p * uk->mr, x->Ap + p * x->pa_stride);
+        for (int64_t p = tid * PACK_GROUP; p < npa; p += nt * PACK_GROUP)
+            pack_panels(x, tid, x->a, 0, p, p + PACK_GROUP < npa ? p + PACK_GROUP : npa, x->Ap + p * x->pa_stride,
+                        x->pa_stride);
     }
 #ifdef _OPENMP
     if (nt > 1 && !own_b) {
@@ -240,7 +284,10 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
             int64_t m0 = mb * x->MCb, m1 = m0 + x->MCb < x->M ? m0 + x->MCb : x->M;
             int64_t np = mxfp8i_ceil_div(m1 - m0, uk->mr);
             char *buf = x->ash[mb & 1];
-            for (int64_t p = tid; p < np; p += nt) pack_panel(x, tid, x->a, 0, m0 + p * uk->mr, buf + p * x->pa_stride);
+            const int64_t pm = m0 / uk->mr;
+            for (int64_t p = tid * PACK_GROUP; p < np; p += nt * PACK_GROUP)
+                pack_panels(x, tid, x->a, 0, pm + p, pm + (p + PACK_GROUP < np ? p + PACK_GROUP : np),
+                            buf + p * x->pa_stride, x->pa_stride);
 #ifdef _OPENMP
             if (nt > 1) {
 #pragma omp barrier
@@ -278,7 +325,7 @@ static bool buffer_sizes(const gemm_ctx *x, gemm_sizes *z) {
     return mxfp8i_mul_size(npb, x->pb_stride, &z->B) && mxfp8i_mul_size(npa, x->pa_stride, &z->A) &&
            mxfp8i_mul_size(mxfp8i_ceil_div(bm, uk->mr), x->pa_stride, &z->Ablk) &&
            mxfp8i_mul_size(bm, x->ldcb * 4, &z->C) && mxfp8i_mul_size(wmax * 8, K, &z->S) &&
-           mxfp8i_mul_size(K + wmax * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &z->T);
+           mxfp8i_mul_size(K + wmax * PACK_GROUP * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &z->T);
 }
 
 /* The per-thread layout of the threads' slot: accumulators, scratch, tmp, A block row, each 64-byte aligned. */

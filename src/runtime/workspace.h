@@ -38,7 +38,7 @@ enum {
     MXFP8I_WS_STATS_CODES,
     MXFP8I_WS_STATS_F32,
     MXFP8I_WS_MOE_BUF0,
-    MXFP8I_WS_NSLOTS = MXFP8I_WS_MOE_BUF0 + 24
+    MXFP8I_WS_NSLOTS = MXFP8I_WS_MOE_BUF0 + 32
 };
 #define MXFP8I_WS_KEYED 4 /**< keyed weight-panel slots */
 

@@ -161,7 +161,7 @@ static int64_t bound_gemm(int64_t M, int64_t N, int64_t K, int spill, int nt) {
 static int64_t bound_moe(int64_t T, int64_t H, int64_t I, int64_t E, int64_t B, int64_t N, int nt, int64_t ws_gemm) {
     int64_t Bw = B < T ? B : T;
     if (Bw < 1) Bw = 1;
-    return 4 * (T * H + 3 * E * H * I) + 8 * (T * E + 2 * E * I + E * H) + 4 * Bw * (8 * H + 12 * I) + 12 * H * I +
+    return 4 * (T * H + 3 * E * H * I) + 8 * (T * E + 2 * E * I + E * H) + 4 * Bw * (8 * H + 13 * I) + 12 * H * I +
            4 * (N * B + N) + ws_gemm + omp_overhead(nt);
 }
 

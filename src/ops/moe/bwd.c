@@ -49,9 +49,9 @@ static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8
     w->db1 = (double *)slot(&k, E * I2, sizeof(double), &ok);
     w->db2 = (double *)slot(&k, E * H, sizeof(double), &ok);
     float **rows[] = {&w->xb, &w->dyb, &w->dxb, &w->D, &w->down}, **cols[] = {&w->g, &w->u, &w->act, &w->inter,
-                                                                              &w->dI, &w->S};
+                                                                              &w->dI, &w->S, &w->sg};
     for (int i = 0; i < 5; i++) *rows[i] = (float *)slot(&k, Bw * H, sizeof(float), &ok);
-    for (int i = 0; i < 6; i++) *cols[i] = (float *)slot(&k, Bw * I, sizeof(float), &ok);
+    for (int i = 0; i < 7; i++) *cols[i] = (float *)slot(&k, Bw * I, sizeof(float), &ok);
     w->gu = (float *)slot(&k, Bw * I2, sizeof(float), &ok);
     w->dgu = (float *)slot(&k, Bw * I2, sizeof(float), &ok);
     w->b1 = (float *)slot(&k, I2, sizeof(float), &ok);

@@ -18,6 +18,8 @@ typedef struct mxfp8i_moe_bwd {
     double *da, *db1, *db2;          /**< affinity [T*E] and bias [E*2I], [E*H] gradients */
     /* per-block buffers, rows [0, Bw) */
     float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
+    float *sg;                       /**< sigmoid(c g) of the forward, for act'(g) (valid when have_sg) */
+    int have_sg;
     double *dablk;
 } mxfp8i_moe_bwd;
 

@@ -31,8 +31,28 @@ static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
     }
 }
 
+/* A checkpoint's [I] x [L] block (positions innermost, strides si, sq) into d[q][i], read in 16-row blocks of i. */
+static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq, int64_t I, int64_t L, float *d, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i0 = 0; i0 < I; i0 += 16) {
+        const int64_t i1 = i0 + 16 < I ? i0 + 16 : I;
+        if (t->dtype == MXFP8_DTYPE_F32) {
+            const float *src = (const float *)t->data + base;
+            for (int64_t q = 0; q < L; q++)
+                for (int64_t i = i0; i < i1; i++) d[q * I + i] = src[i * si + q * sq];
+        } else if (t->dtype == MXFP8_DTYPE_BF16) {
+            const uint16_t *src = (const uint16_t *)t->data + base;
+            for (int64_t q = 0; q < L; q++)
+                for (int64_t i = i0; i < i1; i++) d[q * I + i] = mxfp8i_bf16_to_fp32(src[i * si + q * sq]);
+        } else {
+            for (int64_t q = 0; q < L; q++)
+                for (int64_t i = i0; i < i1; i++) d[q * I + i] = mxfp8i_load_f32(t->data, t->dtype, base + i * si + q * sq);
+        }
+    }
+}
+
 /* g, u, act(g), inter (checkpoints, else the forward's GEMM 1 + b1 + clamp), and the Phase 4 operand S = a*inter
- * (ON_I) or the Phase 1 operand D = a*dY (ON_H). */
+ * (ON_I) or the Phase 1 operand D = a*dY (ON_H). Sets w->have_sg when w->sg holds sigmoid(c g) of every position. */
 static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
     const mxfp8i_moe *p = w->p;
     const mxfp8_moe_config *c = &p->cfg;
@@ -47,9 +67,7 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
         mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
         MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, w->gu, I2));
     }
-    const float *b1 = w->b1;
-    /* checkpoints ([n, (j,) i, q]: positions innermost) read in 16-row blocks of i, q ascending, into the [q][i]
-       buffers: contiguous reads along q, one cache line written per (q, block) */
+    /* checkpoints ([n, (j,) i, q]: positions innermost) into the [q][i] buffers */
     const mxfp8_tensor *ckt[5] = {ck_gu, ck_gu, ck_act, ck_inter, ck_s};
     float *dst[5] = {w->g, w->u, w->act, w->inter, w->S};
     for (int k = 0; k < 5; k++) {
@@ -57,40 +75,30 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
         if (!t->data || (k == 4 && w->onH)) continue;
         const int four = t->ndim == 4;
         const int64_t base = n * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
-        const int64_t si = t->strides[four ? 2 : 1], sq = t->strides[four ? 3 : 2];
-        float *d = dst[k];
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t i0 = 0; i0 < I; i0 += 16)
-            for (int64_t q = 0; q < L; q++)
-                for (int64_t i = i0; i < I && i < i0 + 16; i++)
-                    d[q * I + i] = mxfp8i_load_f32(t->data, t->dtype, base + i * si + q * sq);
+        read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], I, L, dst[k], nt);
     }
+    w->have_sg = !ck_act->data && mxfp8i_moe_sigmoid_act(c);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
-        const int real = tok[q] >= 0;
-        const float aq = real ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
-        for (int64_t i = 0; i < I; i++) {
-            float gv = 0.0f, uv = 0.0f, av = 0.0f, iv = 0.0f;
-            if (real) {
-                if (ck_gu->data) {
-                    gv = w->g[q * I + i];
-                    uv = w->u[q * I + i];
-                } else {
-                    gv = mxfp8i_moe_clamp(w->gu[q * I2 + i] + b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
-                    uv = mxfp8i_moe_clamp(w->gu[q * I2 + I + i] + b1[I + i], c->up_clamp_lower, c->up_clamp_upper);
-                }
-                av = ck_act->data ? w->act[q * I + i] : mxfp8i_moe_act(c, gv);
-                iv = ck_inter->data ? w->inter[q * I + i] : av * mxfp8i_moe_up(c, uv);
-            }
-            w->g[q * I + i] = gv;
-            w->u[q * I + i] = uv;
-            w->act[q * I + i] = av;
-            w->inter[q * I + i] = iv;
-            if (!w->onH) w->S[q * I + i] = real ? (ck_s->data ? w->S[q * I + i] : aq * iv) : 0.0f;
+        float *g = w->g + q * I, *u = w->u + q * I, *act = w->act + q * I, *inter = w->inter + q * I;
+        float *S = w->onH ? NULL : w->S + q * I;
+        if (tok[q] < 0) { /* padding: zeros */
+            float *rows[5] = {g, u, act, inter, S};
+            for (int k = 0; k < 5; k++)
+                if (rows[k]) memset(rows[k], 0, (size_t)I * sizeof(float));
+            if (w->onH) memset(w->D + q * H, 0, (size_t)H * sizeof(float));
+            continue;
         }
-        if (w->onH)
-            for (int64_t h = 0; h < H; h++)
-                w->D[q * H + h] = real ? (ck_D->data ? ck3(ck_D, n, q, h) : aq * w->dyb[q * H + h]) : 0.0f;
+        const float aq = mxfp8i_moe_aff(p, tok[q], e);
+        mxfp8i_moe_fwd_row(c, I, ck_gu->data ? NULL : w->gu + q * I2, w->b1, g, u, act, ck_act->data != NULL, inter,
+                           ck_inter->data != NULL, ck_s->data ? NULL : S, aq, w->have_sg ? w->sg + q * I : NULL);
+        if (w->onH) {
+            float *D = w->D + q * H;
+            if (ck_D->data)
+                for (int64_t h = 0; h < H; h++) D[h] = ck3(ck_D, n, q, h);
+            else
+                for (int64_t h = 0; h < H; h++) D[h] = aq * w->dyb[q * H + h];
+        }
     }
     return MXFP8_OK;
 }
@@ -115,6 +123,20 @@ static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     return MXFP8_OK;
 }
 
+/* Sequential FP64 sums sum_i x[q][i] * y[q][i] (i ascending) of up to 8 rows at once: independent chains, the
+ * same additions in the same order as one row at a time. */
+static void dot_rows(const float *x, const float *y, int64_t ld, int64_t n, int rows, double *out) {
+    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (rows == 8) {
+        for (int64_t i = 0; i < n; i++)
+            for (int r = 0; r < 8; r++) s[r] += (double)x[r * ld + i] * (double)y[r * ld + i];
+    } else {
+        for (int r = 0; r < rows; r++)
+            for (int64_t i = 0; i < n; i++) s[r] += (double)x[r * ld + i] * (double)y[r * ld + i];
+    }
+    for (int r = 0; r < rows; r++) out[r] += s[r];
+}
+
 /* The affinity gradient of each position (FP64 sums) and the activation backward:
  *   dI = a * dI_raw (ON_I) or dI (ON_H);  dGU = [dI * u * act'(g) * pass(g) | dI * act(g) * pass(u)]. */
 static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
@@ -122,33 +144,43 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
     const mxfp8_moe_config *c = &p->cfg;
     const mxfp8_tensor *ck_down = &w->args->down_proj_output_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    /* affinity gradients, 8 positions at a time (padding positions' rows are zero and give 0) */
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t q0 = 0; q0 < L; q0 += 8) {
+        const int rows = (int)(L - q0 < 8 ? L - q0 : 8);
+        double *da = w->dablk + q0;
+        for (int r = 0; r < rows; r++) da[r] = 0.0;
+        if (!w->onH) {
+            dot_rows(w->dI + q0 * I, w->inter + q0 * I, I, I, rows, da);
+            if (p->b2.data)
+                for (int r = 0; r < rows; r++) {
+                    double t = da[r]; /* continues the same sequential sum */
+                    for (int64_t h = 0; h < H; h++) t += (double)w->dyb[(q0 + r) * H + h] * (double)w->b2[h];
+                    da[r] = t;
+                }
+        } else {
+            for (int r = 0; r < rows; r++) {
+                const int64_t q = q0 + r;
+                double t = 0.0;
+                for (int64_t h = 0; h < H; h++) {
+                    float dn = ck_down->data ? ck3(ck_down, n, q, h) : w->down[q * H + h] + w->b2[h];
+                    t += (double)w->dyb[q * H + h] * (double)dn;
+                }
+                da[r] = t;
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            if (tok[q0 + r] < 0) da[r] = 0.0;
+    }
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
-        const int real = tok[q] >= 0;
-        double da = 0.0;
-        if (real && !w->onH) {
-            for (int64_t i = 0; i < I; i++) da += (double)w->dI[q * I + i] * (double)w->inter[q * I + i];
-            if (p->b2.data)
-                for (int64_t h = 0; h < H; h++) da += (double)w->dyb[q * H + h] * (double)w->b2[h];
-        } else if (real) {
-            for (int64_t h = 0; h < H; h++) {
-                float dn = ck_down->data ? ck3(ck_down, n, q, h) : w->down[q * H + h] + w->b2[h];
-                da += (double)w->dyb[q * H + h] * (double)dn;
-            }
+        if (tok[q] < 0) {
+            memset(w->dgu + q * I2, 0, (size_t)I2 * sizeof(float));
+            continue;
         }
-        w->dablk[q] = da;
-        const float aq = real ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
-        for (int64_t i = 0; i < I; i++) {
-            float dIv = real ? (w->onH ? w->dI[q * I + i] : aq * w->dI[q * I + i]) : 0.0f;
-            float gv = w->g[q * I + i], uv = w->u[q * I + i], dg = 0.0f, du = 0.0f;
-            if (real) {
-                if (mxfp8i_moe_clamp_pass(gv, c->gate_clamp_lower, c->gate_clamp_upper))
-                    dg = dIv * mxfp8i_moe_up(c, uv) * mxfp8i_moe_dact(c, gv);
-                if (mxfp8i_moe_clamp_pass(uv, c->up_clamp_lower, c->up_clamp_upper)) du = dIv * w->act[q * I + i];
-            }
-            w->dgu[q * I2 + i] = dg;
-            w->dgu[q * I2 + I + i] = du;
-        }
+        const float aq = mxfp8i_moe_aff(p, tok[q], e);
+        mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->g + q * I, w->u + q * I, w->act + q * I,
+                           w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
     }
 }
 

@@ -109,20 +109,13 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, gu, I2));
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q = 0; q < L; q++)
-        for (int64_t i = 0; i < I; i++) {
-            float gv = 0.0f, uv = 0.0f, av = 0.0f, iv = 0.0f;
-            if (tok[q] >= 0) {
-                gv = mxfp8i_moe_clamp(gu[q * I2 + i] + b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
-                uv = mxfp8i_moe_clamp(gu[q * I2 + I + i] + b1[I + i], c->up_clamp_lower, c->up_clamp_upper);
-                av = mxfp8i_moe_act(c, gv);
-                iv = av * mxfp8i_moe_up(c, uv);
-            }
-            g[q * I + i] = gv;
-            u[q * I + i] = uv;
-            act[q * I + i] = av;
-            inter[q * I + i] = iv;
-        }
+    for (int64_t q = 0; q < L; q++) {
+        float *rows[4] = {g + q * I, u + q * I, act + q * I, inter + q * I};
+        if (tok[q] < 0)
+            for (int k = 0; k < 4; k++) memset(rows[k], 0, (size_t)I * sizeof(float));
+        else
+            mxfp8i_moe_fwd_row(c, I, gu + q * I2, b1, rows[0], rows[1], rows[2], 0, rows[3], 0, NULL, 0.0f, NULL);
+    }
     /* GEMM 2: down = inter @ W2[e] + b2, contraction I (keyed slot 1) */
     A = mxfp8i_gop_hp(inter, MXFP8_DTYPE_F32, L, I, I, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);

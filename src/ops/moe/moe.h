@@ -175,6 +175,11 @@ static inline float mxfp8i_moe_dact(const mxfp8_moe_config *c, float g) {
     default: { float s = 1.0f / (1.0f + expf(-g)); return s * (1.0f + g * (1.0f - s)); }
     }
 }
+/** 1 for the activations g * sigmoid(c g) (SiLU, Swish, gpt-oss SwiGLU), whose sigmoid act.c keeps for act'(g). */
+static inline int mxfp8i_moe_sigmoid_act(const mxfp8_moe_config *c) {
+    return c->activation == MXFP8_ACT_SILU || c->activation == MXFP8_ACT_SWISH ||
+           c->activation == MXFP8_ACT_GPT_OSS_SWIGLU;
+}
 /** The up factor of inter = act(g) * up(u): u + 1 for gpt-oss SwiGLU, else u itself. */
 static inline float mxfp8i_moe_up(const mxfp8_moe_config *c, float u) {
     return c->activation == MXFP8_ACT_GPT_OSS_SWIGLU ? u + 1.0f : u;
@@ -201,6 +206,18 @@ static inline double mxfp8i_moe_dact_d(const mxfp8_moe_config *c, double g) {
 static inline double mxfp8i_moe_up_d(const mxfp8_moe_config *c, double u) {
     return c->activation == MXFP8_ACT_GPT_OSS_SWIGLU ? u + 1.0 : u;
 }
+
+/** The elementwise work of one real position (act.c), the same FP32 expressions as mxfp8i_moe_act, _dact and
+ *  _clamp_pass element by element (bitwise equal), in loops the compiler vectorizes.
+ *  Forward row: with gu (GEMM 1's row [2I]) g = clamp(gu[:I] + b1[:I]), u = clamp(gu[I:] + b1[I:]) (else g, u are
+ *  given); act = act(g) unless act_given; inter = act * up(u) unless inter_given; S = aq * inter when S is not
+ *  NULL; sg, when not NULL, receives sigmoid(c g) of the SiLU / Swish / gpt-oss activations (untouched otherwise).
+ *  Backward row: dgu [2I] = [dIv * up(u) * act'(g) * pass(g) | dIv * act * pass(u)] with dIv = aq * dI (scale) or
+ *  dI; act'(g) from sg (the forward row's sigmoid) when not NULL. */
+void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, const float *b1, float *g, float *u,
+                        float *act, int act_given, float *inter, int inter_given, float *S, float aq, float *sg);
+void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, float aq, int scale, const float *g,
+                        const float *u, const float *act, const float *sg, float *dgu);
 
 /** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */
 mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,
