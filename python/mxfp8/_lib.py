@@ -510,8 +510,24 @@ def check(status):
         raise MXFP8Error(status, last_error_message())
 
 
+# C entry points an observer (mxfp8.telemetry's statistics collector) sees; filled by that module.
+OBSERVED_CALLS = {}
+
+
+def set_observer(obs):
+    """Make `obs` (an object with _observe(name, args, run), or None) observe this thread's OBSERVED_CALLS; returns
+    the previous observer."""
+    prev = getattr(_tls, "observer", None)
+    _tls.observer = obs
+    return prev
+
+
 def call(name, *args):
     """Call C function `name` returning mxfp8_status; raise MXFP8Error on failure. Returns None."""
+    obs = getattr(_tls, "observer", None)
+    if obs is not None and name in OBSERVED_CALLS:
+        obs._observe(name, args, lambda: check(function(name)(*args)))
+        return
     check(function(name)(*args))
 
 
