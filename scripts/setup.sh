@@ -19,6 +19,8 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 command -v clang >/dev/null || need+=(clang)
 ls /usr/lib/llvm-*/lib/libarcher.so >/dev/null 2>&1 || need+=(libomp-dev)
 command -v valgrind >/dev/null || need+=(valgrind)
+# Expert parallelism over MPI (libmxfp8_mpi, its ctest label "mpi", mxfp8.mpi, `--expert-parallel`): Debian's Open MPI
+command -v mpicc >/dev/null && command -v mpirun >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need[*]}"
   $SUDO apt-get update -qq
@@ -39,4 +41,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$reqs" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q $reqs
   echo "$reqs" > "$stamp"
+fi
+# mpi4py for mxfp8.mpi and its tests, compiled against the Open MPI above (--no-binary: a prebuilt wheel may carry
+# another MPI, whose communicator handles libmxfp8_mpi could not use).
+if ! "$VENV/bin/python" -c "import mpi4py" >/dev/null 2>&1; then
+  echo "setup: building mpi4py against $(command -v mpicc)"
+  MPICC=mpicc "$VENV/bin/python" -m pip install -q --no-binary mpi4py mpi4py
 fi

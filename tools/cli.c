@@ -143,6 +143,27 @@ int cli_threads(const char *cmd, const char *s) {
     return CLI_OK;
 }
 
+/* "LO,HI" with either side empty or "none" meaning no limit. */
+int cli_clamp(const char *cmd, const char *opt, const char *s, float *lo, float *hi) {
+    if (!s) return CLI_OK;
+    const char *comma = strchr(s, ',');
+    if (!comma) return cli_error(cmd, "--%s wants LO,HI (either may be empty), got '%s'", opt, s);
+    char a[64], b[64];
+    snprintf(a, sizeof a, "%.*s", (int)(comma - s), s);
+    snprintf(b, sizeof b, "%s", comma + 1);
+    const char *parts[2] = {a, b};
+    float *dst[2] = {lo, hi};
+    for (int i = 0; i < 2; i++) {
+        if (!*parts[i] || !strcmp(parts[i], "none")) continue;
+        char *end;
+        double v = strtod(parts[i], &end);
+        if (*end || v != v) return cli_error(cmd, "--%s: '%s' is not a number", opt, parts[i]);
+        *dst[i] = (float)v;
+    }
+    if (*lo > *hi) return cli_error(cmd, "--%s: lower limit %g is above the upper limit %g", opt, *lo, *hi);
+    return CLI_OK;
+}
+
 double cli_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -23,6 +23,8 @@ int cmd_dequantize(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_matmul_bwd(int argc, char **argv);
 int cmd_moe_bwd(int argc, char **argv);
+/** `mxfp8 moe-bwd --expert-parallel` (tools/cmd_moe_ep.c): the main job over MPI ranks (an error without MPI). */
+int cmd_moe_bwd_ep(int argc, char **argv);
 /** `mxfp8 bench` lives in tools/cmd_bench.c (performance engineer). Declared weak so that the CLI builds and links
  *  whether or not that file is present; main.c dispatches to it when it is linked in. */
 int cmd_bench(int argc, char **argv) __attribute__((weak));
@@ -58,6 +60,8 @@ int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out);  /* n
 int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out);     /* 1x32 | wrapx */
 /** --float8-dtype float8_e4m3fn | float8_e5m2 (also accepts e4m3 | e5m2). */
 int cli_float8_dtype(const char *cmd, const char *s, mxfp8_format *out);
+/** --gate-clamp / --up-clamp "LO,HI": either side empty or "none" means no limit (keeps *lo / *hi). */
+int cli_clamp(const char *cmd, const char *opt, const char *s, float *lo, float *hi);
 /** --threads N (N >= 1): mxfp8_set_num_threads. */
 int cli_threads(const char *cmd, const char *s);
 

@@ -1104,10 +1104,15 @@ static void usage(FILE *f) {
             "  --json       print one JSON document instead of tables\n"
             "  --quick      skip the largest problems (4096^3, the larger MoE), 2 repetitions\n"
             "  --reps N     best of N timed runs (default 5; fewer when a run is slow; a run over 8 s is timed once)\n"
-            "  --full       also run items estimated (from a smaller one in this run) to take over 40 s per run\n");
+            "  --full       also run items estimated (from a smaller one in this run) to take over 40 s per run\n"
+            "  mpirun -np P mxfp8 bench moe --expert-parallel: the MoE layer split over MPI ranks (see its --help)\n");
 }
 
+int cmd_bench_moe_ep(int argc, char **argv); /* tools/bench_moe_ep.c: `mxfp8 bench moe --expert-parallel` */
+
 int cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--expert-parallel")) return cmd_bench_moe_ep(argc, argv);
     bench_opts o = {0, 0, 0, 0, 5, 4.0, 8.0, 40.0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

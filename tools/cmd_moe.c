@@ -72,7 +72,9 @@ static void help(void) {
         "  --no-check            skip the golden references (just compute and write)\n"
         "  --save-inputs FILE    write the generated problem to a .safetensors bundle (the seed's parameter names,\n"
         "                        explicit routing) that --inputs (or the Python API) can read back\n"
-        "  --quiet               no progress lines on stderr (shown on a terminal or for big problems)\n\n"
+        "  --quiet               no progress lines on stderr (shown on a terminal or for big problems)\n"
+        "  --expert-parallel     split the job over MPI ranks: mpirun -np P mxfp8 moe-bwd --expert-parallel ...\n"
+        "                        (see mxfp8 moe-bwd --expert-parallel --help)\n\n"
         "exit status: 0 ok, 1 a pass criterion failed, 2 bad usage, bad input or IO error\n");
 }
 
@@ -87,27 +89,6 @@ static void progress(const char *fmt, const char *what) {
 
 static void fill_uniform_bf16(uint16_t *p, int64_t n, double lo, double hi, cli_rng *r) {
     for (int64_t i = 0; i < n; i++) p[i] = mxfp8_fp32_to_bf16((float)(lo + (hi - lo) * cli_rng_uniform(r)));
-}
-
-/* "LO,HI" with either side empty or "none" meaning no limit. */
-static int parse_clamp(const char *cmd, const char *opt, const char *s, float *lo, float *hi) {
-    if (!s) return CLI_OK;
-    const char *comma = strchr(s, ',');
-    if (!comma) return cli_error(cmd, "--%s wants LO,HI (either may be empty), got '%s'", opt, s);
-    char a[64], b[64];
-    snprintf(a, sizeof a, "%.*s", (int)(comma - s), s);
-    snprintf(b, sizeof b, "%s", comma + 1);
-    const char *parts[2] = {a, b};
-    float *dst[2] = {lo, hi};
-    for (int i = 0; i < 2; i++) {
-        if (!*parts[i] || !strcmp(parts[i], "none")) continue;
-        char *end;
-        double v = strtod(parts[i], &end);
-        if (*end || v != v) return cli_error(cmd, "--%s: '%s' is not a number", opt, parts[i]);
-        *dst[i] = (float)v;
-    }
-    if (*lo > *hi) return cli_error(cmd, "--%s: lower limit %g is above the upper limit %g", opt, *lo, *hi);
-    return CLI_OK;
 }
 
 static const char *const k_grad_names[6] = {"hidden_states_grad",       "expert_affinities_masked_grad",
@@ -143,6 +124,8 @@ static int bundle_int(const char *cmd, tf_tensor *t) {
 
 int cmd_moe_bwd(int argc, char **argv) {
     const char *cmd = "moe-bwd";
+    for (int i = 1; i < argc; i++) /* the main job over MPI ranks: tools/cmd_moe_ep.c */
+        if (!strcmp(argv[i], "--expert-parallel")) return cmd_moe_bwd_ep(argc, argv);
     cli_opt opts[] = {
         {"H", 0, 0, NULL},           {"T", 0, 0, NULL},          {"E", 0, 0, NULL},
         {"B", 0, 0, NULL},           {"topk", 0, 0, NULL},       {"I", 0, 0, NULL},
@@ -186,9 +169,9 @@ int cmd_moe_bwd(int argc, char **argv) {
         cli_choice(cmd, "activation", cli_get(opts, nopts, "activation"), acts, 3, &act) ||
         cli_choice(cmd, "affinity", cli_get(opts, nopts, "affinity"), affs, 2, &aff) ||
         cli_choice(cmd, "grad-dtype", cli_get(opts, nopts, "grad-dtype"), gdts, 3, &gdt) ||
-        parse_clamp(cmd, "gate-clamp", cli_get(opts, nopts, "gate-clamp"), &cfg.gate_clamp_lower,
+        cli_clamp(cmd, "gate-clamp", cli_get(opts, nopts, "gate-clamp"), &cfg.gate_clamp_lower,
                     &cfg.gate_clamp_upper) ||
-        parse_clamp(cmd, "up-clamp", cli_get(opts, nopts, "up-clamp"), &cfg.up_clamp_lower, &cfg.up_clamp_upper) ||
+        cli_clamp(cmd, "up-clamp", cli_get(opts, nopts, "up-clamp"), &cfg.up_clamp_lower, &cfg.up_clamp_upper) ||
         cli_float8_dtype(cmd, cli_get(opts, nopts, "float8-dtype"), &cfg.quant_dtype) ||
         cli_scale_rule(cmd, cli_get(opts, nopts, "scale-rule"), &cfg.scale_rule) ||
         cli_threads(cmd, cli_get(opts, nopts, "threads")))

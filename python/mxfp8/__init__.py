@@ -23,6 +23,9 @@ library raise MXFP8Error (with .status and .message); bad option values raise Va
 help(mxfp8.<function>) gives each function's shapes, dtypes and errors.
 
 The shared library is the copy installed inside this package; MXFP8_LIBRARY=/path/to/libmxfp8.so overrides it.
+
+Expert parallelism over MPI lives in the submodule mxfp8.mpi (import it explicitly; it needs mpi4py and the
+libmxfp8_mpi.so built when CMake finds MPI): ``import mxfp8`` never needs either.
 """
 
 __version__ = "0.1.0"

@@ -18,11 +18,21 @@ import mxfp8
 from build_paths import BUILD_DIR, REPO, require
 
 HEADER = os.path.join(REPO, "include", "mxfp8.h")
+# mxfp8_mpi.h and its program (tests/mpi/struct_layout_mpi.c) when CMake found MPI and built libmxfp8_mpi
+MPI_HEADER = os.path.join(REPO, "include", "mxfp8_mpi.h")
+MPI_PROG = os.path.join(BUILD_DIR, "struct_layout_mpi")
+
+
+def _mpi_built():
+    return os.path.isfile(MPI_PROG)
 
 
 def header_structs():
-    """{struct name: [field names]} of every `typedef struct name { ... } name;` in mxfp8.h, in order."""
+    """{struct name: [field names]} of every `typedef struct name { ... } name;` in mxfp8.h (then mxfp8_mpi.h when
+    the MPI library is built), in order."""
     text = re.sub(r"/\*.*?\*/", "", open(HEADER).read(), flags=re.S)
+    if _mpi_built():
+        text += re.sub(r"/\*.*?\*/", "", open(MPI_HEADER).read(), flags=re.S)
     out = {}
     for m in re.finditer(r"typedef struct (\w+)\s*\{(.*?)\}\s*(\w+);", text, re.S):
         names = []
@@ -37,9 +47,12 @@ def header_structs():
 @pytest.fixture(scope="module")
 def c_layout():
     prog = require(os.path.join(BUILD_DIR, "struct_layout"), "the struct_layout program")
-    r = subprocess.run([prog], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    out = {}
+    for p in [prog] + ([MPI_PROG] if _mpi_built() else []):
+        r = subprocess.run([p], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out.update(json.loads(r.stdout))
+    return out
 
 
 def mirrors():
@@ -54,6 +67,8 @@ def mirrors():
         except ImportError as e:
             if info.name == "torch" or getattr(e, "name", "") == "torch":  # the PyTorch layer needs torch
                 continue
+            if info.name == "mpi" and not _mpi_built():  # expert parallelism: built only when CMake finds MPI
+                continue
             raise
         for obj in vars(mod).values():
             if isinstance(obj, type) and issubclass(obj, ctypes.Structure) and obj.__module__ == mod.__name__:
@@ -67,7 +82,7 @@ def mirrors():
 def test_program_lists_every_struct_and_field(c_layout):
     want = header_structs()
     assert len(want) >= 12, sorted(want)
-    assert list(c_layout) == list(want), "tests/c/struct_layout.c lists other structs than mxfp8.h"
+    assert list(c_layout) == list(want), "struct_layout(_mpi).c lists other structs than mxfp8.h (mxfp8_mpi.h)"
     for s, fields in want.items():
         assert [f[0] for f in c_layout[s]["fields"]] == fields, f"tests/c/struct_layout.c: fields of {s}"
 

@@ -186,10 +186,12 @@ _Static_assert(MXFP8_DTYPE_F32 == 0 && MXFP8_DTYPE_BF16 == 1 && MXFP8_DTYPE_F16 
 #define QINST(DT, FMT, OK)                                                                                             \
     static int64_t qrow_##DT##_##FMT##_##OK(const void *s, int64_t K, qctx cx, void *o, uint8_t *sc, int64_t gs) {     \
         if (DT == MXFP8_DTYPE_BF16 && OK == OUT_CODES) return mxfp8i_qrow_bf16c_##FMT(s, K, cx, o, sc, gs);                 \
+        if (DT == MXFP8_DTYPE_BF16 && OK == OUT_BF16) return mxfp8i_qrow_bf16v_##FMT(s, K, cx, o, sc, gs);                  \
         return q_row_seg(s, DT, K, FMT, OK, cx, o, sc, gs);                                                            \
     }                                                                                                                  \
     static int64_t qcols_##DT##_##FMT##_##OK(const mxfp8i_qpanel *p, qctx cx) {                                     \
         if (DT == MXFP8_DTYPE_BF16 && OK == OUT_CODES) return mxfp8i_qcols_bf16c_##FMT(p, cx);                               \
+        if (DT == MXFP8_DTYPE_BF16 && OK == OUT_BF16) return mxfp8i_qcols_bf16v_##FMT(p, cx);                                \
         return q_cols(p, DT, FMT, OK, cx);                                                                             \
     }
 #define QINST_OK(DT, FMT) QINST(DT, FMT, 0) QINST(DT, FMT, 1) QINST(DT, FMT, 2) QINST(DT, FMT, 3)

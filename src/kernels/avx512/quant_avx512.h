@@ -438,5 +438,10 @@ int64_t mxfp8i_qrow_bf16c_0(const void *src, int64_t K, qctx cx, void *out, uint
 int64_t mxfp8i_qrow_bf16c_1(const void *src, int64_t K, qctx cx, void *out, uint8_t *sc, int64_t sc_gs);
 int64_t mxfp8i_qcols_bf16c_0(const mxfp8i_qpanel *p, qctx cx);
 int64_t mxfp8i_qcols_bf16c_1(const mxfp8i_qpanel *p, qctx cx);
+/* BF16 -> BF16 qdq values, the same 16-bit-lane rounding (quant_avx512_bf16.c). */
+int64_t mxfp8i_qrow_bf16v_0(const void *src, int64_t K, qctx cx, void *out, uint8_t *sc, int64_t sc_gs);
+int64_t mxfp8i_qrow_bf16v_1(const void *src, int64_t K, qctx cx, void *out, uint8_t *sc, int64_t sc_gs);
+int64_t mxfp8i_qcols_bf16v_0(const mxfp8i_qpanel *p, qctx cx);
+int64_t mxfp8i_qcols_bf16v_1(const mxfp8i_qpanel *p, qctx cx);
 
 #endif /* MXFP8_KERNELS_AVX512_QUANT_AVX512_H */
