@@ -948,6 +948,65 @@ MXFP8_API mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, 
 MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads,
                                                  int quantized);
 
+/*
+ * Cross-stack diff: which quantization policy explains another stack's MXFP8 bits (`mxfp8 diff`, mxfp8.diff).
+ * A profile is one of our quantizers: scale rule x element rounding x NaN/Inf policy x saturation x sign of zero.
+ * mxfp8_quantize_profile quantizes under any profile (scalar, slow; the all-default profile equals mxfp8_quantize
+ * with nearest rounding). mxfp8_diff re-quantizes `src` under every profile (mxfp8_diff_num_profiles of them, in the
+ * order of mxfp8_diff_profile), counts the groups each reproduces bit for bit (scale code and every element code),
+ * picks the best (most groups; the first on ties), and classifies the groups the best profile does not reproduce,
+ * first matching class first:
+ *   nonfinite   the input group holds a NaN or Inf
+ *   tiny        amax < 2^(emax - 126): the shared exponent sits within two steps of E8M0's floor (2^-127)
+ *   zero-sign   the scales agree and every differing element is a zero of the other sign
+ *   saturation  an element's |x / 2^e| exceeds max normal under the best profile, or the other result has a NaN /
+ *               Inf code for a finite input
+ *   pow2        the scales differ by one step and amax is within 2^-16 (relative) of 2^k or of max_normal * 2^k
+ *               (where a log2 taken in floating point instead of from the exponent bits goes wrong)
+ *   subnormal   the scales agree and every differing element is an FP8 subnormal (or zero) on one side
+ *   other       anything else
+ * Group indices are row-major indices into the scales tensor (src's shape with the axis replaced by its groups).
+ */
+typedef struct mxfp8_quant_profile {
+    mxfp8_scale_rule rule;
+    int round_toward_zero;      /**< 0: round to nearest even; 1: truncate toward zero */
+    int nonfinite_per_element;  /**< 0: a NaN / Inf makes the whole group NaN (scale 255; ours); 1: amax skips NaN
+                                     and Inf, which get their own codes (NaN; Inf in E5M2, NaN in E4M3) */
+    int no_saturation;          /**< 0: saturate to max normal (ours); 1: a value rounding past max normal becomes
+                                     NaN (E4M3) / Inf (E5M2) */
+    int unsigned_zero;          /**< 0: zeros keep their sign (ours); 1: every zero code is +0 */
+} mxfp8_quant_profile;
+
+enum { MXFP8_DIFF_NONFINITE = 0, MXFP8_DIFF_TINY, MXFP8_DIFF_ZERO_SIGN, MXFP8_DIFF_SATURATION, MXFP8_DIFF_POW2,
+       MXFP8_DIFF_SUBNORMAL, MXFP8_DIFF_OTHER, MXFP8_DIFF_NUM_CLASSES };
+#define MXFP8_DIFF_MAX_PROFILES 48
+#define MXFP8_DIFF_EXAMPLES 4
+
+typedef struct mxfp8_diff_result {
+    int64_t groups;                                  /**< groups compared */
+    int num_profiles;                                /**< mxfp8_diff_num_profiles() */
+    int64_t matched[MXFP8_DIFF_MAX_PROFILES];        /**< groups each profile reproduces bit for bit */
+    int best;                                        /**< index of the best profile */
+    int64_t unexplained[MXFP8_DIFF_NUM_CLASSES];     /**< groups the best profile does not reproduce, per class */
+    int64_t example[MXFP8_DIFF_NUM_CLASSES][MXFP8_DIFF_EXAMPLES]; /**< their first group indices (-1: none) */
+    int64_t unmatched_by_all;                        /**< groups no profile reproduces */
+} mxfp8_diff_result;
+
+/** The number of profiles mxfp8_diff tries, and profile i (0 <= i < that; NULL / out of range: INVALID_ARGUMENT). */
+MXFP8_API int mxfp8_diff_num_profiles(void);
+MXFP8_API mxfp8_status mxfp8_diff_profile(int i, mxfp8_quant_profile *out);
+/** "nonfinite", "tiny", "zero-sign", "saturation", "pow2", "subnormal", "other" ("?" out of range). */
+MXFP8_API const char *mxfp8_diff_class_name(int c);
+/** Quantize `src` along `axis` under a profile (views and errors as mxfp8_quantize; fmt and group as its params). */
+MXFP8_API mxfp8_status mxfp8_quantize_profile(const mxfp8_tensor *src, int axis, mxfp8_format fmt,
+                                              mxfp8_group_scheme group, const mxfp8_quant_profile *profile,
+                                              mxfp8_tensor *data, mxfp8_tensor *scales);
+/** Compare another stack's codes `data` (E4M3 / E5M2 / U8, src's shape) and scales (E8M0 / U8, compact, as
+ *  mxfp8_quantize writes them) of `src` (F32 / BF16 / F16) quantized along `axis` with `fmt`, `group` against every
+ *  profile (see above). Errors as mxfp8_quantize, OUT_OF_MEMORY. */
+MXFP8_API mxfp8_status mxfp8_diff(const mxfp8_tensor *src, int axis, mxfp8_format fmt, mxfp8_group_scheme group,
+                                  const mxfp8_tensor *data, const mxfp8_tensor *scales, mxfp8_diff_result *result);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,7 +24,8 @@ static void help(void) {
         "usage: mxfp8 matmul-bwd [--M M --N N --K K] [--inputs BUNDLE.safetensors] [--output GRADS.safetensors]\n"
         "                        [--float8-dtype float8_e5m2|float8_e4m3fn] [--scale-rule nki|ocp|rceil]\n"
         "                        [--group 1x32|wrapx] [--output-dtype bf16|f16|f32] [--threads N] [--seed S]\n"
-        "                        [--repeat R] [--no-check]\n\n"
+        "                        [--repeat R] [--no-check] [--stats] [--stochastic-rounding dy,w,x]\n"
+        "                        [--rounding-seed S]\n\n"
         "Backward of a linear layer Y = X @ W^T in MXFP8 (NKI matmul_mxfp8_backward):\n"
         "  input_grad  dX [M, K] = dY [M, N] @ W [N, K]      (dY and W quantized along N)\n"
         "  weight_grad dW [N, K] = dY^T @ X [M, K]          (dY and X quantized along M)\n"
@@ -49,7 +50,12 @@ static void help(void) {
         "                      (default 3)\n"
         "  --no-check          skip the golden references (just compute and write)\n"
         "  --save-inputs FILE  write the generated problem (output_grad, weights, input_activation) to a\n"
-        "                      .safetensors bundle that --inputs (or the Python API) can read back\n\n"
+        "                      .safetensors bundle that --inputs (or the Python API) can read back\n"
+        "  --stats             print the statistics of the four quantizations (dY along N and along M, W along N,\n"
+        "                      X along M): saturated, flushed-to-zero, subnormal, scales used, SQNR\n"
+        "  --stochastic-rounding L  round the elements of dy, w and/or x (comma-separated; all, none)\n"
+        "                      stochastically instead of to nearest (Philox-4x32-10 by the element's index)\n"
+        "  --rounding-seed S   the seed of stochastic rounding (default 0)\n\n"
         "exit status: 0 ok, 1 a pass criterion failed, 2 bad usage, bad input or IO error\n");
 }
 
@@ -82,7 +88,8 @@ int cmd_matmul_bwd(int argc, char **argv) {
                       {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL},       {"scale-layout", 0, 0, NULL},
                       {"output-dtype", 0, 0, NULL}, {"threads", 0, 0, NULL},   {"seed", 0, 0, NULL},
                       {"repeat", 0, 0, NULL},     {"no-check", 0, 1, NULL},
-                      {"save-inputs", 0, 0, NULL}};
+                      {"save-inputs", 0, 0, NULL}, {"stats", 0, 1, NULL},   {"stochastic-rounding", 0, 0, NULL},
+                      {"rounding-seed", 0, 0, NULL}};
     int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
     const char *pos[1];
     int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 0, &npos);
@@ -110,7 +117,9 @@ int cmd_matmul_bwd(int argc, char **argv) {
         cli_group(cmd, cli_get(opts, nopts, "group"), &args.quant_scheme) ||
         cli_choice(cmd, "scale-layout", cli_get(opts, nopts, "scale-layout"), layouts, 4, &layout) ||
         cli_choice(cmd, "output-dtype", cli_get(opts, nopts, "output-dtype"), odts, 3, &odt) ||
-        cli_threads(cmd, cli_get(opts, nopts, "threads")))
+        cli_threads(cmd, cli_get(opts, nopts, "threads")) ||
+        cli_matmul_rounding(cmd, cli_get(opts, nopts, "stochastic-rounding"), &args) ||
+        cli_seed64(cmd, "rounding-seed", cli_get(opts, nopts, "rounding-seed"), &args.rounding_seed))
         return CLI_USAGE;
     args.output_dtype = odtv[odt];
     args.scale_layout = (mxfp8_scale_layout)layout;
@@ -240,10 +249,21 @@ int cmd_matmul_bwd(int argc, char **argv) {
 
     /* One untimed warm-up call first: thread start-up and first touch of the outputs and workspaces would
        otherwise dominate a single timed run (the results are overwritten by the timed calls). */
+    mxfp8_quant_stats qstats[4];
+    if (cli_get(opts, nopts, "stats")) args.stats = qstats; /* the warm-up call only: the timed calls run without */
     mxfp8_status wst = mxfp8_matmul_backward(&args, &vdx, &vdw);
     if (wst != MXFP8_OK) {
         cli_lib_error(cmd, "mxfp8_matmul_backward", wst);
         goto done;
+    }
+    if (args.stats) {
+        static const char *const qn[4] = {"output_grad along N", "weights along N", "output_grad along M",
+                                          "input along M"};
+        printf("\n");
+        cli_stats_header(stdout, "quantization");
+        for (int i = 0; i < 4; i++) cli_stats_row(stdout, qn[i], &qstats[i]);
+        cli_stats_note(stdout);
+        args.stats = NULL;
     }
     double best = INFINITY;
     for (int64_t it = 0; it < repeat; it++) {
@@ -315,6 +335,9 @@ int cmd_matmul_bwd(int argc, char **argv) {
             if (g->num_nan) printf("%-12s   %lld NaN values in the output\n", "", (long long)g->num_nan);
             if (!criteria_pass(g)) fail = 1;
         }
+        if (args.output_grad_rounding || args.weights_rounding || args.input_rounding)
+            printf("stochastic rounding: the quantized FP64 reference rounds to nearest, so its column measures the\n"
+                   "difference of the roundings too\n");
         printf("allclose: atol = 0.2 x max|golden|, rtol = 1e-3.  rel err = max|k - ref| / max|ref|%s\n",
                odt == 0 ? "\n(rounding the output to BF16 alone gives up to 2^-8 = 3.91e-03 in this metric: half an ulp, "
                "2^(e-8), of an element near max|ref| >= 2^e)" : "");

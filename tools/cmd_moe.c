@@ -42,7 +42,15 @@ static void help(void) {
         "  --bias                               the layer has biases b1 [E, 2, I], b2 [E, H] (~ U(-0.1, 0.1));\n"
         "                                       their gradients are checked and written too\n"
         "layer and kernel:\n"
-        "  --activation A        silu (default), swish or squared_relu\n"
+        "  --activation A        silu (default), swish, squared_relu or gpt_oss_swiglu (gpt-oss: g * sigmoid(alpha g)\n"
+        "                        * (u + 1), g clamped above at limit, u to [-limit, limit])\n"
+        "  --swiglu-alpha A      gpt_oss_swiglu's alpha (default 1.702)\n"
+        "  --swiglu-limit L      gpt_oss_swiglu's limit (default 7; inf: none)\n"
+        "  --stochastic-rounding L  GEMM operands rounded stochastically (comma-separated names: gemm1_x, gemm1_w1,\n"
+        "                        gemm2_inter, gemm2_w2, p1_dy, p1_w2, p2_dgu, p2_w1, p3_x, p3_dgu, p4_s, p4_dy;\n"
+        "                        gradients = p1_dy,p2_dgu,p3_dgu,p4_dy; all; none)\n"
+        "  --rounding-seed S     the seed of stochastic rounding (default 0)\n"
+        "  --stats               print the statistics of every GEMM operand of the backward, per expert\n"
         "  --affinity A          on_i (default: the affinity scales the intermediate) or on_h (scales dY)\n"
         "  --gate-clamp LO,HI    clamp limits of the gate projection (either may be empty: no limit)\n"
         "  --up-clamp LO,HI      clamp limits of the up projection\n"
@@ -122,6 +130,22 @@ static int bundle_int(const char *cmd, tf_tensor *t) {
     return CLI_OK;
 }
 
+/* --stats: the operands each expert's GEMMs quantized (those with elements). */
+static void print_moe_stats(const mxfp8_quant_stats *st, int64_t E) {
+    printf("\n");
+    cli_stats_header(stdout, "expert operand");
+    for (int64_t e = 0; e < E; e++)
+        for (int op = 0; op < MXFP8_MOE_NUM_OPERANDS; op++) {
+            const mxfp8_quant_stats *s = &st[e * MXFP8_MOE_NUM_OPERANDS + op];
+            char name[40];
+            snprintf(name, sizeof name, "%lld %s", (long long)e, cli_moe_operand_name(op));
+            if (s->elements) cli_stats_row(stdout, name, s);
+        }
+    cli_stats_note(stdout);
+    printf("operands: p1 = Phase 1 (dY or D along H, W2 along H), p2 = Phase 2 (dGU along 2I, W1 along 2I),\n"
+           "p3 / p4 = the weight gradients' operands along the block positions, gemm1 = the recomputation of g, u.\n");
+}
+
 int cmd_moe_bwd(int argc, char **argv) {
     const char *cmd = "moe-bwd";
     for (int i = 1; i < argc; i++) /* the main job over MPI ranks: tools/cmd_moe_ep.c */
@@ -134,7 +158,9 @@ int cmd_moe_bwd(int argc, char **argv) {
         {"float8-dtype", 0, 0, NULL}, {"scale-rule", 0, 0, NULL}, {"grad-dtype", 0, 0, NULL},
         {"threads", 0, 0, NULL},     {"repeat", 0, 0, NULL},     {"inputs", 'i', 0, NULL},
         {"block-size", 0, 0, NULL},  {"single-expert-dense", 0, 1, NULL}, {"output", 'o', 0, NULL},
-        {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL},    {"save-inputs", 0, 0, NULL}};
+        {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL},    {"save-inputs", 0, 0, NULL},
+        {"swiglu-alpha", 0, 0, NULL}, {"swiglu-limit", 0, 0, NULL}, {"stochastic-rounding", 0, 0, NULL},
+        {"rounding-seed", 0, 0, NULL}, {"stats", 0, 1, NULL}};
     int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
     const char *pos[1];
     int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 0, &npos);
@@ -151,7 +177,7 @@ int cmd_moe_bwd(int argc, char **argv) {
     const int64_t DMAX = (int64_t)1 << 24;
     mxfp8_moe_config cfg;
     mxfp8_moe_config_init(&cfg);
-    static const char *const acts[] = {"silu", "swish", "squared_relu"};
+    static const char *const acts[] = {"silu", "swish", "squared_relu", "gpt_oss_swiglu"};
     static const char *const affs[] = {"on_i", "on_h"};
     static const char *const gdts[] = {"bf16", "f32", "f16"};
     static const tf_dtype gdtv[] = {TF_BF16, TF_F32, TF_F16};
@@ -166,7 +192,11 @@ int cmd_moe_bwd(int argc, char **argv) {
         cli_int(cmd, "seed", cli_get(opts, nopts, "seed"), 0, INT64_MAX, &seed) ||
         cli_int(cmd, "repeat", cli_get(opts, nopts, "repeat"), 1, 1000, &repeat) ||
         cli_int(cmd, "block-size", cli_get(opts, nopts, "block-size"), 1, DMAX, &block_size) ||
-        cli_choice(cmd, "activation", cli_get(opts, nopts, "activation"), acts, 3, &act) ||
+        cli_choice(cmd, "activation", cli_get(opts, nopts, "activation"), acts, 4, &act) ||
+        cli_float_opt(cmd, "swiglu-alpha", cli_get(opts, nopts, "swiglu-alpha"), &cfg.swiglu_alpha) ||
+        cli_float_opt(cmd, "swiglu-limit", cli_get(opts, nopts, "swiglu-limit"), &cfg.swiglu_limit) ||
+        cli_moe_rounding(cmd, cli_get(opts, nopts, "stochastic-rounding"), &cfg.stochastic_rounding) ||
+        cli_seed64(cmd, "rounding-seed", cli_get(opts, nopts, "rounding-seed"), &cfg.rounding_seed) ||
         cli_choice(cmd, "affinity", cli_get(opts, nopts, "affinity"), affs, 2, &aff) ||
         cli_choice(cmd, "grad-dtype", cli_get(opts, nopts, "grad-dtype"), gdts, 3, &gdt) ||
         cli_clamp(cmd, "gate-clamp", cli_get(opts, nopts, "gate-clamp"), &cfg.gate_clamp_lower,
@@ -477,7 +507,7 @@ int cmd_moe_bwd(int argc, char **argv) {
     mxfp8_info info;
     mxfp8_get_info(&info);
     static const char *const rules[] = {"nki", "ocp", "rceil"};
-    static const char *const act_names[] = {"SiLU", "Swish", "SquaredReLU"};
+    static const char *const act_names[] = {"SiLU", "Swish", "SquaredReLU", "gpt-oss SwiGLU"};
     printf("mxfp8 moe-bwd  H=%lld T=%lld E=%lld B=%lld", (long long)H, (long long)T, (long long)E, (long long)B);
     if (routed_topk) printf(" TopK=%lld", (long long)TOPK);
     printf(" I=%lld  N=%lld blocks\n", (long long)I, (long long)N);
@@ -551,7 +581,16 @@ int cmd_moe_bwd(int argc, char **argv) {
     /* One untimed warm-up call first: thread start-up and first touch of the gradients and workspaces would
        otherwise dominate a single timed run (the gradients are overwritten by the timed calls). */
     progress("[%6.2f s] %s\n", "backward warm-up (untimed)");
-    if ((st = mxfp8_moe_backward(&ba, &kg))) {
+    mxfp8_quant_stats *qst = NULL; /* --stats: the warm-up call only (the timed calls run without) */
+    if (cli_get(opts, nopts, "stats") && !(ba.stats = qst = calloc((size_t)E * MXFP8_MOE_NUM_OPERANDS, sizeof *qst))) {
+        cli_error(cmd, "out of memory for the statistics");
+        goto done;
+    }
+    st = mxfp8_moe_backward(&ba, &kg);
+    ba.stats = NULL;
+    if (!st && qst) print_moe_stats(qst, E);
+    free(qst);
+    if (st) {
         cli_lib_error(cmd, "mxfp8_moe_backward", st);
         goto done;
     }
@@ -613,6 +652,9 @@ int cmd_moe_bwd(int argc, char **argv) {
                    rq.max_rel_err);
             if (rg.num_nan) printf("%-30s   %lld NaN values in the gradient\n", "", (long long)rg.num_nan);
         }
+        if (cfg.stochastic_rounding)
+            printf("stochastic rounding: the quantized FP64 reference rounds to nearest, so its column measures the\n"
+                   "difference of the roundings too\n");
         printf("allclose: atol = 0.5 x max|golden|, rtol = 1e-3.  rel err = max|k - ref| / max|ref|%s\n",
                gdt == 0 ? "\n(rounding the gradients to BF16 alone gives up to 2^-8 = 3.91e-03 in this metric: half an ulp, "
                "2^(e-8), of an element near max|ref| >= 2^e)" : "");

@@ -14,7 +14,8 @@
 
 static void help_quantize(void) {
     printf("usage: mxfp8 quantize IN -o OUT.safetensors [--fmt e4m3|e5m2] [--axis A] [--scale-rule nki|ocp|rceil]\n"
-           "                      [--group 1x32|wrapx] [--tensor NAME]\n\n"
+           "                      [--group 1x32|wrapx] [--tensor NAME] [--rounding nearest|stochastic]\n"
+           "                      [--rounding-seed S] [--stats]\n\n"
            "MX-quantizes a tensor along one axis (OCP MX v1.0): groups of 32 values share one E8M0 scale.\n\n"
            "  IN                 .npy or .safetensors file; F32, BF16 or F16 values (F64 is rounded to F32 first)\n"
            "  -o, --output OUT   .safetensors file to write, holding:\n"
@@ -25,7 +26,12 @@ static void help_quantize(void) {
            "  --scale-rule R     nki (default; Trainium quantize_mx: floor(log2 amax) - (emax-1), never saturates),\n"
            "                     ocp (OCP MX v1.0 6.3: floor(log2 amax) - emax), rceil (ceil(log2(amax/max_normal)))\n"
            "  --group G          1x32 (default: 32 contiguous values) or wrapx (Trainium's tiling; axis %% 128 == 0)\n"
-           "  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n\n"
+           "  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n"
+           "  --rounding R       element rounding: nearest (default, ties to even) or stochastic (rounds up with\n"
+           "                     probability = the fraction of an ulp; Philox-4x32-10 by the element's index)\n"
+           "  --rounding-seed S  the seed of stochastic rounding (default 0; decimal or 0x hex)\n"
+           "  --stats            print the quantization's statistics: saturated, flushed-to-zero and subnormal\n"
+           "                     elements, non-finite and all-zero groups, the scales used, the SQNR\n\n"
            "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
 }
 
@@ -57,8 +63,9 @@ static int pick_tensor(const char *cmd, const char *path, tf_set *set, const cha
 
 int cmd_quantize(int argc, char **argv) {
     const char *cmd = "quantize";
-    cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},   {"axis", 0, 0, NULL},
-                      {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL}, {"tensor", 0, 0, NULL}};
+    cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},      {"axis", 0, 0, NULL},
+                      {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL},    {"tensor", 0, 0, NULL},
+                      {"rounding", 0, 0, NULL},   {"rounding-seed", 0, 0, NULL}, {"stats", 0, 1, NULL}};
     int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
     const char *pos[1];
     int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 1, &npos);
@@ -77,9 +84,13 @@ int cmd_quantize(int argc, char **argv) {
     if (cli_choice(cmd, "fmt", cli_get(opts, nopts, "fmt"), fmts, 2, &fmt) ||
         cli_int(cmd, "axis", cli_get(opts, nopts, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
         cli_scale_rule(cmd, cli_get(opts, nopts, "scale-rule"), &qp.rule) ||
-        cli_group(cmd, cli_get(opts, nopts, "group"), &qp.group))
+        cli_group(cmd, cli_get(opts, nopts, "group"), &qp.group) ||
+        cli_rounding(cmd, "rounding", cli_get(opts, nopts, "rounding"), &qp.rounding) ||
+        cli_seed64(cmd, "rounding-seed", cli_get(opts, nopts, "rounding-seed"), &qp.seed))
         return CLI_USAGE;
     qp.fmt = fmt ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3;
+    mxfp8_quant_stats qstats;
+    if (cli_get(opts, nopts, "stats")) qp.stats = &qstats;
     char err[TF_ERR_LEN];
     size_t olen = strlen(out_path);
     if (olen < 12 || strcmp(out_path + olen - 12, ".safetensors"))
@@ -134,10 +145,19 @@ int cmd_quantize(int argc, char **argv) {
         goto done;
     }
     char sb1[160], sb2[160];
-    printf("%s: wrote data %s %s and scales %s U8 (E8M0; axis %d, %s groups, %s rule)\n", out_path,
+    char rnd[64] = "";
+    if (qp.rounding == MXFP8_ROUND_STOCHASTIC)
+        snprintf(rnd, sizeof rnd, ", stochastic rounding, seed %llu", (unsigned long long)qp.seed);
+    printf("%s: wrote data %s %s and scales %s U8 (E8M0; axis %d, %s groups, %s rule%s)\n", out_path,
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
            tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
-           qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
+           qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil", rnd);
+    if (qp.stats) {
+        printf("\n");
+        cli_stats_header(stdout, "tensor");
+        cli_stats_row(stdout, x->name, &qstats);
+        cli_stats_note(stdout);
+    }
     rc = CLI_OK;
 done:
     tf_free(&in);

@@ -14,7 +14,8 @@ Blockwise Mixture of Experts (NKI moe_mxfp8): route, num_blocks, blockwise_mm_fw
 Tensor files: load(path), save(path, tensors) for .safetensors and .npy (every numpy / ml_dtypes dtype the mxfp8
     command writes, FP8 and E8M0 included).
 Numerics: stochastic rounding (rounding="stochastic", seed) and statistics (stats=True) in quantize, the matmul and
-    MoE functions; collect_stats() records the statistics of every call in a block, per layer (mxfp8.telemetry).
+    MoE functions; collect_stats() records the statistics of every call in a block, per layer (mxfp8.telemetry);
+    diff(x, data, scales) finds the quantization profile that explains another stack's MXFP8 bits.
 Runtime: info(), set_num_threads(n), __version__.
 
 Inputs: high-precision arrays are float32, ml_dtypes.bfloat16 or float16; float64 arrays (numpy's default), Python
@@ -31,6 +32,7 @@ libmxfp8_mpi.so built when CMake finds MPI): ``import mxfp8`` never needs either
 __version__ = "0.1.0"
 
 from ._lib import MXFP8Error  # noqa: F401
+from .diff import diff, quantize_profile  # noqa: F401
 from .matmul import *  # noqa: F401,F403
 from .moe import *  # noqa: F401,F403
 from .moe_utils import from_mixtral, to_mixtral, topk_weights_grad  # noqa: F401

@@ -136,6 +136,16 @@ int main(void) {
     F(mxfp8_compare_result, max_rel_err); F(mxfp8_compare_result, cosine); F(mxfp8_compare_result, norm_euclid);
     F(mxfp8_compare_result, allclose); F(mxfp8_compare_result, num_nan);
     END(mxfp8_compare_result);
+    BEGIN(mxfp8_quant_profile);
+    F(mxfp8_quant_profile, rule); F(mxfp8_quant_profile, round_toward_zero);
+    F(mxfp8_quant_profile, nonfinite_per_element); F(mxfp8_quant_profile, no_saturation);
+    F(mxfp8_quant_profile, unsigned_zero);
+    END(mxfp8_quant_profile);
+    BEGIN(mxfp8_diff_result);
+    F(mxfp8_diff_result, groups); F(mxfp8_diff_result, num_profiles); F(mxfp8_diff_result, matched);
+    F(mxfp8_diff_result, best); F(mxfp8_diff_result, unexplained); F(mxfp8_diff_result, example);
+    F(mxfp8_diff_result, unmatched_by_all);
+    END(mxfp8_diff_result);
     printf("\n}\n");
     return 0;
 }
