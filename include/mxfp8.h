@@ -988,7 +988,8 @@ typedef struct mxfp8_diff_result {
     int64_t matched[MXFP8_DIFF_MAX_PROFILES];        /**< groups each profile reproduces bit for bit */
     int best;                                        /**< index of the best profile */
     int64_t unexplained[MXFP8_DIFF_NUM_CLASSES];     /**< groups the best profile does not reproduce, per class */
-    int64_t example[MXFP8_DIFF_NUM_CLASSES][MXFP8_DIFF_EXAMPLES]; /**< their first group indices (-1: none) */
+    int64_t example[MXFP8_DIFF_NUM_CLASSES * MXFP8_DIFF_EXAMPLES]; /**< class c's first group indices at
+                                                                        c * MXFP8_DIFF_EXAMPLES + i (-1: none) */
     int64_t unmatched_by_all;                        /**< groups no profile reproduces */
 } mxfp8_diff_result;
 

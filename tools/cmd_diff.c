@@ -189,9 +189,10 @@ static int report(const mxfp8_diff_result *r, const tf_tensor *x, int ax, int wr
         if (!r->unexplained[c]) continue;
         printf("  %s: %lld group%s (%s)\n", mxfp8_diff_class_name(c), (long long)r->unexplained[c],
                r->unexplained[c] == 1 ? "" : "s", class_note(c));
-        for (int e = 0; e < nex && e < MXFP8_DIFF_EXAMPLES && r->example[c][e] >= 0; e++)
+        for (int e = 0; e < nex && e < MXFP8_DIFF_EXAMPLES && r->example[c * MXFP8_DIFF_EXAMPLES + e] >= 0; e++)
             print_example(x, ax, wrapx, fmt, (const uint8_t *)od->data, (const uint8_t *)os->data,
-                          (const uint8_t *)d->data, (const uint8_t *)s->data, s->shape, r->example[c][e]);
+                          (const uint8_t *)d->data, (const uint8_t *)s->data, s->shape,
+                          r->example[c * MXFP8_DIFF_EXAMPLES + e]);
     }
     return CLI_FAIL;
 }

@@ -34,7 +34,7 @@ class _Profile(ctypes.Structure):
 class _DiffResult(ctypes.Structure):
     _c_name = "mxfp8_diff_result"
     _fields_ = [("groups", ctypes.c_int64), ("num_profiles", ctypes.c_int), ("matched", ctypes.c_int64 * 48),
-                ("best", ctypes.c_int), ("unexplained", ctypes.c_int64 * 7), ("example", (ctypes.c_int64 * 4) * 7),
+                ("best", ctypes.c_int), ("unexplained", ctypes.c_int64 * 7), ("example", ctypes.c_int64 * 28),
                 ("unmatched_by_all", ctypes.c_int64)]
 
 
@@ -85,9 +85,10 @@ def _prep(x, data, scales, fmt, axis, group):
 
 def quantize_profile(x, fmt="e4m3", axis=-1, group="1x32", *, scale_rule="nki", rounding="nearest_even",
                      nonfinite="nan_group", saturation="saturate", zero="signed"):
-    """MX-quantize x under one profile (the values of PROFILE_FIELDS as diff names them: rounding "nearest_even" |
-    "toward_zero", nonfinite "nan_group" | "per_element", saturation "saturate" | "none", zero "signed" |
-    "unsigned"). Returns (data, scales) as mxfp8.quantize does; the defaults give mxfp8.quantize's bits."""
+    """MX-quantize x under one profile. x, fmt, axis, group: as for mxfp8.quantize; the profile's fields as diff
+    names them: scale_rule "nki" | "ocp" | "rceil", rounding "nearest_even" | "toward_zero", nonfinite "nan_group" |
+    "per_element", saturation "saturate" | "none", zero "signed" | "unsigned". Returns (data, scales) as
+    mxfp8.quantize does; the defaults give mxfp8.quantize's bits (nearest rounding)."""
     _declare()
     x = _lib.as_array(x, allowed=(_lib.F32, _lib.BF16, _lib.F16), name="x")
     f = _lib.parse_format(fmt, "fmt")
@@ -126,7 +127,7 @@ def diff(x, data, scales, fmt=None, axis=None, group="1x32"):
     best = _describe(_profile(r.best))
     unexplained = {}
     for c, name in enumerate(DIFF_CLASSES):
-        ex = [tuple(int(v) for v in np.unravel_index(int(g), sshape)) for g in r.example[c] if g >= 0]
+        ex = [tuple(int(v) for v in np.unravel_index(int(g), sshape)) for g in r.example[4 * c:4 * c + 4] if g >= 0]
         unexplained[name] = {"count": int(r.unexplained[c]), "examples": ex}
     return {"bitwise_equal": int(r.matched[r.best]) == int(r.groups), "profile": best,
             "matched": int(r.matched[r.best]), "groups": int(r.groups), "profiles": profiles,

@@ -267,7 +267,7 @@ mxfp8_status mxfp8_diff(const mxfp8_tensor *src, int axis, mxfp8_format fmt, mxf
         if (matched[p] > matched[r->best]) r->best = p;
     }
     for (int c = 0; c < MXFP8_DIFF_NUM_CLASSES; c++)
-        for (int e = 0; e < MXFP8_DIFF_EXAMPLES; e++) r->example[c][e] = -1;
+        for (int e = 0; e < MXFP8_DIFF_EXAMPLES; e++) r->example[c * MXFP8_DIFF_EXAMPLES + e] = -1;
     for (int64_t gi = 0; gi < w.ngroups; gi++) { /* in group order: the examples are the first of each class */
         if ((mask[gi] >> r->best) & 1) continue;
         float x[32];
@@ -276,7 +276,7 @@ mxfp8_status mxfp8_diff(const mxfp8_tensor *src, int axis, mxfp8_format fmt, mxf
         const int n = load_group(&w, gi, x, doff, &soff);
         const uint8_t ts = load_theirs(&w, soff, doff, n, t), os = group_profile(x, n, fmt, &prof[r->best], c);
         const int k = classify(x, n, fmt, t, ts, c, os);
-        if (r->unexplained[k] < MXFP8_DIFF_EXAMPLES) r->example[k][r->unexplained[k]] = gi;
+        if (r->unexplained[k] < MXFP8_DIFF_EXAMPLES) r->example[k * MXFP8_DIFF_EXAMPLES + r->unexplained[k]] = gi;
         r->unexplained[k]++;
     }
     free(mask);
