@@ -102,7 +102,9 @@ static inline int64_t mxfp8i_round_to_code_sr(uint32_t a, int m, int bias, uint3
     int shift = (e - m) - (exp - 150); /* >= 23 - m > 0: the bits of sig below the grid */
     uint32_t r = shift >= 32 ? 0u : sig >> shift;
     uint64_t rem = shift >= 32 ? sig : sig & ((1u << shift) - 1u);
-    uint32_t f32 = shift <= 32 ? (uint32_t)(rem << (32 - shift)) : (shift - 32 >= 24 ? 0u : (uint32_t)(rem >> (shift - 32)));
+    uint32_t f32 = shift <= 32        ? (uint32_t)(rem << (32 - shift))
+                   : shift - 32 >= 24 ? 0u
+                                      : (uint32_t)(rem >> (shift - 32));
     return ((int64_t)(e + bias - 1) << m) + r + (rnd < f32 ? 1 : 0);
 }
 

@@ -53,7 +53,8 @@ static void test_philox_kat(void) {
         mxfp8i_philox4x32_10(kat[v], kat[v] + 4, o);
         philox_oracle(c, kat[v][4], kat[v][5]);
         for (int i = 0; i < 4; i++) {
-            TU_CHECK(o[i] == kat[v][6 + i], "philox KAT %d word %d: 0x%08x, expected 0x%08x", v, i, o[i], kat[v][6 + i]);
+            TU_CHECK(o[i] == kat[v][6 + i], "philox KAT %d word %d: 0x%08x, expected 0x%08x", v, i, o[i],
+                     kat[v][6 + i]);
             TU_CHECK(c[i] == kat[v][6 + i], "oracle philox KAT %d word %d: 0x%08x", v, i, c[i]);
         }
     }

@@ -181,7 +181,8 @@ static void test_nd(void) {
             if (variant == 2) { /* strided outputs too: every other byte */
                 for (int i = 0; i < 3; i++) D.strides[i] *= 2, S.strides[i] *= 2;
             }
-            mxfp8_quant_params p = {MXFP8_FMT_E5M2, MXFP8_SCALE_RCEIL, MXFP8_GROUP_1X32, MXFP8_ROUND_NEAREST, 0, 0, NULL};
+            mxfp8_quant_params p = {MXFP8_FMT_E5M2, MXFP8_SCALE_RCEIL, MXFP8_GROUP_1X32, MXFP8_ROUND_NEAREST, 0, 0,
+                                    NULL};
             mxfp8_status st = mxfp8_quantize(&X, axis, &p, &D, &S);
             TU_CHECK(st == MXFP8_OK, "nd axis %d variant %d: status %d (%s)", axis, variant, st,
                      mxfp8_last_error_message());
@@ -317,7 +318,8 @@ static void test_threads_and_transpose(void) {
                         if (grp == 1 && K % 128) continue;
                         for (int64_t k = 0; k < K; k++)
                             for (int64_t f = 0; f < F; f++) xt[f * K + k] = xb[k * F + f];
-                        mxfp8_quant_params q = {(mxfp8_format)fmt, (mxfp8_scale_rule)rule, (mxfp8_group_scheme)grp, MXFP8_ROUND_NEAREST, 0, 0, NULL};
+                        mxfp8_quant_params q = {(mxfp8_format)fmt, (mxfp8_scale_rule)rule, (mxfp8_group_scheme)grp,
+                                                MXFP8_ROUND_NEAREST, 0, 0, NULL};
                         quantize_2d(xb, MXFP8_DTYPE_BF16, K, F, 0, q, ca, sa);
                         quantize_2d(xt, MXFP8_DTYPE_BF16, F, K, 1, q, cb, sb);
                         int64_t bad = 0;
@@ -461,7 +463,9 @@ static void test_layouts(void) {
         /* wrapX group j of a tile = swizzled rows 8j..8j+7 x columns 4f..4f+3 */
         uint8_t *codes2 = tu_alloc((size_t)(K * F)), *sc2 = tu_alloc((size_t)(G * F));
         quantize_2d(in, MXFP8_DTYPE_F32, K, F, 0,
-                    (mxfp8_quant_params){MXFP8_FMT_E4M3, MXFP8_SCALE_OCP, MXFP8_GROUP_WRAPX, MXFP8_ROUND_NEAREST, 0, 0, NULL}, codes2, sc2);
+                    (mxfp8_quant_params){MXFP8_FMT_E4M3, MXFP8_SCALE_OCP, MXFP8_GROUP_WRAPX, MXFP8_ROUND_NEAREST, 0, 0,
+                                         NULL},
+                    codes2, sc2);
         bad = 0;
         for (int64_t g = 0; g < G; g++)
             for (int64_t f = 0; f < F; f++) {
@@ -645,7 +649,8 @@ static void test_mxcsr_independence(void) {
     static const unsigned modes[] = {0x8040u, 0x6000u, 0x2000u | 0x8040u, 0x4000u};
     for (int axis = 0; axis < 2; axis++)
         for (int rule = 0; rule < 3; rule++) {
-            mxfp8_quant_params p = {MXFP8_FMT_E4M3, (mxfp8_scale_rule)rule, MXFP8_GROUP_1X32, MXFP8_ROUND_NEAREST, 0, 0, NULL};
+            mxfp8_quant_params p = {MXFP8_FMT_E4M3, (mxfp8_scale_rule)rule, MXFP8_GROUP_1X32, MXFP8_ROUND_NEAREST, 0, 0,
+                                    NULL};
             int64_t sh[2] = {R, K}, gs[2] = {R, K};
             gs[axis] = (sh[axis] + 31) / 32;
             mxfp8_tensor X = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, sh),

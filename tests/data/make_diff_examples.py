@@ -1,4 +1,5 @@
-"""Makes the examples of `mxfp8 diff` in tests/data/ (run from the repository root: python tests/data/make_diff_examples.py).
+"""Makes the examples of `mxfp8 diff` in tests/data/ (from the repository root, with the package installed:
+python tests/data/make_diff_examples.py).
 
 Each example is a pair diff_<class>_input.safetensors (tensor "x", float32 [8, 256]) and
 diff_<class>_other.safetensors ("data" E4M3 codes, "scales" E8M0 codes, quantized along axis 1), where "other" is what

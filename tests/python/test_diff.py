@@ -51,7 +51,8 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("name", CLASSES + ("bitwise",))
 def test_cli(name):
-    r = run_cli(os.path.join(DATA, f"diff_{name}_input.safetensors"), os.path.join(DATA, f"diff_{name}_other.safetensors"))
+    r = run_cli(os.path.join(DATA, f"diff_{name}_input.safetensors"),
+                os.path.join(DATA, f"diff_{name}_other.safetensors"))
     lines = r.stdout.splitlines()
     prof = [ln for ln in lines if ln.startswith("profile:")]
     assert len(prof) == 1 and prof[0].split()[1] == ("rceil" if name == "pow2" else "ocp"), r.stdout

@@ -116,8 +116,8 @@ def test_golden_matches_reference(rng, alpha, limit):
 def test_finite_differences_on_the_golden(rng):
     """d loss / d parameter by central differences of the golden forward (FP64 arithmetic, unquantized) against the
     golden backward, for entries of every input. The inputs are float32 (the layer's input type): each entry moves
-    by +-2^-10 (as rounded in float32, the step taken is the actual difference); the problem keeps every gate / up value at least 0.01 from a limit, farther than
-    any step moves it, so the loss is differentiable there."""
+    by +-2^-10 (as rounded in float32, the step taken is the actual difference); the problem keeps every gate / up
+    value at least 0.01 from a limit, farther than any step moves it, so the loss is differentiable there."""
     limit, alpha, h = 2.0, 1.702, 2.0 ** -10
     for _ in range(50):
         P = problem(rng, T=8, H=8, I=6, scale=1.5, at_limits=False, limit=limit)

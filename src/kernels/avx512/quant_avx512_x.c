@@ -268,7 +268,8 @@ AI void cols_scales(int dt, qctx cx, __m512i alo, __m512i ahi, int nc, uint8_t *
     __m512 al = _mm512_castsi512_ps(alo), ah = _mm512_castsi512_ps(ahi);
     natural32(dt, &al, &ah);
     const __m512i rcm = set1(cx.rceil), z = _mm512_setzero_si512();
-    __m512i slo = scale_codes(_mm512_castps_si512(al), cx.d, rcm), shi = scale_codes(_mm512_castps_si512(ah), cx.d, rcm);
+    __m512i slo = scale_codes(_mm512_castps_si512(al), cx.d, rcm);
+    __m512i shi = scale_codes(_mm512_castps_si512(ah), cx.d, rcm);
     __m256i sb = pack_bytes(slo, shi, MXFP8_DTYPE_F32);
     _mm256_store_si256((__m256i *)s8, sb);
     const __mmask32 tm = tail_mask(nc);
