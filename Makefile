@@ -7,22 +7,29 @@ CTEST := ctest --test-dir $(BUILD) --output-on-failure
 # The Python tests find the CLI and the struct_layout program in the build directory built here (MXFP8_BUILD_DIR).
 PYTEST := MXFP8_BUILD_DIR=$(abspath $(BUILD)) $(PY) -m pytest tests/python -q -p no:cacheprovider
 
-.PHONY: all setup build python test test-c test-python test-sanitize test-fuzz fuzz run bench clean
+.PHONY: all setup setup-test build python test test-c test-python test-packaging test-sanitize test-fuzz fuzz run bench \
+	clean
 
 all: build
 
+# setup: what build/run/python need (apt packages, .venv with numpy, ml_dtypes, scikit-build-core); setup-test adds
+# what the Python tests need (pytest, safetensors, matplotlib, tqdm; torch system-wide, seen through the venv).
 setup:
 	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh --test
 
 build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Installs the Python package (with its own copy of the shared library) into the virtual environment.
-# pyproject.toml (scikit-build-core) compiles the library in build-wheel/ (incremental); a failed install stops here
+# Installs the Python package (with its own copy of the shared library and the CLI) into the virtual environment.
+# pyproject.toml (scikit-build-core) compiles them in $(BUILD)/python (incremental); a failed install stops here
 # rather than leaving an older mxfp8 in place.
 python: build
-	@$(PY) -m pip install -q --no-build-isolation . || { echo "python: pip install . failed"; exit 1; }
+	@$(PY) -m pip install -q --no-build-isolation -C build-dir=$(BUILD)/python . \
+		|| { echo "python: pip install . failed"; exit 1; }
 	@cd /tmp && $(abspath $(PY)) -c "import mxfp8; i = mxfp8.info(); print('python: mxfp8', mxfp8.__version__, 'isa', i['isa'], 'from', i['library'])" \
 		|| { echo "python: mxfp8 did not import"; exit 1; }
 
@@ -30,9 +37,14 @@ test-c: build
 	$(CTEST)
 	MXFP8_ISA=scalar $(CTEST)
 
-test-python: python
+test-python: setup-test python
 	$(PYTEST)
 	MXFP8_ISA=scalar $(PYTEST)
+
+# What the bench reports; the installed C package (cmake --install: pkg-config and CMake consumers), the wheel in a
+# fresh venv, README blocks.
+test-packaging: setup-test python
+	$(PY) -m pytest tests/bench tests/packaging -q -p no:cacheprovider
 
 # Reliability: ASan+UBSan build of the C tests (build-asan), TSan on tests/c/test_threads.c (build-tsan,
 # clang + libomp), valgrind on `mxfp8 moe-bwd`; then every libFuzzer target for FUZZ_SECONDS (build-fuzz).
@@ -45,9 +57,13 @@ fuzz: setup
 
 test-fuzz: fuzz
 
-test: test-c test-python test-sanitize test-fuzz
+# Every suite (C, Python, packaging and README, sanitizers, fuzzers), each run even when one fails, then one line
+# "N passed, N failed" (scripts/test.sh).
+test: setup-test python
+	@BUILD=$(BUILD) VENV=$(VENV) JOBS=$(JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/test.sh
 
-run: build
+# The main job; also leaves the Python package installed in $(VENV).
+run: python
 	$(BUILD)/mxfp8 moe-bwd
 
 bench: build

@@ -260,7 +260,8 @@ typedef enum mxfp8_rounding {
  * subnormal when the code is an FP8 subnormal; sum_sq_error = sum (x - q)^2 and sum_sq_signal = sum x^2 (q the
  * dequantized element), each group's in FP32 in its scaled domain in a fixed order (relative error ~1e-7), then
  * scaled by 2^(2e) exactly, summed over groups exactly and rounded once to FP64.
- * SQNR in dB = 10 log10(sum_sq_signal / sum_sq_error) (mxfp8_quant_stats_sqnr_db).
+ * SQNR in dB = 10 log10(sum_sq_signal / sum_sq_error) (mxfp8_quant_stats_sqnr_db). The MoE entries count each
+ * block operand as its GEMM uses it: positions that hold a token, never padding.
  * Cost, measured on one Zen 4 core (4096 x 4096, AVX-512): mxfp8_quantize with statistics takes about 0.6 ns per
  * element along rows and 1.1 along columns (1.8x / 4.3x nearest rounding of FP32 input, 5.6x / 7.5x the BF16 path);
  * GEMM operands get a separate statistics pass: +23% for the four quantizations of a 1024^3 BF16 matmul_backward.
@@ -554,7 +555,8 @@ MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
  *  length % 128 == 0.
  *  Errors: as mxfp8_gemm; INVALID_ARGUMENT for an unknown float8_dtype / loop order / layout / rule / scheme /
  *  output_dtype; ALIASING when an output overlaps an input or the other output; BAD_STRIDES for an output whose
- *  elements overlap. On OUT_OF_MEMORY during the dW phase, input_grad has already been written. */
+ *  elements overlap. Every buffer of both GEMMs is obtained before the first store: OUT_OF_MEMORY leaves both
+ *  outputs untouched. */
 MXFP8_API mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
                                              mxfp8_tensor *weight_grad);
 
@@ -974,6 +976,8 @@ MXFP8_API mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args,
  *   pow2        the scales differ by one step and amax is within 2^-16 (relative) of 2^k or of max_normal * 2^k
  *               (where a log2 taken in floating point instead of from the exponent bits goes wrong)
  *   subnormal   the scales agree and every differing element is an FP8 subnormal (or zero) on one side
+ *   rounding    the scales agree and every differing element is the other FP8 neighbour of x / 2^e, of the same
+ *               sign (another element rounding: stochastic, ties away from zero, ...)
  *   other       anything else
  * Group indices are row-major indices into the scales tensor (src's shape with the axis replaced by its groups).
  */
@@ -988,7 +992,7 @@ typedef struct mxfp8_quant_profile {
 } mxfp8_quant_profile;
 
 enum { MXFP8_DIFF_NONFINITE = 0, MXFP8_DIFF_TINY, MXFP8_DIFF_ZERO_SIGN, MXFP8_DIFF_SATURATION, MXFP8_DIFF_POW2,
-       MXFP8_DIFF_SUBNORMAL, MXFP8_DIFF_OTHER, MXFP8_DIFF_NUM_CLASSES };
+       MXFP8_DIFF_SUBNORMAL, MXFP8_DIFF_ROUNDING, MXFP8_DIFF_OTHER, MXFP8_DIFF_NUM_CLASSES };
 #define MXFP8_DIFF_MAX_PROFILES 48
 #define MXFP8_DIFF_EXAMPLES 4
 
@@ -1006,7 +1010,7 @@ typedef struct mxfp8_diff_result {
 /** The number of profiles mxfp8_diff tries, and profile i (0 <= i < that; NULL / out of range: INVALID_ARGUMENT). */
 MXFP8_API int mxfp8_diff_num_profiles(void);
 MXFP8_API mxfp8_status mxfp8_diff_profile(int i, mxfp8_quant_profile *out);
-/** "nonfinite", "tiny", "zero-sign", "saturation", "pow2", "subnormal", "other" ("?" out of range). */
+/** "nonfinite", "tiny", "zero-sign", "saturation", "pow2", "subnormal", "rounding", "other" ("?" out of range). */
 MXFP8_API const char *mxfp8_diff_class_name(int c);
 /** Quantize `src` along `axis` under a profile (views and errors as mxfp8_quantize; fmt and group as its params). */
 MXFP8_API mxfp8_status mxfp8_quantize_profile(const mxfp8_tensor *src, int axis, mxfp8_format fmt,

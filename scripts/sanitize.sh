@@ -51,6 +51,7 @@ for s in $STEPS; do
     OMP_TOOL_LIBRARIES="$archer" MXFP8_NUM_THREADS=4 \
       TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}" \
       "$TSAN_BUILD/test_threads"
+    step "TSan passed"
     ;;
   valgrind)
     if ! command -v valgrind >/dev/null; then
@@ -70,6 +71,7 @@ for s in $STEPS; do
       --errors-for-leak-kinds=definite --show-leak-kinds=definite \
       "$BUILD/mxfp8" moe-bwd --H 40 --T 20 --E 3 --B 8 --topk 2 --I 24 --bias --affinity on_h --grad-dtype f32 \
       >/dev/null
+    step "valgrind passed"
     ;;
   *) echo "sanitize: unknown step '$s'"; exit 2 ;;
   esac

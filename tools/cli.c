@@ -10,7 +10,10 @@
 
 #include "cli.h"
 
+void (*cli_message_hook)(void);
+
 int cli_error(const char *cmd, const char *fmt, ...) {
+    if (cli_message_hook) cli_message_hook();
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "mxfp8 %s: error: ", cmd);
@@ -82,6 +85,25 @@ const char *cli_get(const cli_opt *opts, int nopts, const char *name) {
     return NULL;
 }
 
+int cli_begin(cli_cmdline *cl, const char *cmd, int argc, char **argv, cli_opt *opts, int nopts, int maxpos,
+              void (*help)(void)) {
+    memset(cl, 0, sizeof *cl);
+    cl->cmd = cmd;
+    cl->opts = opts;
+    cl->nopts = nopts;
+    if (maxpos > CLI_MAX_POS) maxpos = CLI_MAX_POS;
+    int rc = cli_parse(cmd, argc, argv, opts, nopts, cl->pos, maxpos, &cl->npos);
+    if (rc < 0) {
+        help();
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if (cli_threads(cmd, cli_get(opts, nopts, "threads"))) return CLI_USAGE;
+    return CLI_CONTINUE;
+}
+
+const char *cli_val(const cli_cmdline *cl, const char *name) { return cli_get(cl->opts, cl->nopts, name); }
+
 int cli_int(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     if (!s) return CLI_OK;
     char *end;
@@ -127,7 +149,7 @@ int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out) {
 
 int cli_float8_dtype(const char *cmd, const char *s, mxfp8_format *out) {
     if (!s) return CLI_OK;
-    /* issue 3: exactly the seed's strings ("float8_e4m3" is ml_dtypes' IEEE-like e4m3, a different format) */
+    /* exactly the NKI page's strings ("float8_e4m3" is ml_dtypes' IEEE-like e4m3, a different format) */
     if (!strcmp(s, "float8_e4m3fn")) *out = MXFP8_FMT_E4M3;
     else if (!strcmp(s, "float8_e5m2")) *out = MXFP8_FMT_E5M2;
     else return cli_error(cmd, "--float8-dtype must be float8_e4m3fn or float8_e5m2, got '%s'", s);

@@ -2,8 +2,8 @@
  * cli.h -- shared pieces of the `mxfp8` command-line tool: the command table's function type, exit codes,
  * option parsing and error reporting. The CLI is built on the public header include/mxfp8.h only.
  *
- * Exit codes (every command): 0 ok; 1 a check or pass criterion failed; 2 bad usage, bad input, or an IO error,
- * with one line "mxfp8 <command>: error: <what>" on stderr.
+ * Exit codes (every command): 0 ok; 1 a verdict failed (a kernel result is wrong); 2 bad usage, bad input, or an IO
+ * error, with one line "mxfp8 <command>: error: <what>" on stderr.
  */
 #ifndef MXFP8_TOOLS_CLI_H
 #define MXFP8_TOOLS_CLI_H
@@ -26,9 +26,8 @@ int cmd_matmul_bwd(int argc, char **argv);
 int cmd_moe_bwd(int argc, char **argv);
 /** `mxfp8 moe-bwd --expert-parallel` (tools/cmd_moe_ep.c): the main job over MPI ranks (an error without MPI). */
 int cmd_moe_bwd_ep(int argc, char **argv);
-/** `mxfp8 bench` lives in tools/cmd_bench.c (performance engineer). Declared weak so that the CLI builds and links
- *  whether or not that file is present; main.c dispatches to it when it is linked in. */
-int cmd_bench(int argc, char **argv) __attribute__((weak));
+/** `mxfp8 bench`: the benchmark, in bench/ at the repository root. */
+int cmd_bench(int argc, char **argv);
 
 /* ---- option parsing ---- */
 /** One option of a command: --name VALUE, --name=VALUE, or -s VALUE (short_name); flags take no value. */
@@ -46,6 +45,30 @@ int cli_parse(const char *cmd, int argc, char **argv, cli_opt *opts, int nopts, 
 /** The value of option `name` (NULL when absent). */
 const char *cli_get(const cli_opt *opts, int nopts, const char *name);
 
+/* ---- the prologue every command shares ---- */
+#define CLI_MAX_POS 8
+#define CLI_CONTINUE (-1)
+#define CLI_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/** A command's parsed command line. */
+typedef struct cli_cmdline {
+    const char *cmd;            /**< the command's name, for messages */
+    cli_opt *opts;              /**< its option table (values filled in) */
+    int nopts;
+    const char *pos[CLI_MAX_POS]; /**< positional arguments */
+    int npos;
+} cli_cmdline;
+
+/** Parse argv (at most maxpos <= CLI_MAX_POS positional arguments), print `help` on --help, and apply --threads
+ *  when the table has that option. Returns CLI_CONTINUE when the command goes on, else its exit code: CLI_OK after
+ *  the help, CLI_USAGE after an error (already printed). */
+int cli_begin(cli_cmdline *cl, const char *cmd, int argc, char **argv, cli_opt *opts, int nopts, int maxpos,
+              void (*help)(void));
+/** The value of option `name` of a parsed command line (NULL when absent). */
+const char *cli_val(const cli_cmdline *cl, const char *name);
+
+/** Called, when set, before cli_error prints (the progress line erases itself: progress.c). */
+extern void (*cli_message_hook)(void);
 /** Print "mxfp8 <cmd>: error: <msg>" on stderr and return CLI_USAGE. */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /** The same for a failed library call: "<what>: <status string>: <last error message>". */
@@ -83,6 +106,11 @@ const char *cli_moe_operand_name(int op);
 void cli_stats_header(FILE *f, const char *first);
 void cli_stats_row(FILE *f, const char *name, const mxfp8_quant_stats *s);
 void cli_stats_note(FILE *f);
+/** matmul-bwd --stats: the table of mxfp8_matmul_bwd_args.stats (output_grad / weights along N, output_grad / input
+ *  along M). */
+void cli_matmul_stats_table(FILE *f, const mxfp8_quant_stats st[4]);
+/** moe-bwd --stats: one row per (expert, operand) of st[experts * MXFP8_MOE_NUM_OPERANDS] with elements > 0. */
+void cli_moe_stats_table(FILE *f, const mxfp8_quant_stats *st, int64_t experts);
 
 /** `mxfp8 diff` (tools/cmd_diff.c). */
 int cmd_diff(int argc, char **argv);

@@ -120,3 +120,27 @@ void cli_stats_note(FILE *f) {
     fprintf(f, "saturated: |x / 2^e| above max normal before clamping; flushed: x != 0 with a zero code; scale e:\n"
                "the shared exponents used (E8M0 code - 127); SQNR = 10 log10(sum x^2 / sum (x - q)^2).\n");
 }
+
+void cli_matmul_stats_table(FILE *f, const mxfp8_quant_stats st[4]) {
+    static const char *const names[4] = {"output_grad along N", "weights along N", "output_grad along M",
+                                         "input along M"};
+    fprintf(f, "\nquantization statistics (the warm-up call):\n");
+    cli_stats_header(f, "operand");
+    for (int i = 0; i < 4; i++) cli_stats_row(f, names[i], &st[i]);
+    cli_stats_note(f);
+}
+
+void cli_moe_stats_table(FILE *f, const mxfp8_quant_stats *st, int64_t experts) {
+    fprintf(f, "\nquantization statistics of the backward's GEMM operands, per expert (the warm-up call; operands it\n"
+               "did not quantize, e.g. of experts without tokens, are left out):\n");
+    cli_stats_header(f, "expert operand");
+    for (int64_t e = 0; e < experts; e++)
+        for (int op = 0; op < MXFP8_MOE_NUM_OPERANDS; op++) {
+            const mxfp8_quant_stats *s = &st[e * MXFP8_MOE_NUM_OPERANDS + op];
+            if (!s->elements) continue;
+            char name[32];
+            snprintf(name, sizeof name, "%lld %s", (long long)e, cli_moe_operand_name(op));
+            cli_stats_row(f, name, s);
+        }
+    cli_stats_note(f);
+}

@@ -59,7 +59,8 @@ static const char *class_note(int c) {
         "a NaN or Inf in the group", "amax below 2^(emax-126): the shared exponent near E8M0's floor",
         "only the sign of zeros differs", "elements beyond max normal, or NaN/Inf codes for finite values",
         "scales one step apart, amax near 2^k or max_normal*2^k (a floating-point log2)",
-        "only FP8 subnormals differ", "none of the above"};
+        "only FP8 subnormals differ", "elements on the other side of x / 2^e: another element rounding",
+        "none of the above"};
     return c >= 0 && c < MXFP8_DIFF_NUM_CLASSES ? notes[c] : "";
 }
 
@@ -201,26 +202,22 @@ int cmd_diff(int argc, char **argv) {
     const char *cmd = "diff";
     cli_opt opts[] = {{"fmt", 0, 0, NULL},    {"axis", 0, 0, NULL},         {"group", 0, 0, NULL},
                       {"tensor", 0, 0, NULL}, {"scale-layout", 0, 0, NULL}, {"examples", 0, 0, NULL}};
-    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
-    const char *pos[2];
-    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 2, &npos);
-    if (rc < 0) {
-        help();
-        return CLI_OK;
-    }
-    if (rc) return rc;
-    if (npos != 2) return cli_error(cmd, "needs INPUT and OTHER files (see mxfp8 diff --help)");
+    cli_cmdline cl;
+    int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 2, help);
+    if (rc != CLI_CONTINUE) return rc;
+    const char *const *pos = cl.pos;
+    if (cl.npos != 2) return cli_error(cmd, "needs INPUT and OTHER files (see mxfp8 diff --help)");
     static const char *const fmts[] = {"e4m3", "e5m2"}, *const layouts[] = {"compact", "nki-unpacked", "nki-packed",
                                                                              "swizzle128x4"};
     int fmt = -1, layout = 0;
     int64_t axis = 0, nex = 3;
     mxfp8_group_scheme group = MXFP8_GROUP_1X32;
-    const char *fmt_s = cli_get(opts, nopts, "fmt"), *axis_s = cli_get(opts, nopts, "axis");
+    const char *fmt_s = cli_val(&cl, "fmt"), *axis_s = cli_val(&cl, "axis");
     if ((fmt_s && cli_choice(cmd, "fmt", fmt_s, fmts, 2, &fmt)) ||
         cli_int(cmd, "axis", axis_s, -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
-        cli_group(cmd, cli_get(opts, nopts, "group"), &group) ||
-        cli_choice(cmd, "scale-layout", cli_get(opts, nopts, "scale-layout"), layouts, 4, &layout) ||
-        cli_int(cmd, "examples", cli_get(opts, nopts, "examples"), 0, MXFP8_DIFF_EXAMPLES, &nex))
+        cli_group(cmd, cli_val(&cl, "group"), &group) ||
+        cli_choice(cmd, "scale-layout", cli_val(&cl, "scale-layout"), layouts, 4, &layout) ||
+        cli_int(cmd, "examples", cli_val(&cl, "examples"), 0, MXFP8_DIFF_EXAMPLES, &nex))
         return CLI_USAGE;
     char err[TF_ERR_LEN], b1[160], b2[160], b3[160];
     tf_set in = {0}, other = {0}, work = {0};
@@ -230,7 +227,7 @@ int cmd_diff(int argc, char **argv) {
         cli_error(cmd, "%s", err);
         goto done;
     }
-    const char *tname = cli_get(opts, nopts, "tensor");
+    const char *tname = cli_val(&cl, "tensor");
     x = tname ? tf_find(&in, tname) : in.n == 1 ? in.t[0] : NULL;
     if (!x) {
         cli_error(cmd, "%s: %s", pos[0], tname ? "no such tensor" : "holds several tensors; choose one with --tensor");

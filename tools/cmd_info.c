@@ -19,15 +19,9 @@ static void help(void) {
 int cmd_info(int argc, char **argv) {
     const char *cmd = "info";
     cli_opt opts[] = {{"threads", 0, 0, NULL}};
-    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
-    const char *pos[1];
-    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 0, &npos);
-    if (rc < 0) {
-        help();
-        return CLI_OK;
-    }
-    if (rc) return rc;
-    if (cli_threads(cmd, cli_get(opts, nopts, "threads"))) return CLI_USAGE;
+    cli_cmdline cl;
+    int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
+    if (rc != CLI_CONTINUE) return rc;
     mxfp8_info in;
     mxfp8_status st = mxfp8_get_info(&in);
     if (st != MXFP8_OK) return cli_lib_error(cmd, "mxfp8_get_info", st);

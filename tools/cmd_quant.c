@@ -8,14 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "io/tensorfile.h"
+#include "plot.h"
+#include "quant_stats.h"
 
 static void help_quantize(void) {
     printf("usage: mxfp8 quantize IN -o OUT.safetensors [--fmt e4m3|e5m2] [--axis A] [--scale-rule nki|ocp|rceil]\n"
-           "                      [--group 1x32|wrapx] [--tensor NAME] [--rounding nearest|stochastic]\n"
-           "                      [--rounding-seed S] [--stats]\n\n"
+           "                      [--group 1x32|wrapx] [--tensor NAME] [--stats] [--plot STATS.png]\n"
+           "                      [--rounding nearest|stochastic] [--rounding-seed S]\n\n"
            "MX-quantizes a tensor along one axis (OCP MX v1.0): groups of 32 values share one E8M0 scale.\n\n"
            "  IN                 .npy or .safetensors file; F32, BF16 or F16 values (F64 is rounded to F32 first)\n"
            "  -o, --output OUT   .safetensors file to write, holding:\n"
@@ -27,11 +30,13 @@ static void help_quantize(void) {
            "                     ocp (OCP MX v1.0 6.3: floor(log2 amax) - emax), rceil (ceil(log2(amax/max_normal)))\n"
            "  --group G          1x32 (default: 32 contiguous values) or wrapx (Trainium's tiling; axis %% 128 == 0)\n"
            "  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n"
-           "  --rounding R       element rounding: nearest (default, ties to even) or stochastic (rounds up with\n"
-           "                     probability = the fraction of an ulp; Philox-4x32-10 by the element's index)\n"
+           "  --rounding R       element rounding: nearest (default; ties to even) or stochastic (Philox-4x32-10\n"
+           "                     keyed by the seed, indexed by each element's row-major position: reproducible)\n"
            "  --rounding-seed S  the seed of stochastic rounding (default 0; decimal or 0x hex)\n"
-           "  --stats            print the quantization's statistics: saturated, flushed-to-zero and subnormal\n"
-           "                     elements, non-finite and all-zero groups, the scales used, the SQNR\n\n"
+           "  --stats            print what the quantization did: the scale codes' range, saturated, flushed-to-zero\n"
+           "                     and subnormal elements, SQNR, the per-group relative error ||x - x_hat|| / ||x||\n"
+           "  --plot FILE        --stats, and draw the histograms of the scale codes and of the per-group relative\n"
+           "                     error (.png, .svg or .pdf; needs matplotlib: python3, or $MXFP8_PYTHON)\n\n"
            "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
 }
 
@@ -61,62 +66,91 @@ static int pick_tensor(const char *cmd, const char *path, tf_set *set, const cha
     return CLI_OK;
 }
 
+/* --stats (and --plot): dequantize the outputs, compute and print the statistics, draw them. */
+static int report_stats(const char *cmd, const char *path, const tf_tensor *x, const tf_tensor *d, const tf_tensor *s,
+                        int ax, const mxfp8_quant_params *qp, const char *plot) {
+    char err[TF_ERR_LEN];
+    tf_set tmp = {0};
+    tf_tensor *deq = tf_add_new(&tmp, "deq", TF_F32, x->ndim, x->shape, err, sizeof err);
+    if (!deq) return cli_error(cmd, "%s", err);
+    mxfp8_tensor dv = tf_view(d), sv = tf_view(s), ov = tf_view(deq);
+    mxfp8_status st = mxfp8_dequantize(&dv, &sv, ax, qp->group, &ov);
+    cJSON *doc = cJSON_CreateObject();
+    quant_stats qs;
+    int rc = CLI_USAGE;
+    if (st != MXFP8_OK) cli_lib_error(cmd, "mxfp8_dequantize", st);
+    else if (!doc || quant_stats_compute(x, d, s, deq, ax, qp, qp->stats, &qs, doc)) cli_error(cmd, "out of memory");
+    else {
+        quant_stats_print(&qs, x->numel, qp);
+        static const char *const rules[] = {"nki", "ocp", "rceil"};
+        cJSON_AddStringToObject(doc, "input", path);
+        cJSON_AddNumberToObject(doc, "axis", ax);
+        cJSON_AddStringToObject(doc, "group", qp->group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32");
+        cJSON_AddStringToObject(doc, "fmt", qp->fmt == MXFP8_FMT_E4M3 ? "e4m3" : "e5m2");
+        cJSON_AddStringToObject(doc, "rule", rules[qp->rule]);
+        rc = plot ? cli_plot(cmd, "quantize", doc, plot) : CLI_OK;
+        if (plot && rc == CLI_OK) printf("wrote the plot to %s\n", plot);
+    }
+    cJSON_Delete(doc);
+    tf_free(&tmp);
+    return rc;
+}
+
 int cmd_quantize(int argc, char **argv) {
     const char *cmd = "quantize";
-    cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},      {"axis", 0, 0, NULL},
-                      {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL},    {"tensor", 0, 0, NULL},
-                      {"rounding", 0, 0, NULL},   {"rounding-seed", 0, 0, NULL}, {"stats", 0, 1, NULL}};
-    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
-    const char *pos[1];
-    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 1, &npos);
-    if (rc < 0) {
-        help_quantize();
-        return CLI_OK;
-    }
-    if (rc) return rc;
-    if (npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 quantize --help)");
-    const char *out_path = cli_get(opts, nopts, "output");
+    cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},   {"axis", 0, 0, NULL},
+                      {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL}, {"tensor", 0, 0, NULL},
+                      {"stats", 0, 1, NULL},      {"plot", 0, 0, NULL},  {"rounding", 0, 0, NULL},
+                      {"rounding-seed", 0, 0, NULL}};
+    cli_cmdline cl;
+    int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 1, help_quantize);
+    if (rc != CLI_CONTINUE) return rc;
+    if (cl.npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 quantize --help)");
+    const char *out_path = cli_val(&cl, "output");
     if (!out_path) return cli_error(cmd, "needs -o OUT.safetensors");
     static const char *const fmts[] = {"e4m3", "e5m2"};
     int fmt = 0;
     int64_t axis = -1;
     mxfp8_quant_params qp = mxfp8_quant_params_default();
-    if (cli_choice(cmd, "fmt", cli_get(opts, nopts, "fmt"), fmts, 2, &fmt) ||
-        cli_int(cmd, "axis", cli_get(opts, nopts, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
-        cli_scale_rule(cmd, cli_get(opts, nopts, "scale-rule"), &qp.rule) ||
-        cli_group(cmd, cli_get(opts, nopts, "group"), &qp.group) ||
-        cli_rounding(cmd, "rounding", cli_get(opts, nopts, "rounding"), &qp.rounding) ||
-        cli_seed64(cmd, "rounding-seed", cli_get(opts, nopts, "rounding-seed"), &qp.seed))
+    if (cli_choice(cmd, "fmt", cli_val(&cl, "fmt"), fmts, 2, &fmt) ||
+        cli_int(cmd, "axis", cli_val(&cl, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
+        cli_scale_rule(cmd, cli_val(&cl, "scale-rule"), &qp.rule) ||
+        cli_group(cmd, cli_val(&cl, "group"), &qp.group) ||
+        cli_rounding(cmd, "rounding", cli_val(&cl, "rounding"), &qp.rounding) ||
+        cli_seed64(cmd, "rounding-seed", cli_val(&cl, "rounding-seed"), &qp.seed))
         return CLI_USAGE;
     qp.fmt = fmt ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3;
-    mxfp8_quant_stats qstats;
-    if (cli_get(opts, nopts, "stats")) qp.stats = &qstats;
     char err[TF_ERR_LEN];
     size_t olen = strlen(out_path);
     if (olen < 12 || strcmp(out_path + olen - 12, ".safetensors"))
         return cli_error(cmd, "%s: the output holds two tensors (data, scales): its name must end in .safetensors",
                          out_path);
     if (tf_check_writable(out_path, 2, err, sizeof err)) return cli_error(cmd, "%s", err);
+    const char *plot = cli_val(&cl, "plot");
+    int stats = plot || cli_val(&cl, "stats");
+    if (plot && cli_plot_check(cmd, plot)) return CLI_USAGE;
+    mxfp8_quant_stats lib_stats; /* --stats: the library's own counts of the call */
+    if (stats) qp.stats = &lib_stats;
 
     tf_set in = {0}, out = {0};
     rc = CLI_USAGE;
-    if (tf_load(pos[0], &in, err, sizeof err)) {
+    if (tf_load(cl.pos[0], &in, err, sizeof err)) {
         cli_error(cmd, "%s", err);
         goto done;
     }
     tf_tensor *x;
-    if (pick_tensor(cmd, pos[0], &in, cli_get(opts, nopts, "tensor"), &x)) goto done;
+    if (pick_tensor(cmd, cl.pos[0], &in, cli_val(&cl, "tensor"), &x)) goto done;
     if (x->dtype == TF_F64 && tf_to_f32(x, err, sizeof err)) {
         cli_error(cmd, "%s", err);
         goto done;
     }
     if (x->dtype != TF_F32 && x->dtype != TF_BF16 && x->dtype != TF_F16) {
-        cli_error(cmd, "%s: tensor '%s' has dtype %s; quantize needs F32, BF16 or F16 values", pos[0], x->name,
+        cli_error(cmd, "%s: tensor '%s' has dtype %s; quantize needs F32, BF16 or F16 values", cl.pos[0], x->name,
                   tf_dtype_name(x->dtype));
         goto done;
     }
     if (x->ndim < 1) {
-        cli_error(cmd, "%s: tensor '%s' is a scalar; quantize needs rank >= 1", pos[0], x->name);
+        cli_error(cmd, "%s: tensor '%s' is a scalar; quantize needs rank >= 1", cl.pos[0], x->name);
         goto done;
     }
     if (axis < -x->ndim || axis >= x->ndim) {
@@ -140,24 +174,18 @@ int cmd_quantize(int argc, char **argv) {
         cli_lib_error(cmd, "mxfp8_quantize", st);
         goto done;
     }
+    /* --stats / --plot first: when they fail, no output is left behind (and the plot goes when the save fails) */
+    if (stats && report_stats(cmd, cl.pos[0], x, d, s, ax, &qp, plot)) goto done;
     if (tf_save(out_path, &out, err, sizeof err)) {
+        if (plot) unlink(plot);
         cli_error(cmd, "%s", err);
         goto done;
     }
     char sb1[160], sb2[160];
-    char rnd[64] = "";
-    if (qp.rounding == MXFP8_ROUND_STOCHASTIC)
-        snprintf(rnd, sizeof rnd, ", stochastic rounding, seed %llu", (unsigned long long)qp.seed);
-    printf("%s: wrote data %s %s and scales %s U8 (E8M0; axis %d, %s groups, %s rule%s)\n", out_path,
+    printf("%s: wrote data %s %s and scales %s U8 (E8M0; axis %d, %s groups, %s rule)\n", out_path,
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
            tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
-           qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil", rnd);
-    if (qp.stats) {
-        printf("\n");
-        cli_stats_header(stdout, "tensor");
-        cli_stats_row(stdout, x->name, &qstats);
-        cli_stats_note(stdout);
-    }
+           qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
     rc = CLI_OK;
 done:
     tf_free(&in);
@@ -168,26 +196,21 @@ done:
 int cmd_dequantize(int argc, char **argv) {
     const char *cmd = "dequantize";
     cli_opt opts[] = {{"output", 'o', 0, NULL}, {"axis", 0, 0, NULL}, {"group", 0, 0, NULL}, {"dtype", 0, 0, NULL}};
-    int nopts = (int)(sizeof opts / sizeof opts[0]), npos;
-    const char *pos[1];
-    int rc = cli_parse(cmd, argc, argv, opts, nopts, pos, 1, &npos);
-    if (rc < 0) {
-        help_dequantize();
-        return CLI_OK;
-    }
-    if (rc) return rc;
-    if (npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 dequantize --help)");
-    const char *out_path = cli_get(opts, nopts, "output");
+    cli_cmdline cl;
+    int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 1, help_dequantize);
+    if (rc != CLI_CONTINUE) return rc;
+    if (cl.npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 dequantize --help)");
+    const char *out_path = cli_val(&cl, "output");
     if (!out_path) return cli_error(cmd, "needs -o OUT(.npy|.safetensors)");
     static const char *const dts[] = {"f32", "bf16", "f16"};
     static const tf_dtype dtv[] = {TF_F32, TF_BF16, TF_F16};
     int dt = 0;
     int64_t axis = 0;
-    int axis_given = cli_get(opts, nopts, "axis") != NULL;
+    int axis_given = cli_val(&cl, "axis") != NULL;
     mxfp8_group_scheme group = MXFP8_GROUP_1X32;
-    if (cli_choice(cmd, "dtype", cli_get(opts, nopts, "dtype"), dts, 3, &dt) ||
-        cli_int(cmd, "axis", cli_get(opts, nopts, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
-        cli_group(cmd, cli_get(opts, nopts, "group"), &group))
+    if (cli_choice(cmd, "dtype", cli_val(&cl, "dtype"), dts, 3, &dt) ||
+        cli_int(cmd, "axis", cli_val(&cl, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
+        cli_group(cmd, cli_val(&cl, "group"), &group))
         return CLI_USAGE;
     char err[TF_ERR_LEN];
     if (tf_check_writable(out_path, 1, err, sizeof err)) return cli_error(cmd, "%s", err);
@@ -197,27 +220,27 @@ int cmd_dequantize(int argc, char **argv) {
 
     tf_set in = {0}, out = {0};
     rc = CLI_USAGE;
-    if (tf_load(pos[0], &in, err, sizeof err)) {
+    if (tf_load(cl.pos[0], &in, err, sizeof err)) {
         cli_error(cmd, "%s", err);
         goto done;
     }
     tf_tensor *d = tf_find(&in, "data"), *s = tf_find(&in, "scales");
     if (!d || !s) {
-        cli_error(cmd, "%s: needs tensors 'data' and 'scales' (as written by mxfp8 quantize)", pos[0]);
+        cli_error(cmd, "%s: needs tensors 'data' and 'scales' (as written by mxfp8 quantize)", cl.pos[0]);
         goto done;
     }
     if (d->dtype != TF_F8_E4M3 && d->dtype != TF_F8_E5M2) {
-        cli_error(cmd, "%s: 'data' has dtype %s; F8_E4M3 or F8_E5M2 codes are needed", pos[0],
+        cli_error(cmd, "%s: 'data' has dtype %s; F8_E4M3 or F8_E5M2 codes are needed", cl.pos[0],
                   tf_dtype_name(d->dtype));
         goto done;
     }
     if (s->dtype != TF_U8 && s->dtype != TF_F8_E8M0) {
-        cli_error(cmd, "%s: 'scales' has dtype %s; U8 or F8_E8M0 codes are needed", pos[0], tf_dtype_name(s->dtype));
+        cli_error(cmd, "%s: 'scales' has dtype %s; U8 or F8_E8M0 codes are needed", cl.pos[0], tf_dtype_name(s->dtype));
         goto done;
     }
     char sb1[160], sb2[160];
     if (d->ndim < 1 || d->ndim != s->ndim) {
-        cli_error(cmd, "%s: 'data' %s and 'scales' %s do not match", pos[0], tf_shape_str(d->ndim, d->shape, sb1, 160),
+        cli_error(cmd, "%s: 'data' %s and 'scales' %s do not match", cl.pos[0], tf_shape_str(d->ndim, d->shape, sb1, 160),
                   tf_shape_str(s->ndim, s->shape, sb2, 160));
         goto done;
     }
@@ -238,7 +261,7 @@ int cmd_dequantize(int argc, char **argv) {
                 ax = i;
             }
         if (ax == -2) {
-            cli_error(cmd, "%s: 'data' %s and 'scales' %s differ in more than one axis", pos[0],
+            cli_error(cmd, "%s: 'data' %s and 'scales' %s differ in more than one axis", cl.pos[0],
                       tf_shape_str(d->ndim, d->shape, sb1, 160), tf_shape_str(s->ndim, s->shape, sb2, 160));
             goto done;
         }

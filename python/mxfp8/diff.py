@@ -20,7 +20,7 @@ from . import _lib
 
 __all__ = ["diff", "quantize_profile", "PROFILE_FIELDS", "DIFF_CLASSES"]
 
-DIFF_CLASSES = ("nonfinite", "tiny", "zero-sign", "saturation", "pow2", "subnormal", "other")
+DIFF_CLASSES = ("nonfinite", "tiny", "zero-sign", "saturation", "pow2", "subnormal", "rounding", "other")
 PROFILE_FIELDS = ("scale_rule", "rounding", "nonfinite", "saturation", "zero")
 _RULES = ("nki", "ocp", "rceil")
 
@@ -34,7 +34,7 @@ class _Profile(ctypes.Structure):
 class _DiffResult(ctypes.Structure):
     _c_name = "mxfp8_diff_result"
     _fields_ = [("groups", ctypes.c_int64), ("num_profiles", ctypes.c_int), ("matched", ctypes.c_int64 * 48),
-                ("best", ctypes.c_int), ("unexplained", ctypes.c_int64 * 7), ("example", ctypes.c_int64 * 28),
+                ("best", ctypes.c_int), ("unexplained", ctypes.c_int64 * 8), ("example", ctypes.c_int64 * 32),
                 ("unmatched_by_all", ctypes.c_int64)]
 
 

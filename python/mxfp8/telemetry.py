@@ -14,7 +14,7 @@ the matmul forward and backward, the MoE forward and backward -- also when reach
 package, such as the PyTorch one) records the statistics of each quantization it performs, as if asked with
 stats=True, and the results are unchanged. Records accumulate over calls with the same (layer, call, operand): counts,
 histograms and sums add up, sqnr_db is recomputed from the sums. For PyTorch models, ``stats.attach(model)`` labels
-every call with the qualified name of the innermost module running it (forward and backward, through module hooks).
+every call with the qualified name of the module running it (through module hooks; see attach).
 """
 
 import contextlib
@@ -53,6 +53,7 @@ class StatsCollector:
     def __init__(self):
         self.records = {}
         self._labels = [""]
+        self._bwd = None  # attach(): the module whose backward began last
         self._prev = None
 
     # ---- labels ----
@@ -66,15 +67,31 @@ class StatsCollector:
             self._labels.pop()
 
     def attach(self, module):
-        """Label the calls of a PyTorch module tree: while a submodule's forward or backward runs, its qualified name
-        (as module.named_modules() gives it; "" for the root) is the layer. Returns the hook handles; they are removed
-        when the collector's `with` block ends (or call .remove() on each)."""
+        """Label the calls of a PyTorch module tree by qualified name (as module.named_modules() gives it; "" for the
+        root): a forward call gets the innermost submodule whose forward is running; a backward call (matmul or MoE
+        backward) the submodule whose backward began last (a leaf layer's backward starts right before its own
+        backward call runs; a forward starting forgets it). Returns the hook handles; they are removed when the
+        collector's `with` block ends (or call .remove() on each)."""
+        def fwd_pre(name):
+            def hook(*_):  # returns None: a hook's result would replace the module's values
+                self._labels.append(name)
+                self._bwd = None
+            return hook
+
+        def fwd_post(*_):
+            if len(self._labels) > 1:
+                self._labels.pop()
+
+        def bwd_pre(name):
+            def hook(*_):
+                self._bwd = name
+            return hook
+
         handles = []
         for name, m in module.named_modules():
-            handles.append(m.register_forward_pre_hook(lambda mod, inp, _n=name: self._labels.append(_n)))
-            handles.append(m.register_forward_hook(lambda mod, inp, out: self._labels.pop()))
-            handles.append(m.register_full_backward_pre_hook(lambda mod, g, _n=name: self._labels.append(_n)))
-            handles.append(m.register_full_backward_hook(lambda mod, gi, go: self._labels.pop()))
+            handles.append(m.register_forward_pre_hook(fwd_pre(name)))
+            handles.append(m.register_forward_hook(fwd_post))
+            handles.append(m.register_full_backward_pre_hook(bwd_pre(name)))
         self._handles = getattr(self, "_handles", []) + handles
         return handles
 
@@ -96,7 +113,8 @@ class StatsCollector:
     def _record(self, kind, operand, st):
         if st["elements"] == 0:
             return
-        ops = self.records.setdefault(self._labels[-1], {}).setdefault(kind, {})
+        label = self._bwd if kind.endswith("_backward") and self._bwd is not None else self._labels[-1]
+        ops = self.records.setdefault(label, {}).setdefault(kind, {})
         ops[operand] = _merge(ops.get(operand), st)
 
     # ---- the call observer (_lib.call) ----
@@ -139,6 +157,7 @@ class StatsCollector:
 
     def __exit__(self, *exc):
         _lib.set_observer(self._prev)
+        self._bwd = None
         for h in getattr(self, "_handles", []):
             h.remove()
         self._handles = []

@@ -164,6 +164,10 @@ static void loop_dims(mxfp8_loop_order o, int d[3]) { /* 0 = m, 1 = n, 2 = k; d[
 static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     const mxfp8_tensor *c = x->c;
     int64_t cs0 = c->strides[0], cs1 = c->strides[1], nn = n1 - n0;
+    if (!x->accumulate && c->dtype == MXFP8_DTYPE_BF16 && cs1 == 1) { /* the common case: one call for all rows */
+        x->to_bf16(cb, x->ldcb, (uint16_t *)c->data + m0 * cs0 + n0, cs0, m1 - m0, nn);
+        return;
+    }
     for (int64_t m = m0; m < m1; m++) {
         const float *src = cb + (m - m0) * x->ldcb;
         if (x->accumulate) {
@@ -188,7 +192,7 @@ static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1,
     }
 }
 
-/* One output block (mb, nb): all its tiles in tile_loop_order, then the epilogue. */
+/* One output block (mb, nb): all its tiles in tile_loop_order, each micro-tile written to C after its last k chunk. */
 static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_t *packed_mb, const char *Acoop) {
     const mxfp8_matmul_config *cfg = x->cfg;
     const mxfp8i_ukernel *uk = x->uk;
@@ -225,11 +229,13 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
                     for (int64_t m = i[0]; m < tm1; m += uk->mr) {
                         const char *ap = Ablk + ((m - m0) / uk->mr) * x->pa_stride;
                         int mr = (int)(tm1 - m < uk->mr ? tm1 - m : uk->mr);
-                        uk->run(k0, kc, ap, bp, cb + (m - m0) * x->ldcb + (n - n0), x->ldcb, mr, nr, k0 > 0);
+                        float *ct = cb + (m - m0) * x->ldcb + (n - n0);
+                        uk->run(k0, kc, ap, bp, ct, x->ldcb, mr, nr, k0 > 0);
+                        /* the micro-tile is final after its last k chunk: written out while it is in L1 */
+                        if (k0 + kc == K) epilogue(x, ct, m, m + mr, n, n + nr);
                     }
                 }
             }
-    epilogue(x, cb, m0, m1, n0, n1);
 }
 
 static void thread_body(const gemm_ctx *x, int tid, int nt) {

@@ -40,6 +40,7 @@ typedef struct check_case {
     uint64_t seed;
     int64_t K;
     int mr, nr, load_c, trap, split; /* split: run K as two kernel calls at a kalign boundary */
+    int negzero;                     /* C = -0 and rows of A that are -0: the reference keeps -0 to the end */
     const int *regime;               /* per group of 32 k */
 } check_case;
 
@@ -69,6 +70,14 @@ static void fill(check_ws *w, const check_case *cs) {
             }
     }
     for (int i = 0; i < TMAX * TMAX; i++) w->c_init[i] = (cs->load_c && !cs->trap) ? mx_value(&s, -2) : 0.0f;
+    if (cs->negzero) /* even rows of A are -0, B is positive: those rows' products are -0, their sums stay -0 */
+        for (int r = 0; r < TMAX; r++) {
+            for (int64_t k = 0; k < K; k++) {
+                if (r % 2 == 0) w->A[r * K + k] = -0.0f;
+                w->B[r * K + k] = fabsf(w->B[r * K + k]);
+            }
+            for (int j = 0; j < TMAX; j++) w->c_init[r * TMAX + j] = -0.0f;
+        }
 }
 
 /* The reference: acc = fmaf(a, b, acc) over k ascending from c_init (load_c) or +0, under IEEE defaults. */
@@ -108,7 +117,7 @@ static int run_case(const mxfp8i_ukernel *uk, check_ws *w, const check_case *cs,
                     if (cs->regime[g] != REG_NORMAL) reg = cs->regime[g];
                 snprintf(why, whylen,
                          "%s: K %lld, tile %dx%d, load_c %d, %s%s%s: C[%d][%d] = %a, reference %a", uk->name,
-                         (long long)cs->K, cs->mr, cs->nr, cs->load_c, cs->trap ? "pair-rounding trap" : regime_name[reg],
+                         (long long)cs->K, cs->mr, cs->nr, cs->load_c, cs->trap ? "pair-rounding trap" : cs->negzero ? "signed zeros" : regime_name[reg],
                          cs->split ? ", K split in two calls" : "", valid ? "" : " (outside the tile)", i, j,
                          (double)w->c_k[i * TMAX + j], (double)*want);
             }
@@ -147,7 +156,7 @@ int mxfp8i_check_ukernel(const mxfp8i_ukernel *uk, int quick, int *ncases, char 
             for (unsigned mi = 0; mi < nM; mi++)
                 for (int load_c = 0; load_c < 2; load_c++) {
                     check_case cs = {(uint64_t)(reg * 1000 + ki * 100 + mi * 10 + load_c + 1), Ks[ki], tiles[mi][0],
-                                     tiles[mi][1], load_c, reg == 4, 0, regime};
+                                     tiles[mi][1], load_c, reg == 4, 0, 0, regime};
                     /* all groups normal, or one special group (the second when there is one, so the accumulators
                      * are nonzero when it arrives), or (reg 4) the pair-rounding trap in the first chunk */
                     for (int g = 0; g < KMAX / 32; g++) regime[g] = REG_NORMAL;
@@ -159,9 +168,17 @@ int mxfp8i_check_ukernel(const mxfp8i_ukernel *uk, int quick, int *ncases, char 
                 }
     /* every group tiny-product: the accumulators themselves stay below 2^-100 */
     for (int g = 0; g < KMAX / 32; g++) regime[g] = REG_TINY_PRODUCT;
-    check_case cs = {77, KMAX, mr, nr, 0, 0, 0, regime};
+    check_case cs = {.seed = 77, .K = KMAX, .mr = mr, .nr = nr, .regime = regime};
     fails += run_case(uk, w, &cs, why, whylen);
     n++;
+    /* signed zeros through a K tail (a partial last chunk), full and partial tiles */
+    for (int g = 0; g < KMAX / 32; g++) regime[g] = REG_NORMAL;
+    for (unsigned mi = 0; mi < 2; mi++) {
+        check_case cz = {.seed = 78 + mi, .K = 71, .mr = tiles[mi][0], .nr = tiles[mi][1], .load_c = 1, .negzero = 1,
+                         .regime = regime};
+        fails += run_case(uk, w, &cz, why, whylen);
+        n++;
+    }
     free(w->pa);
     free(w->pb);
     free(w);

@@ -37,7 +37,7 @@ mxfp8_status mxfp8_diff_profile(int i, mxfp8_quant_profile *out) {
 
 const char *mxfp8_diff_class_name(int c) {
     static const char *const names[MXFP8_DIFF_NUM_CLASSES] = {"nonfinite", "tiny",      "zero-sign", "saturation",
-                                                              "pow2",      "subnormal", "other"};
+                                                              "pow2",      "subnormal", "rounding",  "other"};
     return c >= 0 && c < MXFP8_DIFF_NUM_CLASSES ? names[c] : "?";
 }
 
@@ -197,6 +197,13 @@ static int near_pow2_or_max(float amax, mxfp8_format fmt) {
     return fabs(g / 0.5 - 1.0) <= tol || fabs(g - 1.0) <= tol;
 }
 
+/* Codes a and b (a != b) are the two FP8 neighbours of finite y: same sign, adjacent magnitudes bracketing |y|. */
+static int neighbours(float y, uint8_t a, uint8_t b, mxfp8_format fmt) {
+    if ((a ^ b) & 0x80 || abs((int)(a & 0x7F) - (int)(b & 0x7F)) != 1) return 0;
+    const float va = fabsf(mxfp8i_fp8_to_fp32(a, fmt)), vb = fabsf(mxfp8i_fp8_to_fp32(b, fmt)), ay = fabsf(y);
+    return fminf(va, vb) <= ay && ay <= fmaxf(va, vb);
+}
+
 /* The class of a group the best profile does not reproduce: x[0..n) values, theirs/ours codes and scales. */
 static int classify(const float *x, int n, mxfp8_format fmt, const uint8_t *theirs, uint8_t ts, const uint8_t *ours,
                     uint8_t os) {
@@ -208,7 +215,7 @@ static int classify(const float *x, int n, mxfp8_format fmt, const uint8_t *thei
         if (fabsf(x[i]) > amax) amax = fabsf(x[i]);
     }
     if (amax > 0.0f && amax < ldexpf(1.0f, fi.emax - 126)) return MXFP8_DIFF_TINY;
-    int zero_sign = ts == os, subn = ts == os, sat = 0;
+    int zero_sign = ts == os, subn = ts == os, nbr = ts == os && os != 255, sat = 0;
     const float inv = os == 255 ? 0.0f : ldexpf(1.0f, 127 - (int)os);
     for (int i = 0; i < n; i++) {
         if (os != 255 && fabsf(x[i] * inv) > fi.max_normal) sat = 1;
@@ -217,11 +224,13 @@ static int classify(const float *x, int n, mxfp8_format fmt, const uint8_t *thei
         if (theirs[i] == ours[i]) continue;
         if (!(tm == 0 && om == 0)) zero_sign = 0;
         if (!(tm < (1 << m) || om < (1 << m))) subn = 0;
+        if (nbr && !neighbours(x[i] * inv, theirs[i], ours[i], fmt)) nbr = 0;
     }
     if (zero_sign) return MXFP8_DIFF_ZERO_SIGN;
     if (sat) return MXFP8_DIFF_SATURATION;
     if (ts != 255 && os != 255 && abs((int)ts - (int)os) == 1 && near_pow2_or_max(amax, fmt)) return MXFP8_DIFF_POW2;
     if (subn) return MXFP8_DIFF_SUBNORMAL;
+    if (nbr) return MXFP8_DIFF_ROUNDING;
     return MXFP8_DIFF_OTHER;
 }
 

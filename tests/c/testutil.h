@@ -7,6 +7,8 @@
  *   tu_fill_random_f32              FP32 values over every binade, with ties, signed zeros, NaN/Inf bit patterns
  *   tu_has_avx512()             AVX-512F+BW present on this CPU (mxfp8_get_info), for skips
  *   tu_finish(name)             print a summary; returns the exit code (0 pass, 1 fail)
+ * A test of several files (tests/c/test_X.c plus the files in tests/c/X/) defines TU_SHARED_COUNTERS before including this and
+ * defines `long tu_failures, tu_checks;` in one of its files.
  * Exit codes: 0 pass, 77 skip (TU_SKIP), anything else fail.
  */
 #ifndef MXFP8_TESTUTIL_H
@@ -26,8 +28,12 @@
 #define TU_MAX_PRINT 30
 #endif
 
+#ifdef TU_SHARED_COUNTERS /* a test made of several files: one of them defines the counters */
+extern long tu_failures, tu_checks;
+#else
 static long tu_failures = 0;
 static long tu_checks = 0;
+#endif
 
 #define TU_CHECK(cond, ...)                                                                                            \
     do {                                                                                                               \

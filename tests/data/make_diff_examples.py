@@ -17,6 +17,8 @@ output). Policies:
   saturation  values beyond max normal clip to 2^8 = 256 instead of 448
   subnormal   FP8 subnormal results are flushed to zero (sign kept)
   zero-sign   negative values that round to zero come back +0 (an input -0.0 stays -0)
+  rounding    elements rounded stochastically (our own stochastic rounding, mxfp8.quantize(rounding="stochastic",
+              seed=11)): same scales, some elements on the other side of x / 2^e
 """
 
 import os
@@ -68,6 +70,8 @@ def example(rng, name):
                 g[6] = np.float32(-0.0)
     rule = "rceil" if name == "pow2" else "ocp"
     d, s = base(x, rule)
+    if name == "rounding":
+        sr_codes = mxfp8.quantize(x, "e4m3", axis=1, scale_rule=rule, rounding="stochastic", seed=11)[0].view(np.uint8)
     for r in rows:
         sl = slice(32 * r, 32 * r + 32)
         g, e = x[r, sl], int(s[r, r]) - 127
@@ -92,6 +96,8 @@ def example(rng, name):
         elif name == "zero-sign":
             c = d[r, sl]
             d[r, sl] = np.where((c == 0x80) & ~((g == 0) & np.signbit(g)), 0, c)
+        elif name == "rounding":
+            d[r, sl] = sr_codes[r, sl]
     d0, s0 = base(x, rule)
     assert (name == "bitwise") == (np.array_equal(d, d0) and np.array_equal(s, s0)), name
     return x, d.view(E4M3), s
@@ -99,7 +105,7 @@ def example(rng, name):
 
 def main():
     rng = np.random.default_rng(2026)
-    for name in ("bitwise", "tiny", "pow2", "nonfinite", "saturation", "subnormal", "zero-sign"):
+    for name in ("bitwise", "tiny", "pow2", "nonfinite", "saturation", "subnormal", "zero-sign", "rounding"):
         x, d, s = example(rng, name)
         mxfp8.save(os.path.join(HERE, f"diff_{name}_input.safetensors"), {"x": x})
         mxfp8.save(os.path.join(HERE, f"diff_{name}_other.safetensors"), {"data": d, "scales": s})

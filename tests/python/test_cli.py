@@ -521,15 +521,19 @@ def test_moe_bwd_options(tmp_path, extra):
         assert not np.isnan(v.astype(np.float32)).any()
 
 
-def test_moe_bwd_failed_criterion_exits_1(tmp_path):
+def test_moe_bwd_nki_criterion_missed_by_mxfp8_itself_exits_0(tmp_path):
     """SquaredReLU with tight clamps: quantization moves pre-activations across the clamp limits, so the gate/up
-    weight gradient misses the cosine criterion against the unquantized golden (while it matches the quantized FP64
-    reference): exit 1, the table says FAIL, and the computed gradients are still written."""
+    weight gradient misses the cosine criterion against the unquantized golden -- and so does the quantized FP64
+    reference itself. The kernel adds nothing beyond FP32 accumulation: verdict PASS, exit 0, the NKI table says
+    FAIL (information), and the gradients are written. (Its corrupted twin is in test_cli_checks.py.)"""
     _have("moe-bwd")
     r = run("moe-bwd", "--H", "64", "--T", "48", "--E", "3", "--B", "16", "--topk", "2", "--I", "40", "--activation",
             "squared_relu", "--gate-clamp", "-0.5,0.5", "--up-clamp", ",0.3", "--output", tmp_path / "g.safetensors")
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "verdict: FAIL" in r.stdout and "FAIL" in r.stdout.split("gate_up_proj_weight_grad")[1].splitlines()[0]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verdict: PASS" in r.stdout
+    nki = r.stdout.split("NKI pass criteria against the unquantized FP64 golden")[1]
+    assert "FAIL" in nki.split("gate_up_proj_weight_grad")[1].splitlines()[0]
+    assert "the quantized reference misses" in r.stdout and "not of the kernel" in r.stdout
     assert os.path.exists(tmp_path / "g.safetensors")
 
 

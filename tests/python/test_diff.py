@@ -14,7 +14,7 @@ import mxfp8
 from build_paths import CLI, REPO, require
 
 DATA = os.path.join(REPO, "tests", "data")
-CLASSES = ("tiny", "pow2", "nonfinite", "saturation", "subnormal", "zero-sign")
+CLASSES = ("tiny", "pow2", "nonfinite", "saturation", "subnormal", "zero-sign", "rounding")
 
 
 def load(name):

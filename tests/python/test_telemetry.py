@@ -80,8 +80,8 @@ class _Handle:
 class _Mod:
     """The hook methods of torch.nn.Module, enough to drive StatsCollector.attach."""
 
-    def __init__(self, children=(), fn=None):
-        self.children, self.fn = dict(children), fn
+    def __init__(self, children=(), fn=None, bwd=None):
+        self.children, self.fn, self.bwd = dict(children), fn, bwd
         self.hooks = {k: [] for k in ("fpre", "fpost", "bpre", "bpost")}
 
     def named_modules(self, prefix=""):
@@ -118,21 +118,29 @@ class _Mod:
     def backward(self):
         for h in self.hooks["bpre"]:
             h(self, ())
+        if self.bwd:
+            self.bwd()
         for c in reversed(list(self.children.values())):
             c.backward()
-        if self.fn:
-            self.fn()
         for h in self.hooks["bpost"]:
             h(self, (), ())
 
 
 def test_attach_labels_calls_by_module(rng):
+    """Forward calls: the innermost module whose forward runs; backward calls: the module whose backward began
+    last (here the backward of "head" runs first, then that of "block.proj")."""
     x = rng.standard_normal((32, 64)).astype(np.float32)
-    model = _Mod({"block": _Mod({"proj": _Mod(fn=lambda: mxfp8.quantize(x))}), "head": _Mod(fn=lambda: None)})
+    w = rng.standard_normal((16, 64)).astype(np.float32)
+    dy = rng.standard_normal((32, 16)).astype(np.float32)
+    proj = _Mod(fn=lambda: mxfp8.quantize(x), bwd=lambda: mxfp8.matmul_mxfp8_backward(dy, w, x))
+    model = _Mod({"block": _Mod({"proj": proj}), "head": _Mod(fn=lambda: None)})
     with mxfp8.collect_stats() as st:
         st.attach(model)
         model.forward()
         model.backward()
-    assert list(st.records) == ["block.proj"]
-    assert st.records["block.proj"]["quantize"]["x"]["elements"] == 2 * x.size
+        mxfp8.quantize(x)  # outside every module
+    assert list(st.records) == ["block.proj", ""]
+    assert st.records["block.proj"]["quantize"]["x"]["elements"] == x.size
+    assert st.records["block.proj"]["matmul_backward"]["weights_along_n"]["elements"] == w.size
+    assert st.records[""]["quantize"]["x"]["elements"] == x.size
     assert all(not v for v in model.hooks.values()), "the hooks are removed at the end of the block"

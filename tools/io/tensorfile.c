@@ -389,18 +389,58 @@ int tf_atomic_commit(tf_atomic *a, char *err, size_t errlen) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
-/* Dispatch on the extension                                                                                    */
+/* Dispatch on the content                                                                                     */
 /* ---------------------------------------------------------------------------------------------------------- */
 static int has_ext(const char *path, const char *ext) {
     size_t n = strlen(path), m = strlen(ext);
     return n > m && !strcasecmp(path + n - m, ext);
 }
 
+/* The format of a file by its first bytes: 1 .npy, 2 safetensors, 0 neither (or unreadable: the reader says). */
+static int sniff(const char *path) {
+    unsigned char b[9];
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(b, 1, sizeof b, f);
+    fclose(f);
+    if (n >= 6 && !memcmp(b, "\x93NUMPY", 6)) return 1;
+    if (n == 9 && b[8] == '{') return 2;
+    return 0;
+}
+
 int tf_load(const char *path, tf_set *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    int rc = has_ext(path, ".npy") ? tf_npy_load(path, out, err, errlen) : tf_st_load(path, out, err, errlen);
+    int kind = sniff(path);
+    if (!kind) { /* neither magic: a known extension's reader names what is wrong (truncated, bad header, ...) */
+        if (has_ext(path, ".npy")) kind = 1;
+        else if (has_ext(path, ".safetensors")) kind = 2;
+        else {
+            struct stat st;
+            if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) kind = 2; /* the reader reports missing / not a file */
+            else
+                return tf_err(err, errlen, "%s: not a tensor file: neither a .npy file (magic \\x93NUMPY) nor a "
+                              ".safetensors file (an 8-byte header length, then a JSON header '{...')", path);
+        }
+    }
+    int rc = kind == 1 ? tf_npy_load(path, out, err, errlen) : tf_st_load(path, out, err, errlen);
     if (rc) tf_free(out);
     return rc;
+}
+
+int tf_check_names(const tf_set *set, const char *path, const char *const *known, int n, char *err, size_t errlen) {
+    char bad[256] = "", list[1024] = "";
+    int nbad = 0;
+    for (int i = 0; i < set->n; i++) {
+        int ok = 0;
+        for (int k = 0; k < n && !ok; k++) ok = !strcmp(set->t[i]->name, known[k]);
+        if (!ok && nbad++ < 4)
+            snprintf(bad + strlen(bad), sizeof bad - strlen(bad), "%s'%s'", nbad > 1 ? ", " : "", set->t[i]->name);
+    }
+    if (!nbad) return 0;
+    for (int k = 0; k < n; k++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k ? ", " : "", known[k]);
+    return tf_err(err, errlen, "%s: unknown tensor%s %s%s in the bundle; the names it may hold: %s", path,
+                  nbad > 1 ? "s" : "", bad, nbad > 4 ? " and more" : "", list);
 }
 
 int tf_check_writable(const char *path, int n_tensors, char *err, size_t errlen) {

@@ -14,8 +14,9 @@
  *    renamed over the destination; on any failure (or SIGINT/SIGTERM while writing) the temporary file is removed,
  *    so a failed run leaves neither a partial file nor a stray one.
  *  - Formats: .safetensors (dtypes BF16, F16, F32, F64, U8, I32, I64, U32, F8_E4M3, F8_E5M2, F8_E8M0; little-endian,
- *    row-major) and .npy (v1/v2/v3; '<f4', '<f2', '<f8', '|u1', '<i4', '<i8', C order). The format is chosen from
- *    the file name's extension (.npy, else safetensors).
+ *    row-major) and .npy (v1/v2/v3; '<f4', '<f2', '<f8', '|u1', '<i4', '<i8', C order). A file is read by its
+ *    content (the .npy magic "\x93NUMPY", or a safetensors header: 8-byte length, then '{'), whatever its name;
+ *    a file is written in the format its name's extension says (.npy, else .safetensors).
  *  - All functions return 0 on success, -1 on error with a one-line message in err (no trailing newline).
  */
 #ifndef MXFP8_TOOLS_TENSORFILE_H
@@ -70,6 +71,9 @@ int tf_save(const char *path, const tf_set *set, char *err, size_t errlen);
  *  directory, and not a directory itself. */
 int tf_check_writable(const char *path, int n_tensors, char *err, size_t errlen);
 
+/** Every tensor of the set must be called one of known[0..n): else -1 and a message naming the unknown tensor(s)
+ *  and listing the known names (path: the file, for the message). */
+int tf_check_names(const tf_set *set, const char *path, const char *const *known, int n, char *err, size_t errlen);
 /** The tensor called `name`, or NULL. */
 tf_tensor *tf_find(const tf_set *set, const char *name);
 /** Append a tensor (copies the name; takes ownership of data, which must come from malloc). Returns 0 or -1 (OOM,

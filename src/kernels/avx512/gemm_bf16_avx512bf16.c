@@ -27,6 +27,16 @@
 #define PF_DIST 2
 
 
+/* A partial last chunk (kc % 32 steps) may run on the unit too: its steps past K are zeros in both panels, and
+ * acc + (+0)(+0) = acc for every accumulator the unit may take, except -0 (-0 + +0 = +0 where the reference, which
+ * stops at K, keeps -0). An accumulator starts at +0 or at C and stays -0 only while every product is -0, so the
+ * tail goes to the unit when the chunk and the accumulators pass the usual tests and no accumulator is -0. */
+static inline __attribute__((always_inline)) int has_neg_zero(const __m512 *v, int n) {
+    __mmask16 z = 0;
+    for (int i = 0; i < n; i++) z |= _mm512_cmpeq_epi32_mask(_mm512_castps_si512(v[i]), _mm512_set1_epi32((int)0x80000000u));
+    return z != 0;
+}
+
 /* nch consecutive chunks (bases a, b), all allowed on the unit, onto cb rows [0, mr). */
 static void dp_run(float *cb, const uint8_t *a, const uint8_t *b, int64_t nch, int mr) {
     for (int g = 0; g < mr; g += 8) {
@@ -139,6 +149,8 @@ static inline __attribute__((always_inline)) void store_rows(const __m512 acc[8]
 static inline __attribute__((always_inline)) void full_tile(int route, int64_t nfull, int tail, const uint8_t *a,
                                                             const uint8_t *b, float *c, int64_t ldc, int load_c) {
     const uint64_t ok = ok_mask(a, b, nfull, route);
+    const int tail_ok = tail && mxfp8i_bf16c_chunk_ok(a + nfull * MXFP8I_BF16C_CHUNK_BYTES,
+                                                      b + nfull * MXFP8I_BF16C_CHUNK_BYTES, route);
     for (int g = 0; g < 32; g += 8) {
         const uint8_t *ag = a + 64 + (g / 16) * MXFP8I_BF16C_SLOT + (g % 16) * 64;
         float *cg = c + g * ldc;
@@ -160,6 +172,11 @@ static inline __attribute__((always_inline)) void full_tile(int route, int64_t n
             while (end < nfull && (ok >> end & 1)) end++;
             dp_chunks(acc, ag + ch * MXFP8I_BF16C_CHUNK_BYTES, b + ch * MXFP8I_BF16C_CHUNK_BYTES, end - ch);
             ch = end; /* accumulators stay multiples of 2^-126 on the unit: c_ok holds */
+        }
+        if (tail && c_ok && tail_ok && !has_neg_zero(&acc[0][0], 16)) { /* steps past K are zeros (above) */
+            dp_chunks(acc, ag + nfull * MXFP8I_BF16C_CHUNK_BYTES, b + nfull * MXFP8I_BF16C_CHUNK_BYTES, 1);
+            store_rows(acc, cg, ldc);
+            continue;
         }
         store_rows(acc, cg, ldc);
         if (tail)
@@ -201,8 +218,13 @@ static inline __attribute__((always_inline)) void kernel(int route, int64_t k0, 
         dp_run(cb, ca, cbp, end - ch, mr); /* accumulators stay multiples of 2^-126: c_ok holds */
         ch = end;
     }
-    if (tail)
-        mxfp8i_bf16c_exact_chunk(cb, a + nfull * MXFP8I_BF16C_CHUNK_BYTES, b + nfull * MXFP8I_BF16C_CHUNK_BYTES, tail);
+    if (tail) {
+        const uint8_t *ca = a + nfull * MXFP8I_BF16C_CHUNK_BYTES, *cbp = b + nfull * MXFP8I_BF16C_CHUNK_BYTES;
+        if ((!route || c_ok) && mxfp8i_bf16c_chunk_ok(ca, cbp, route) && !has_neg_zero((const __m512 *)cb, 64))
+            dp_run(cb, ca, cbp, 1, mr); /* steps past K are zeros (see has_neg_zero) */
+        else
+            mxfp8i_bf16c_exact_chunk(cb, ca, cbp, tail);
+    }
     mxfp8i_bf16c_store_acc(cb, c, ldc, mr, nr);
 }
 

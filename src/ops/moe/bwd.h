@@ -28,8 +28,6 @@ typedef struct mxfp8i_moe_bwd {
 mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L);
 
 /* store.c */
-void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add);
-void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add);
 /** Round expert e's FP32 accumulator (per = elements of one expert) into the staging copy of a weight gradient (a
  *  row-major buffer of the output's dtype and shape, whose element e*per + k is the expert's element k), or with
  *  stage NULL straight into the output view. */

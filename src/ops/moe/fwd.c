@@ -20,10 +20,27 @@
 #include "moe.h"
 
 /* Write the checkpoints of block n (positions [0, B)); values for real positions < L come from the block buffers
- * (aq: the affinity of each position), padding positions get 0. Rows i split between threads. */
+ * ([q][i] rows; aq: the affinity of each position), padding positions get 0. The [.., i, q] checkpoints (positions
+ * innermost) are written in blocks of 16 rows i, q ascending: one cache line of each buffer read per position,
+ * contiguous writes along q; blocks split between threads. */
 static inline void st_ck(const mxfp8_tensor *t, int64_t off, float v) {
     if (t->dtype == MXFP8_DTYPE_F64) ((double *)t->data)[off] = v;
     else mxfp8i_store_f32(t->data, t->dtype, off, v);
+}
+/* rows [i0, i1) x positions [0, B) of one [.., i, q] checkpoint from src[q][i] (scale: times aq[q]) */
+static void ck_block(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq, int64_t i0, int64_t i1, int64_t B,
+                     int64_t L, const int32_t *tok, const float *src, int64_t I, const float *aq) {
+    for (int64_t q = 0; q < B; q++) {
+        const int real = q < L && tok[q] >= 0;
+        const float a = aq && real ? aq[q] : 1.0f;
+        if (t->dtype == MXFP8_DTYPE_F32) {
+            float *d = (float *)t->data + base + q * sq;
+            for (int64_t i = i0; i < i1; i++) d[i * si] = real ? (aq ? a * src[q * I + i] : src[q * I + i]) : 0.0f;
+        } else {
+            for (int64_t i = i0; i < i1; i++)
+                st_ck(t, base + i * si + q * sq, real ? (aq ? a * src[q * I + i] : src[q * I + i]) : 0.0f);
+        }
+    }
 }
 static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const mxfp8_moe_fwd_outputs *o,
                               const float *g, const float *u, const float *act, const float *inter,
@@ -33,22 +50,19 @@ static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const m
     const mxfp8_tensor *ck = &o->gate_up_proj_act_checkpoint_T;
     const mxfp8_tensor *cks[3] = {&o->gate_act_checkpoint_T, &o->intermediate_checkpoint_T,
                                   &o->scaled_intermediate_checkpoint_T};
+    const float *srcs[3] = {act, inter, inter};
 #pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)B * (double)I * 5.0))
-    for (int64_t i = 0; i < I; i++) {
-        for (int64_t q = 0; q < B; q++) {
-            const int real = q < L && tok[q] >= 0;
-            const float gv = real ? g[q * I + i] : 0.0f, uv = real ? u[q * I + i] : 0.0f;
-            const float av = real ? act[q * I + i] : 0.0f, iv = real ? inter[q * I + i] : 0.0f;
-            if (ck->data) {
-                const int64_t base = n * ck->strides[0] + i * ck->strides[2] + q * ck->strides[3];
-                st_ck(ck, base, gv);
-                st_ck(ck, base + ck->strides[1], uv);
-            }
-            const float v3[3] = {av, iv, real ? aq[q] * iv : 0.0f};
-            for (int c = 0; c < 3; c++)
-                if (cks[c]->data)
-                    st_ck(cks[c], n * cks[c]->strides[0] + i * cks[c]->strides[1] + q * cks[c]->strides[2], v3[c]);
+    for (int64_t i0 = 0; i0 < I; i0 += 16) {
+        const int64_t i1 = i0 + 16 < I ? i0 + 16 : I;
+        if (ck->data) {
+            const int64_t base = n * ck->strides[0];
+            ck_block(ck, base, ck->strides[2], ck->strides[3], i0, i1, B, L, tok, g, I, NULL);
+            ck_block(ck, base + ck->strides[1], ck->strides[2], ck->strides[3], i0, i1, B, L, tok, u, I, NULL);
         }
+        for (int c = 0; c < 3; c++)
+            if (cks[c]->data)
+                ck_block(cks[c], n * cks[c]->strides[0], cks[c]->strides[1], cks[c]->strides[2], i0, i1, B, L, tok,
+                         srcs[c], I, c == 2 ? aq : NULL);
     }
     const mxfp8_tensor *d = &o->down_proj_output_checkpoint;
     if (d->data)
@@ -160,12 +174,7 @@ static mxfp8_status forward_scoped(const char *fn, const mxfp8_moe_fwd_args *arg
                                "%s: a block GEMM failed after its reservation", fn);
         write_checkpoints(&p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
     }
-    const mxfp8_tensor *o = &outputs->output;
-    const int64_t T = p.T, H = p.H;
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)T * (double)H))
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t h = 0; h < H; h++)
-            mxfp8i_store_f32(o->data, o->dtype, t * o->strides[0] + h * o->strides[1], w.acc[t * H + h]);
+    mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
     mxfp8i_moe_stats_export(&p, args->stats);
     return MXFP8_OK;
 }

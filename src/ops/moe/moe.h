@@ -219,6 +219,11 @@ void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, c
 void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, float aq, int scale, const float *g,
                         const float *u, const float *act, const float *sg, float *dgu);
 
+/** store.c: a row-major flat FP32 / FP64 buffer rounded once into a view of any dtype and strides; add != 0: the
+ *  view's given value + src (one FP32 addition), then rounded. */
+void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add);
+void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add);
+
 /** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */
 mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,
                                           int allow_f64);

@@ -1,5 +1,5 @@
 /*
- * store.c -- the backward's outputs: FP32 / FP64 accumulators rounded once into views of any dtype and strides;
+ * store.c -- the layer's outputs: FP32 / FP64 accumulators rounded once into views of any dtype and strides;
  * add != 0 (accumulate_hidden_states_grad, skip_grad_initialization): the view's given value + the accumulator,
  * one FP32 addition, then rounded to the dtype. Contiguous views take a threaded fast path with the same roundings.
  */
@@ -11,8 +11,13 @@ void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add) {
     int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
     if (mxfp8i_is_contiguous(t) && t->dtype != MXFP8_DTYPE_F64) { /* fast path: one pass, threads split the range */
         const int nt = mxfp8i_moe_nt((double)n);
+        mxfp8i_to_bf16_fn to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int c = 0; c < nt; c++) {
+            if (t->dtype == MXFP8_DTYPE_BF16 && !add) { /* the vectorized rounding of the GEMM epilogue */
+                to_bf16(src + n * c / nt, 0, (uint16_t *)t->data + n * c / nt, 0, 1, n * (c + 1) / nt - n * c / nt);
+                continue;
+            }
             if (t->dtype == MXFP8_DTYPE_BF16) {
                 uint16_t *d = (uint16_t *)t->data;
                 for (int64_t k = n * c / nt; k < n * (c + 1) / nt; k++)

@@ -1,0 +1,41 @@
+"""mxfp8.torch -- PyTorch front end of libmxfp8: MXFP8 custom ops, nn modules and recipes (CPU tensors).
+
+    import torch, mxfp8.torch as mt
+    model = mt.convert_to_mxfp8(model, recipe="mxfp8")          # every nn.Linear -> MXFP8Linear, in place
+    moe = mt.BlockwiseMoE(hidden_size=256, intermediate_size=512, num_experts=8, top_k=2)
+    compiled = torch.compile(model, fullgraph=True)              # the ops have fake kernels and autograd formulas
+
+Functions (all differentiable where it makes sense, all taking torch tensors straight into the library as zero-copy
+views: data_ptr and strides, any strides the library accepts):
+    quantize(x, elem_dtype, axis, scale_rule, group, out=)       -> (float8 data, float8_e8m0fnu scales)
+    dequantize(data, scales, axis, group, output_dtype, out=)    -> tensor
+    linear(input, weight, bias, recipe, out=)                    -> y = input @ weight^T + bias (MXFP8 GEMMs)
+    linear_backward(grad_output, input, weight, recipe, grad_input=, grad_weight=)
+    topk_softmax(router_logits, top_k, renormalize)              -> (topk_weights, topk_ids): the router
+    route(topk_ids, topk_weights, num_experts, block_size)       -> (token_position_to_id, block_to_expert,
+                                                                     expert_affinities_masked)
+    moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
+        block_to_expert, block_size, ...)                        -> output (the blockwise MoE layer)
+Modules: MXFP8Linear, convert_to_mxfp8, BlockwiseMoE. Recipes: RECIPES ("nki", "mxfp8", "ocp"), MXFP8Recipe.
+Statistics: ``with collect_stats(model) as stats:`` records the quantization statistics of every layer during a
+training step (mxfp8.torch.stats).
+The registered ops live in torch.ops.mxfp8 (quantize, dequantize, linear, linear_backward, topk_softmax,
+route, moe, their backward ops, ids_to_int32 and out= variants).
+
+Tensors must be on the CPU (a CUDA tensor raises ValueError naming the parameter); dtypes float32, bfloat16,
+float16 for values, float8_e4m3fn / float8_e5m2 for codes, float8_e8m0fnu (or uint8) for scales, int32 / int64
+for ids (int64 is converted once to the library's int32, with a range check). Errors of the library raise
+mxfp8.MXFP8Error with the library's message; nothing is written on error. ``import mxfp8`` does not import torch;
+``import mxfp8.torch`` does.
+"""
+
+import torch  # noqa: F401  (the PyTorch package, not this module: absolute import)
+
+from .modules import BlockwiseMoE, MXFP8Linear, convert_to_mxfp8  # noqa: F401
+from .moe_ops import moe, route, topk_softmax  # noqa: F401
+from .ops import dequantize, linear, linear_backward, quantize  # noqa: F401
+from .recipes import RECIPES, MXFP8Recipe, get_recipe  # noqa: F401
+from .stats import collect_stats  # noqa: F401
+
+__all__ = ["quantize", "dequantize", "linear", "linear_backward", "topk_softmax", "route", "moe", "MXFP8Linear",
+           "convert_to_mxfp8", "BlockwiseMoE", "RECIPES", "MXFP8Recipe", "get_recipe", "collect_stats"]

@@ -1,0 +1,15 @@
+/* plot.h -- `--plot`: draw a command's JSON results with the Python package's plotting module (see plot.c). */
+#ifndef MXFP8_TOOLS_PLOT_H
+#define MXFP8_TOOLS_PLOT_H
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+
+/** Draw doc (kind "bench" or "quantize") into the image file `out`. CLI_OK, or CLI_USAGE after an error line
+ *  (no Python, no matplotlib, a failed drawing). */
+int cli_plot(const char *cmd, const char *kind, const cJSON *doc, const char *out);
+/** Before the work: `out` ends in .png, .svg or .pdf and its directory exists and is writable. */
+int cli_plot_check(const char *cmd, const char *out);
+
+#endif
