@@ -22,7 +22,9 @@ target_link_libraries(mxfp8_mpi PUBLIC mxfp8 MPI::MPI_C PRIVATE OpenMP::OpenMP_C
 set_target_properties(mxfp8_mpi PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
 message(STATUS "mxfp8: MPI found (${MPI_C_LIBRARIES}); building libmxfp8_mpi")
 
-if(TARGET mxfp8_cli)
+# The wheel's CLI (SKBUILD) stays without MPI: it ships beside libmxfp8.so only; --expert-parallel is for builds
+# from source.
+if(TARGET mxfp8_cli AND NOT SKBUILD)
   target_compile_definitions(mxfp8_cli PRIVATE MXFP8_HAVE_MPI=1)
   target_link_libraries(mxfp8_cli PRIVATE mxfp8_mpi)
 endif()

@@ -4,5 +4,5 @@ import sys
 
 from ._cli import main
 
-if __name__ == "__main__":  # importing the module (as pkgutil walks do) runs nothing
+if __name__ == "__main__":  # importing this module (documentation tools, tests) runs nothing
     sys.exit(main())

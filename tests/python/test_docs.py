@@ -24,6 +24,8 @@ def _modules():
     for info in pkgutil.iter_modules(mxfp8.__path__):
         if not (info.ispkg or os.path.isfile(os.path.join(info.module_finder.path, info.name + ".py"))):
             continue  # the package's own libmxfp8.so, not a Python module
+        if info.name == "__main__":
+            continue  # `python -m mxfp8`: runs the command-line tool
         try:
             yield importlib.import_module(f"mxfp8.{info.name}")
         except ImportError as e:
