@@ -237,14 +237,17 @@ def run_suite(tree, args, py, stop_early):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("ids", nargs="*")
+    ap.add_argument("ids", nargs="*", help="run only these mutants (default: all)")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
-    ap.add_argument("--fast", action="store_true")
-    ap.add_argument("--no-python", action="store_true")
-    ap.add_argument("--with-mpi", action="store_true")
-    ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--timeout", type=int, default=900)
-    ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "2")))
+    ap.add_argument("--fast", action="store_true",
+                    help="stop testing a mutant at the first stage that kills it")
+    ap.add_argument("--no-python", action="store_true", help="C tests only")
+    ap.add_argument("--with-mpi", action="store_true", help="also the ctests labelled mpi (through mpirun)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch tree (its path is printed)")
+    ap.add_argument("--timeout", type=int, default=900,
+                    help="time limit of one mutant's test run in seconds (default 900); past it counts as killed")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "2")),
+                    help="parallel build and ctest jobs (default $JOBS or 2)")
     args = ap.parse_args()
     try:
         muts = parse_list(LIST)

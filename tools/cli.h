@@ -9,6 +9,7 @@
 #define MXFP8_TOOLS_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #define MXFP8_REFERENCE_API /* goldens and compare (the no-ABI-promise section of mxfp8.h) */
 #include "mxfp8.h"
@@ -87,6 +88,32 @@ int cli_float8_dtype(const char *cmd, const char *s, mxfp8_format *out);
 int cli_clamp(const char *cmd, const char *opt, const char *s, float *lo, float *hi);
 /** --threads N (N >= 1): mxfp8_set_num_threads. */
 int cli_threads(const char *cmd, const char *s);
+
+/* ---- numerics options and the --stats table (tools/cli_numerics.c) ---- */
+/** --rounding nearest|stochastic; absent keeps *out. */
+int cli_rounding(const char *cmd, const char *opt, const char *s, mxfp8_rounding *out);
+/** A 64-bit seed (decimal or 0x hex); absent keeps *out. */
+int cli_seed64(const char *cmd, const char *opt, const char *s, uint64_t *out);
+/** A float option; absent keeps *out. */
+int cli_float_opt(const char *cmd, const char *opt, const char *s, float *out);
+/** matmul-bwd --stochastic-rounding LIST: dy, w, x (comma-separated), all or none. */
+int cli_matmul_rounding(const char *cmd, const char *s, mxfp8_matmul_bwd_args *a);
+/** moe-bwd --stochastic-rounding LIST: operand names (cli_moe_operand_name), gradients, all or none. */
+int cli_moe_rounding(const char *cmd, const char *s, uint32_t *mask);
+/** The name of an mxfp8_moe_operand ("p1_dy", ...), as the Python package names it. */
+const char *cli_moe_operand_name(int op);
+/** The --stats table: a two-line header (first column titled `first`), one row per quantization, a note. */
+void cli_stats_header(FILE *f, const char *first);
+void cli_stats_row(FILE *f, const char *name, const mxfp8_quant_stats *s);
+void cli_stats_note(FILE *f);
+/** matmul-bwd --stats: the table of mxfp8_matmul_bwd_args.stats (output_grad / weights along N, output_grad / input
+ *  along M). */
+void cli_matmul_stats_table(FILE *f, const mxfp8_quant_stats st[4]);
+/** moe-bwd --stats: one row per (expert, operand) of st[experts * MXFP8_MOE_NUM_OPERANDS] with elements > 0. */
+void cli_moe_stats_table(FILE *f, const mxfp8_quant_stats *st, int64_t experts);
+
+/** `mxfp8 diff` (tools/cmd_diff.c). */
+int cmd_diff(int argc, char **argv);
 
 /** Wall-clock seconds (monotonic). */
 double cli_now(void);

@@ -32,7 +32,8 @@ static void help(void) {
         "usage: mxfp8 matmul-bwd [--M M --N N --K K] [--inputs BUNDLE.safetensors] [--output GRADS.safetensors]\n"
         "                        [--float8-dtype float8_e5m2|float8_e4m3fn] [--scale-rule nki|ocp|rceil]\n"
         "                        [--group 1x32|wrapx] [--output-dtype bf16|f16|f32] [--threads N] [--seed S]\n"
-        "                        [--repeat R] [--no-check] [--quiet]\n\n"
+        "                        [--repeat R] [--no-check] [--quiet] [--stats] [--stochastic-rounding L]\n"
+        "                        [--rounding-seed S]\n\n"
         "Backward of a linear layer Y = X @ W^T in MXFP8 (NKI matmul_mxfp8_backward):\n"
         "  input_grad  dX [M, K] = dY [M, N] @ W [N, K]      (dY and W quantized along N)\n"
         "  weight_grad dW [N, K] = dY^T @ X [M, K]          (dY and X quantized along M)\n"
@@ -61,14 +62,20 @@ static void help(void) {
         "  --no-check          skip the golden references (just compute and write)\n"
         "  --quiet             no progress line on stderr (shown only when stderr is a terminal)\n"
         "  --save-inputs FILE  write the generated problem (output_grad, weights, input_activation) to a\n"
-        "                      .safetensors bundle that --inputs (or the Python API) can read back\n\n"
+        "                      .safetensors bundle that --inputs (or the Python API) can read back\n"
+        "  --stats             print the statistics of the four quantizations (dY along N and along M, W along N,\n"
+        "                      X along M): saturated, flushed-to-zero, subnormal, the scales used, the SQNR\n"
+        "  --stochastic-rounding L  round the elements of dy, w and/or x (comma-separated; all, none)\n"
+        "                      stochastically (Philox-4x32-10 by each element's index); the check against the\n"
+        "                      quantized reference (which rounds to nearest) is then skipped\n"
+        "  --rounding-seed S   the seed of stochastic rounding (default 0)\n\n"
         "exit status: 0 ok, 1 the kernel's result is wrong, 2 bad usage, bad input or IO error\n");
 }
 
 typedef struct mm_job {
     const char *cmd;
     int64_t M, N, K, seed, repeat;
-    int odt, layout, check, quiet, prequant, in_f64;
+    int odt, layout, check, quiet, prequant, in_f64, stats;
     const char *in_path, *out_path, *save_path, *f8;
     mxfp8_matmul_bwd_args args;
     tf_set in, grads, work;
@@ -97,7 +104,9 @@ static int parse(mm_job *j, const cli_cmdline *cl) {
         cli_scale_rule(cmd, cli_val(cl, "scale-rule"), &j->args.scale_rule) ||
         cli_group(cmd, cli_val(cl, "group"), &j->args.quant_scheme) ||
         cli_choice(cmd, "scale-layout", cli_val(cl, "scale-layout"), layouts, 4, &j->layout) ||
-        cli_choice(cmd, "output-dtype", cli_val(cl, "output-dtype"), k_odts, 3, &j->odt))
+        cli_choice(cmd, "output-dtype", cli_val(cl, "output-dtype"), k_odts, 3, &j->odt) ||
+        cli_matmul_rounding(cmd, cli_val(cl, "stochastic-rounding"), &j->args) ||
+        cli_seed64(cmd, "rounding-seed", cli_val(cl, "rounding-seed"), &j->args.rounding_seed))
         return CLI_USAGE;
     j->args.output_dtype = odtv[j->odt];
     j->args.scale_layout = (mxfp8_scale_layout)j->layout;
@@ -105,7 +114,9 @@ static int parse(mm_job *j, const cli_cmdline *cl) {
     j->in_path = cli_val(cl, "inputs");
     j->out_path = cli_val(cl, "output");
     j->save_path = cli_val(cl, "save-inputs");
-    j->check = cli_val(cl, "no-check") == NULL;
+    j->check = cli_val(cl, "no-check") == NULL && !j->args.output_grad_rounding && !j->args.weights_rounding &&
+               !j->args.input_rounding; /* the references round to nearest */
+    j->stats = cli_val(cl, "stats") != NULL;
     j->quiet = cli_val(cl, "quiet") != NULL;
     char err[TF_ERR_LEN];
     if (j->save_path && j->in_path) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
@@ -201,11 +212,15 @@ static int make_problem(mm_job *j) {
 static int run_kernel(mm_job *j) {
     mxfp8_tensor vdx = tf_view(j->dx), vdw = tf_view(j->dw);
     j->best = INFINITY;
+    mxfp8_quant_stats qst[4];
+    if (j->stats) j->args.stats = qst; /* --stats: the warm-up call only (the timed calls run without) */
     for (int64_t it = -1; it < j->repeat; it++) {
         cli_progress_next();
         double t0 = cli_now();
         mxfp8_status st = mxfp8_matmul_backward(&j->args, &vdx, &vdw);
         double t = cli_now() - t0;
+        if (j->args.stats && !st) cli_matmul_stats_table(stdout, qst);
+        j->args.stats = NULL;
         if (st != MXFP8_OK) return cli_lib_error(j->cmd, "mxfp8_matmul_backward", st);
         if (it >= 0 && t < j->best) j->best = t;
     }
@@ -370,7 +385,8 @@ int cmd_matmul_bwd(int argc, char **argv) {
                       {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL},        {"scale-layout", 0, 0, NULL},
                       {"output-dtype", 0, 0, NULL}, {"threads", 0, 0, NULL},    {"seed", 0, 0, NULL},
                       {"repeat", 0, 0, NULL},     {"no-check", 0, 1, NULL},     {"quiet", 'q', 1, NULL},
-                      {"save-inputs", 0, 0, NULL}};
+                      {"save-inputs", 0, 0, NULL}, {"stats", 0, 1, NULL},      {"stochastic-rounding", 0, 0, NULL},
+                      {"rounding-seed", 0, 0, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, j.cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
     if (rc != CLI_CONTINUE || (rc = parse(&j, &cl))) return rc;

@@ -53,7 +53,16 @@ static void help(void) {
         "  --bias                               the layer has biases b1 [E, 2, I], b2 [E, H] (~ U(-0.1, 0.1));\n"
         "                                       their gradients are checked and written too\n"
         "layer and kernel:\n"
-        "  --activation A        silu (default), swish or squared_relu\n"
+        "  --activation A        silu (default), swish, squared_relu or gpt_oss_swiglu (gpt-oss: g * sigmoid(alpha\n"
+        "                        g) * (u + 1), g clamped above at limit, u to [-limit, limit])\n"
+        "  --swiglu-alpha A      gpt_oss_swiglu's alpha (default 1.702)\n"
+        "  --swiglu-limit L      gpt_oss_swiglu's limit (default 7; inf: none)\n"
+        "  --stochastic-rounding L  GEMM operands rounded stochastically: comma-separated names (gemm1_x, gemm1_w1,\n"
+        "                        gemm2_inter, gemm2_w2, p1_dy, p1_w2, p2_dgu, p2_w1, p3_x, p3_dgu, p4_s, p4_dy),\n"
+        "                        gradients (= p1_dy,p2_dgu,p3_dgu,p4_dy), all or none; the check against the\n"
+        "                        quantized reference (which rounds to nearest) is then skipped\n"
+        "  --rounding-seed S     the seed of stochastic rounding (default 0)\n"
+        "  --stats               print the statistics of every GEMM operand of the backward, per expert\n"
         "  --affinity A          on_i (default: the affinity scales the intermediate) or on_h (scales dY)\n"
         "  --gate-clamp LO,HI    clamp limits of the gate projection (either may be empty: no limit)\n"
         "  --up-clamp LO,HI      clamp limits of the up projection\n"
@@ -109,7 +118,8 @@ static mxfp8_tensor *grad_slot(mxfp8_moe_bwd_grads *g, int i) {
 static int parse(moe_job *j, const cli_cmdline *cl) {
     const char *cmd = j->cmd;
     const int64_t DMAX = (int64_t)1 << 24;
-    static const char *const acts[] = {"silu", "swish", "squared_relu"}, *const affs[] = {"on_i", "on_h"};
+    static const char *const acts[] = {"silu", "swish", "squared_relu", "gpt_oss_swiglu"},
+                             *const affs[] = {"on_i", "on_h"};
     j->H = 1024, j->T = 1024, j->E = 4, j->B = 512, j->TOPK = 4, j->I = 256, j->seed = 42, j->repeat = 1;
     mxfp8_moe_config_init(&j->cfg);
     mxfp8_moe_bwd_args_init(&j->ba);
@@ -122,7 +132,11 @@ static int parse(moe_job *j, const cli_cmdline *cl) {
         cli_int(cmd, "seed", cli_val(cl, "seed"), 0, INT64_MAX, &j->seed) ||
         cli_int(cmd, "repeat", cli_val(cl, "repeat"), 1, 1000, &j->repeat) ||
         cli_int(cmd, "block-size", cli_val(cl, "block-size"), 1, DMAX, &j->block_size) ||
-        cli_choice(cmd, "activation", cli_val(cl, "activation"), acts, 3, &j->act) ||
+        cli_choice(cmd, "activation", cli_val(cl, "activation"), acts, 4, &j->act) ||
+        cli_float_opt(cmd, "swiglu-alpha", cli_val(cl, "swiglu-alpha"), &cfg->swiglu_alpha) ||
+        cli_float_opt(cmd, "swiglu-limit", cli_val(cl, "swiglu-limit"), &cfg->swiglu_limit) ||
+        cli_moe_rounding(cmd, cli_val(cl, "stochastic-rounding"), &cfg->stochastic_rounding) ||
+        cli_seed64(cmd, "rounding-seed", cli_val(cl, "rounding-seed"), &cfg->rounding_seed) ||
         cli_choice(cmd, "affinity", cli_val(cl, "affinity"), affs, 2, &j->aff) ||
         cli_choice(cmd, "grad-dtype", cli_val(cl, "grad-dtype"), k_gdts, 3, &j->gdt) ||
         cli_clamp(cmd, "gate-clamp", cli_val(cl, "gate-clamp"), &cfg->gate_clamp_lower, &cfg->gate_clamp_upper) ||
@@ -138,8 +152,9 @@ static int parse(moe_job *j, const cli_cmdline *cl) {
     j->in_path = cli_val(cl, "inputs");
     j->out_path = cli_val(cl, "output");
     j->save_path = cli_val(cl, "save-inputs");
-    j->check = cli_val(cl, "no-check") == NULL;
+    j->check = cli_val(cl, "no-check") == NULL && !cfg->stochastic_rounding; /* the references round to nearest */
     j->quiet = cli_val(cl, "quiet") != NULL;
+    j->stats = cli_val(cl, "stats") != NULL;
     if (j->save_path && j->in_path) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
     static const char *const shape_opts[] = {"H", "T", "E", "B", "topk", "I", "seed"};
     for (int i = 0; j->in_path && i < 7; i++)
@@ -176,7 +191,8 @@ static int64_t routed_pairs(const moe_job *j) {
 static void header(const moe_job *j) {
     mxfp8_info info;
     mxfp8_get_info(&info);
-    static const char *const rules[] = {"nki", "ocp", "rceil"}, *const act_names[] = {"SiLU", "Swish", "SquaredReLU"};
+    static const char *const rules[] = {"nki", "ocp", "rceil"}, *const act_names[] = {"SiLU", "Swish", "SquaredReLU",
+                                                                                     "gpt-oss SwiGLU"};
     printf("mxfp8 moe-bwd  H=%lld T=%lld E=%lld B=%lld", (long long)j->H, (long long)j->T, (long long)j->E,
            (long long)j->B);
     if (j->routed_topk) printf(" TopK=%lld", (long long)j->TOPK);
@@ -244,10 +260,17 @@ static void grad_shapes(const moe_job *j, int64_t shape[6][4], int gnd[6]) {
  * `repeat` timed calls; the best time. */
 static int backward(moe_job *j, mxfp8_moe_bwd_grads *kg) {
     j->best = INFINITY;
+    mxfp8_quant_stats *qst = NULL; /* --stats: the warm-up call only (the timed calls run without) */
+    if (j->stats && !(j->ba.stats = qst = calloc((size_t)j->E * MXFP8_MOE_NUM_OPERANDS, sizeof *qst)))
+        return cli_error(j->cmd, "out of memory for the statistics");
     for (int64_t it = -1; it < j->repeat; it++) {
         cli_progress_next();
         double t0 = cli_now();
         mxfp8_status st = mxfp8_moe_backward(&j->ba, kg);
+        if (qst && !st) cli_moe_stats_table(stdout, qst, j->E);
+        j->ba.stats = NULL;
+        free(qst);
+        qst = NULL;
         if (st) return cli_lib_error(j->cmd, "mxfp8_moe_backward", st);
         double t = cli_now() - t0;
         if (it >= 0 && t < j->best) j->best = t;
@@ -378,7 +401,9 @@ int cmd_moe_bwd(int argc, char **argv) {
         {"float8-dtype", 0, 0, NULL}, {"scale-rule", 0, 0, NULL}, {"grad-dtype", 0, 0, NULL},
         {"threads", 0, 0, NULL},     {"repeat", 0, 0, NULL},     {"inputs", 'i', 0, NULL},
         {"block-size", 0, 0, NULL},  {"single-expert-dense", 0, 1, NULL}, {"output", 'o', 0, NULL},
-        {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL},    {"save-inputs", 0, 0, NULL}};
+        {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL},    {"save-inputs", 0, 0, NULL},
+        {"swiglu-alpha", 0, 0, NULL}, {"swiglu-limit", 0, 0, NULL}, {"stochastic-rounding", 0, 0, NULL},
+        {"rounding-seed", 0, 0, NULL}, {"stats", 0, 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, j.cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
     if (rc != CLI_CONTINUE || (rc = parse(&j, &cl))) return rc;

@@ -17,7 +17,8 @@
 
 static void help_quantize(void) {
     printf("usage: mxfp8 quantize IN -o OUT.safetensors [--fmt e4m3|e5m2] [--axis A] [--scale-rule nki|ocp|rceil]\n"
-           "                      [--group 1x32|wrapx] [--tensor NAME] [--stats] [--plot STATS.png]\n\n"
+           "                      [--group 1x32|wrapx] [--tensor NAME] [--stats] [--plot STATS.png]\n"
+           "                      [--rounding nearest|stochastic] [--rounding-seed S]\n\n"
            "MX-quantizes a tensor along one axis (OCP MX v1.0): groups of 32 values share one E8M0 scale.\n\n"
            "  IN                 .npy or .safetensors file; F32, BF16 or F16 values (F64 is rounded to F32 first)\n"
            "  -o, --output OUT   .safetensors file to write, holding:\n"
@@ -29,6 +30,9 @@ static void help_quantize(void) {
            "                     ocp (OCP MX v1.0 6.3: floor(log2 amax) - emax), rceil (ceil(log2(amax/max_normal)))\n"
            "  --group G          1x32 (default: 32 contiguous values) or wrapx (Trainium's tiling; axis %% 128 == 0)\n"
            "  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n"
+           "  --rounding R       element rounding: nearest (default; ties to even) or stochastic (Philox-4x32-10\n"
+           "                     keyed by the seed, indexed by each element's row-major position: reproducible)\n"
+           "  --rounding-seed S  the seed of stochastic rounding (default 0; decimal or 0x hex)\n"
            "  --stats            print what the quantization did: the scale codes' range, saturated, flushed-to-zero\n"
            "                     and subnormal elements, SQNR, the per-group relative error ||x - x_hat|| / ||x||\n"
            "  --plot FILE        --stats, and draw the histograms of the scale codes and of the per-group relative\n"
@@ -75,7 +79,7 @@ static int report_stats(const char *cmd, const char *path, const tf_tensor *x, c
     quant_stats qs;
     int rc = CLI_USAGE;
     if (st != MXFP8_OK) cli_lib_error(cmd, "mxfp8_dequantize", st);
-    else if (!doc || quant_stats_compute(x, d, s, deq, ax, qp, &qs, doc)) cli_error(cmd, "out of memory");
+    else if (!doc || quant_stats_compute(x, d, s, deq, ax, qp, qp->stats, &qs, doc)) cli_error(cmd, "out of memory");
     else {
         quant_stats_print(&qs, x->numel, qp);
         static const char *const rules[] = {"nki", "ocp", "rceil"};
@@ -96,7 +100,8 @@ int cmd_quantize(int argc, char **argv) {
     const char *cmd = "quantize";
     cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},   {"axis", 0, 0, NULL},
                       {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL}, {"tensor", 0, 0, NULL},
-                      {"stats", 0, 1, NULL},      {"plot", 0, 0, NULL}};
+                      {"stats", 0, 1, NULL},      {"plot", 0, 0, NULL},  {"rounding", 0, 0, NULL},
+                      {"rounding-seed", 0, 0, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 1, help_quantize);
     if (rc != CLI_CONTINUE) return rc;
@@ -110,7 +115,9 @@ int cmd_quantize(int argc, char **argv) {
     if (cli_choice(cmd, "fmt", cli_val(&cl, "fmt"), fmts, 2, &fmt) ||
         cli_int(cmd, "axis", cli_val(&cl, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
         cli_scale_rule(cmd, cli_val(&cl, "scale-rule"), &qp.rule) ||
-        cli_group(cmd, cli_val(&cl, "group"), &qp.group))
+        cli_group(cmd, cli_val(&cl, "group"), &qp.group) ||
+        cli_rounding(cmd, "rounding", cli_val(&cl, "rounding"), &qp.rounding) ||
+        cli_seed64(cmd, "rounding-seed", cli_val(&cl, "rounding-seed"), &qp.seed))
         return CLI_USAGE;
     qp.fmt = fmt ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3;
     char err[TF_ERR_LEN];
@@ -122,6 +129,8 @@ int cmd_quantize(int argc, char **argv) {
     const char *plot = cli_val(&cl, "plot");
     int stats = plot || cli_val(&cl, "stats");
     if (plot && cli_plot_check(cmd, plot)) return CLI_USAGE;
+    mxfp8_quant_stats lib_stats; /* --stats: the library's own counts of the call */
+    if (stats) qp.stats = &lib_stats;
 
     tf_set in = {0}, out = {0};
     rc = CLI_USAGE;

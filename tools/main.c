@@ -22,6 +22,7 @@ static const command k_commands[] = {
     {"matmul-bwd", cmd_matmul_bwd, "MXFP8 backward of a linear layer (NKI matmul_mxfp8_backward), checked"},
     {"moe-bwd", cmd_moe_bwd, "MXFP8 blockwise MoE backward (NKI blockwise_mm_bwd_mxfp8), checked: the main job"},
     {"info", cmd_info, "version, CPU features, the ISA path chosen and why, threads"},
+    {"diff", cmd_diff, "explain another stack's MXFP8 bits: the profile that reproduces them, unexplained groups"},
     {"bench", cmd_bench, "speed against this machine's peaks and oneDNN (GB/s, TFLOP/s, % of peak)"},
 };
 

@@ -11,6 +11,7 @@ typedef struct moe_job {
     /* problem and options */
     int64_t H, T, E, B, TOPK, I, seed, repeat, block_size, N;
     int act, aff, gdt, check, quiet;
+    int stats;           /**< --stats: the warm-up call collects the operands' statistics */
     int routed_topk;     /**< routing came from top-k ids (random problem or bundle) */
     int x_f64;           /**< the bundle's hidden_states were F64 (rounded to F32) */
     int f8_given;        /**< --float8-dtype was given */

@@ -62,7 +62,8 @@ static void group_errors(double *rel, int64_t n, int64_t exact, quant_stats *s, 
 }
 
 int quant_stats_compute(const tf_tensor *x, const tf_tensor *codes, const tf_tensor *scales, const tf_tensor *deq,
-                        int axis, const mxfp8_quant_params *qp, quant_stats *s, cJSON *doc) {
+                        int axis, const mxfp8_quant_params *qp, const mxfp8_quant_stats *lib, quant_stats *s,
+                        cJSON *doc) {
     memset(s, 0, sizeof *s);
     int64_t L = x->shape[axis], inner = 1, G = scales->shape[axis];
     for (int d = axis + 1; d < x->ndim; d++) inner *= x->shape[d];
@@ -106,6 +107,10 @@ int quant_stats_compute(const tf_tensor *x, const tf_tensor *codes, const tf_ten
         }
     s->mode_count = counts[s->code_mode];
     s->sqnr_db = sd2 > 0 ? 10.0 * log10(sx2 / sd2) : INFINITY;
+    if (lib) { /* the library's counts (the same definitions) and its exactly summed SQNR */
+        s->saturated = lib->saturated, s->flushed = lib->flushed_to_zero, s->subnormal = lib->subnormal;
+        if (lib->sum_sq_error > 0) s->sqnr_db = mxfp8_quant_stats_sqnr_db(lib);
+    }
     int64_t n = 0, exact = 0;
     for (int64_t g = 0; g < ngroups; g++) {
         if (sc[g] == 255 || x2[g] == 0) continue;

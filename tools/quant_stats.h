@@ -16,10 +16,12 @@ typedef struct quant_stats {
 } quant_stats;
 
 /** The statistics of quantizing x (F32/BF16/F16) along `axis` with qp into codes and scales (compact layout),
- *  whose dequantization (F32) is deq. Fills *s and adds them to doc (the --plot input). 0, or -1 when out of
- *  memory. */
+ *  whose dequantization (F32) is deq. Fills *s and adds them to doc (the --plot input); lib, when not NULL, is the
+ *  library's statistics of the call (mxfp8_quant_params.stats), whose element counts and SQNR are taken. 0, or -1
+ *  when out of memory. */
 int quant_stats_compute(const tf_tensor *x, const tf_tensor *codes, const tf_tensor *scales, const tf_tensor *deq,
-                        int axis, const mxfp8_quant_params *qp, quant_stats *s, cJSON *doc);
+                        int axis, const mxfp8_quant_params *qp, const mxfp8_quant_stats *lib, quant_stats *s,
+                        cJSON *doc);
 void quant_stats_print(const quant_stats *s, int64_t numel, const mxfp8_quant_params *qp);
 
 #endif

@@ -1,7 +1,8 @@
 """mxfp8 -- MXFP8 training kernels for CPUs (Python bindings of libmxfp8).
 
 MX quantization (OCP Microscaling Formats v1.0; NKI quantize_mx):
-    data, scales = mxfp8.quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32")
+    data, scales = mxfp8.quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32", rounding="nearest",
+                                  seed=0, stats=False)   # stats=True: (data, scales, statistics dict)
     y = mxfp8.dequantize(data, scales, axis=-1, group="1x32", out_dtype="float32")
     scale layouts and element packing: scale_layout_shape, to_scale_layout, from_scale_layout, pack_x4, unpack_x4,
     swizzle_nki, unswizzle_nki.
@@ -12,6 +13,9 @@ Blockwise Mixture of Experts (NKI moe_mxfp8): route, num_blocks, blockwise_mm_fw
     checkpoint helpers: topk_weights_grad, from_mixtral, to_mixtral.
 Tensor files: load(path), save(path, tensors) for .safetensors and .npy (every numpy / ml_dtypes dtype the mxfp8
     command writes, FP8 and E8M0 included).
+Numerics: stochastic rounding (rounding="stochastic", seed) and statistics (stats=True) in quantize, the matmul and
+    MoE functions; collect_stats() records the statistics of every call in a block, per layer (mxfp8.telemetry);
+    diff(x, data, scales) finds the quantization profile that explains another stack's MXFP8 bits.
 Runtime: info(), set_num_threads(n), __version__.
 
 Inputs: high-precision arrays are float32, ml_dtypes.bfloat16 or float16; float64 arrays (numpy's default), Python
@@ -28,6 +32,7 @@ libmxfp8_mpi.so built when CMake finds MPI): ``import mxfp8`` never needs either
 __version__ = "0.1.0"
 
 from ._lib import MXFP8Error  # noqa: F401
+from .diff import diff, quantize_profile  # noqa: F401
 from .matmul import *  # noqa: F401,F403
 from .moe import *  # noqa: F401,F403
 from .moe_utils import from_mixtral, to_mixtral, topk_weights_grad  # noqa: F401
@@ -44,4 +49,5 @@ from .quant import (  # noqa: F401
     unpack_x4,
     unswizzle_nki,
 )
+from .telemetry import StatsCollector, collect_stats  # noqa: F401
 from .tensorfile import load, save  # noqa: F401

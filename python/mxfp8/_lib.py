@@ -43,11 +43,13 @@ case-insensitive and also accepts the C integer value or, for formats, an ml_dty
                  is rejected like any other string)
     SCALE_RULES  {"nki": 0, "ocp": 1, "rceil": 2}
     GROUPS       {"1x32": 0, "wrapx": 1}
+    ROUNDINGS    {"nearest": 0, "stochastic": 1}: element rounding
     LAYOUTS      {"compact": 0, "nki_unpacked": 1, "nki_packed": 2, "swizzle_128x4": 3}
     OUT_DTYPES   {"float32": F32, "bfloat16": BF16, "float16": F16}  (also "f32", "bf16", "f16", numpy dtypes)
     ISAS         {0: "scalar", 1: "avx512", 2: "amx"}
 
-Structs: ``QuantParams`` (mxfp8_quant_params), ``Info`` (mxfp8_info). Config structs of matmul/MoE belong to their
+Structs: ``QuantParams`` (mxfp8_quant_params), ``QuantStats`` (mxfp8_quant_stats; ``stats_dict``), ``Info``
+(mxfp8_info). Config structs of matmul/MoE belong to their
 modules; declare them there as ``ctypes.Structure`` mirrors, field for field with the C header mxfp8.h, each naming
 its C struct in ``_c_name`` (the test suite compares every mirror's size and field offsets with
 the C compiler's).
@@ -142,6 +144,7 @@ FORMAT_NAMES = {0: "e4m3", 1: "e5m2"}
 FORMAT_DTYPE = {0: E4M3, 1: E5M2}  # format -> dtype code of its element codes
 SCALE_RULES = {"nki": 0, "ocp": 1, "rceil": 2}
 GROUPS = {"1x32": 0, "wrapx": 1}
+ROUNDINGS = {"nearest": 0, "stochastic": 1}
 LAYOUTS = {"compact": 0, "nki_unpacked": 1, "nki_packed": 2, "swizzle_128x4": 3}
 OUT_DTYPES = {"float32": F32, "f32": F32, "bfloat16": BF16, "bf16": BF16, "float16": F16, "f16": F16}
 ISAS = {0: "scalar", 1: "avx512", 2: "amx"}
@@ -231,7 +234,44 @@ class QuantParams(ctypes.Structure):
 
     _c_name = "mxfp8_quant_params"
 
-    _fields_ = [("fmt", ctypes.c_int), ("rule", ctypes.c_int), ("group", ctypes.c_int)]
+    _fields_ = [("fmt", ctypes.c_int), ("rule", ctypes.c_int), ("group", ctypes.c_int), ("rounding", ctypes.c_int),
+                ("seed", ctypes.c_uint64), ("stream", ctypes.c_uint64), ("stats", ctypes.c_void_p)]
+
+
+class QuantStats(ctypes.Structure):
+    """Mirror of struct mxfp8_quant_stats (the statistics of one quantization; ``stats_dict`` turns it into the
+    dict the public functions return)."""
+
+    _c_name = "mxfp8_quant_stats"
+
+    _fields_ = [(n, ctypes.c_int64) for n in ("elements", "groups", "saturated", "flushed_to_zero", "subnormal",
+                                              "nonfinite_groups", "zero_groups")] + \
+               [("scale_histogram", ctypes.c_int64 * 256), ("sum_sq_error", ctypes.c_double),
+                ("sum_sq_signal", ctypes.c_double)]
+
+
+def stats_dict(st):
+    """The statistics of one quantization as a dict: elements, groups, saturated, flushed_to_zero, subnormal,
+    nonfinite_groups, zero_groups (ints), scale_histogram (list of 256 ints, groups per E8M0 code), sum_sq_error,
+    sum_sq_signal (floats, over the finite groups) and sqnr_db = 10 log10(sum_sq_signal / sum_sq_error) (inf when
+    the error is 0, nan when nothing finite was quantized)."""
+    d = {n: int(getattr(st, n)) for n in ("elements", "groups", "saturated", "flushed_to_zero", "subnormal",
+                                          "nonfinite_groups", "zero_groups")}
+    d["scale_histogram"] = [int(v) for v in st.scale_histogram]
+    d["sum_sq_error"] = float(st.sum_sq_error)
+    d["sum_sq_signal"] = float(st.sum_sq_signal)
+    d["sqnr_db"] = float(function("mxfp8_quant_stats_sqnr_db")(ctypes.byref(st)))
+    return d
+
+
+def parse_seed(value, param="seed"):
+    """A 64-bit seed or stream id: a non-negative int below 2**64 (TypeError / ValueError naming `param`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{param}: expected an int, got {type(value).__name__}")
+    v = int(value)
+    if not 0 <= v < 1 << 64:
+        raise ValueError(f"{param}: {v} is not in [0, 2**64)")
+    return v
 
 
 NUM_KERNEL_SLOTS = 3
@@ -368,6 +408,7 @@ _SIGNATURES = {
     "mxfp8_fp16_to_fp32": (ctypes.c_float, [ctypes.c_uint16]),
     "mxfp8_scale_code": (ctypes.c_uint8, [ctypes.c_float, _I, _I]),
     "mxfp8_quantize": (_I, [_P, _I, _P, _P, _P]),
+    "mxfp8_quant_stats_sqnr_db": (ctypes.c_double, [_P]),
     "mxfp8_dequantize": (_I, [_P, _P, _I, _I, _P]),
     "mxfp8_scale_layout_shape": (_I, [_I, _I64, _I64, _P]),
     "mxfp8_scales_to_layout": (_I, [_P, _I64, _I, _P]),
@@ -469,8 +510,24 @@ def check(status):
         raise MXFP8Error(status, last_error_message())
 
 
+# C entry points an observer (mxfp8.telemetry's statistics collector) sees; filled by that module.
+OBSERVED_CALLS = {}
+
+
+def set_observer(obs):
+    """Make `obs` (an object with _observe(name, args, run), or None) observe this thread's OBSERVED_CALLS; returns
+    the previous observer."""
+    prev = getattr(_tls, "observer", None)
+    _tls.observer = obs
+    return prev
+
+
 def call(name, *args):
     """Call C function `name` returning mxfp8_status; raise MXFP8Error on failure. Returns None."""
+    obs = getattr(_tls, "observer", None)
+    if obs is not None and name in OBSERVED_CALLS:
+        obs._observe(name, args, lambda: check(function(name)(*args)))
+        return
     check(function(name)(*args))
 
 

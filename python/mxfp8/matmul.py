@@ -39,7 +39,7 @@ import numpy as np
 from . import _lib
 
 __all__ = ["MatmulMxfp8KernelConfig", "matmul_mxfp8", "matmul_mxfp8_backward", "matmul_golden_unquantized",
-           "matmul_golden_quantized", "matmul_mxfp8_backward_golden", "compare_nki"]
+           "matmul_golden_quantized", "matmul_mxfp8_backward_golden", "compare_nki", "BWD_QUANTIZATIONS"]
 
 LOOP_ORDERS = {"mnk": 0, "mkn": 1, "nmk": 2, "nkm": 3, "kmn": 4, "knm": 5}
 
@@ -47,7 +47,8 @@ LOOP_ORDERS = {"mnk": 0, "mkn": 1, "nmk": 2, "nkm": 3, "kmn": 4, "knm": 5}
 class _Operand(ctypes.Structure):
     _c_name = "mxfp8_operand"
     _fields_ = [("values", _lib.Tensor), ("scales", _lib.Tensor), ("scale_layout", ctypes.c_int),
-                ("swizzled", ctypes.c_int)]
+                ("swizzled", ctypes.c_int), ("rounding", ctypes.c_int), ("seed", ctypes.c_uint64),
+                ("stream", ctypes.c_uint64), ("stats", ctypes.c_void_p)]
 
 
 class _Config(ctypes.Structure):
@@ -73,7 +74,12 @@ class _BwdArgs(ctypes.Structure):
                 ("use_scale_packing", ctypes.c_int), ("scale_layout", ctypes.c_int), ("spill_reload", ctypes.c_int),
                 ("output_grad_is_swizzled", ctypes.c_int), ("weights_is_swizzled", ctypes.c_int),
                 ("input_is_swizzled", ctypes.c_int), ("scale_rule", ctypes.c_int), ("quant_scheme", ctypes.c_int),
-                ("workspace", ctypes.c_void_p)]
+                ("workspace", ctypes.c_void_p), ("output_grad_rounding", ctypes.c_int),
+                ("weights_rounding", ctypes.c_int), ("input_rounding", ctypes.c_int),
+                ("rounding_seed", ctypes.c_uint64), ("stats", ctypes.c_void_p)]
+
+# The four quantizations of matmul_mxfp8_backward, in the order of its statistics (and stochastic-rounding streams).
+BWD_QUANTIZATIONS = ("output_grad_along_n", "weights_along_n", "output_grad_along_m", "input_activation_along_m")
 
 
 class _CompareResult(ctypes.Structure):
@@ -231,7 +237,9 @@ def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_con
                           run_with_lnc2=True, lnc_2_shard_rhs=True, output_grad_scales=None, weight_scales=None,
                           input_scales=None, use_scale_packing=False, spill_reload=False,
                           output_grad_is_swizzled=False, weights_is_swizzled=False, input_is_swizzled=False, *,
-                          scale_rule="nki", quant_scheme="1x32", scale_layout="compact", shape=None):
+                          scale_rule="nki", quant_scheme="1x32", scale_layout="compact", shape=None,
+                          output_grad_rounding="nearest", weights_rounding="nearest", input_rounding="nearest",
+                          rounding_seed=0, stats=False):
     """Backward of the linear layer Y = X @ W^T with MXFP8 GEMMs (NKI's matmul_mxfp8_backward).
 
     dX = dY @ W (dY and W quantized along N) and dW = dY^T @ X (dY and X quantized along M); see the module doc for
@@ -272,10 +280,19 @@ def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_con
         Layout of pre-quantized scales when use_scale_packing is False.
     shape : (M, N, K) or None, keyword-only
         Needed only when both dY and W are x4-packed plain arrays whose N is not a multiple of 4.
+    output_grad_rounding, weights_rounding, input_rounding : "nearest" (default) | "stochastic", keyword-only
+        Element rounding of dY (both of its quantizations), W and X when the call quantizes them (stochastic
+        rounding as in mxfp8.quantize, keyed by rounding_seed; quantization q of BWD_QUANTIZATIONS uses stream q
+        and the element's row-major index in its own tensor). Pre-quantized operands are used as given.
+    rounding_seed : int in [0, 2**64), keyword-only
+    stats : bool, keyword-only
+        Also return the statistics of the four quantizations (a separate pass; results are unchanged).
 
     Returns
     -------
-    (input_grad [M, K], weight_grad [N, K]), arrays of output_dtype (ml_dtypes.bfloat16 by default).
+    (input_grad [M, K], weight_grad [N, K]), arrays of output_dtype (ml_dtypes.bfloat16 by default); with
+    stats=True also a dict {name: statistics dict (see mxfp8.quantize)} over BWD_QUANTIZATIONS (all zero for an
+    operand given pre-quantized).
 
     Raises
     ------
@@ -333,16 +350,25 @@ def matmul_mxfp8_backward(output_grad, weights, input_activation, input_grad_con
     a.input_is_swizzled = _lib.parse_bool(input_is_swizzled, "input_is_swizzled")
     a.scale_rule = rule
     a.quant_scheme = group
+    a.output_grad_rounding = _lib.parse(_lib.ROUNDINGS, output_grad_rounding, "output_grad_rounding")
+    a.weights_rounding = _lib.parse(_lib.ROUNDINGS, weights_rounding, "weights_rounding")
+    a.input_rounding = _lib.parse(_lib.ROUNDINGS, input_rounding, "input_rounding")
+    a.rounding_seed = _lib.parse_seed(rounding_seed, "rounding_seed")
+    st = (_lib.QuantStats * 4)() if _lib.parse_bool(stats, "stats") else None
+    a.stats = ctypes.addressof(st) if st is not None else None
     vig, vwg = _lib.view(ig), _lib.view(wg)
     keep += [dy, w, x]
     _lib.call("mxfp8_matmul_backward", ctypes.byref(a), ctypes.byref(vig), ctypes.byref(vwg))
+    if st is not None:
+        return ig, wg, {n: _lib.stats_dict(st[i]) for i, n in enumerate(BWD_QUANTIZATIONS)}
     return ig, wg
 
 
 def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5m2", output_dtype="bfloat16",
                  input_scales=None, weight_scales=None, use_scale_packing=False, input_is_swizzled=False,
                  weights_is_swizzled=False, *, scale_rule="nki", quant_scheme="1x32", scale_layout="compact",
-                 tile_loop_order=None, K=None):
+                 tile_loop_order=None, K=None, input_rounding="nearest", weights_rounding="nearest", rounding_seed=0,
+                 stats=False):
     """Forward of the linear layer with MXFP8 GEMM: Y [M, N] = X [M, K] @ W [N, K]^T, both quantized along K.
 
     Parameters
@@ -363,10 +389,17 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
     tile_loop_order : loop order or None, keyword-only (overrides the config's; speed only)
     K : int or None, keyword-only
         The contraction length when both operands are x4-packed and K is not a multiple of 4.
+    input_rounding, weights_rounding : "nearest" (default) | "stochastic", keyword-only
+        Element rounding of X and W when quantized here (stochastic: keyed by rounding_seed, stream 0 for X and 1
+        for W, index r*K + k of the [M, K] / [N, K] operand).
+    rounding_seed : int in [0, 2**64), keyword-only
+    stats : bool, keyword-only
+        Also return the statistics of both quantizations.
 
     Returns
     -------
-    Y [M, N] of output_dtype. Raises ValueError, TypeError, MXFP8Error as matmul_mxfp8_backward.
+    Y [M, N] of output_dtype; with stats=True (Y, {"input_activation": dict, "weights": dict}) (see
+    mxfp8.quantize). Raises ValueError, TypeError, MXFP8Error as matmul_mxfp8_backward.
     """
     fmt = _float8(float8_dtype)
     out_code = _lib.parse_out_dtype(output_dtype, "output_dtype")
@@ -389,9 +422,14 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
     M = x.shape[1] // (1 if x.dtype == np.uint32 else 4) if input_is_swizzled else x.shape[0]
     N = w.shape[1] // (1 if w.dtype == np.uint32 else 4) if weights_is_swizzled else w.shape[0]
     y = _lib.empty((M, N), out_code)
+    seed = _lib.parse_seed(rounding_seed, "rounding_seed")
+    want = _lib.parse_bool(stats, "stats")
+    st = (_lib.QuantStats * 2)()
     ops = []
-    for arr, s, swz, nm in ((x, input_scales, input_is_swizzled, "input_scales"),
-                            (w, weight_scales, weights_is_swizzled, "weight_scales")):
+    for i, (arr, s, swz, nm, rnd) in enumerate(((x, input_scales, input_is_swizzled, "input_scales",
+                                                 _lib.parse(_lib.ROUNDINGS, input_rounding, "input_rounding")),
+                                                (w, weight_scales, weights_is_swizzled, "weight_scales",
+                                                 _lib.parse(_lib.ROUNDINGS, weights_rounding, "weights_rounding")))):
         o = _Operand()
         o.values = _lib.view(arr)
         v = _scales(s, nm)
@@ -399,10 +437,14 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
             o.scales = v
         o.scale_layout = lay
         o.swizzled = int(bool(swz))
+        o.rounding, o.seed, o.stream = rnd, seed, i
+        o.stats = ctypes.addressof(st[i]) if want else None
         ops.append((o, v, arr))
     vy = _lib.view(y)
     c.workspace = _lib.workspace()
     _lib.call("mxfp8_matmul", ctypes.byref(ops[0][0]), ctypes.byref(ops[1][0]), ctypes.byref(c), ctypes.byref(vy))
+    if want:
+        return y, {"input_activation": _lib.stats_dict(st[0]), "weights": _lib.stats_dict(st[1])}
     return y
 
 

@@ -53,13 +53,15 @@ from .moe_config import (  # noqa: F401 (re-exported: mxfp8.moe keeps its names)
     SWIZZLE_MODES,
     TRANSPOSE_MODES,
     ClampLimits,
+    MOE_OPERANDS,
     MXFP8MOEBwdConfig,
     SkipMode,
     _declare,
     _MoeConfig,
 )
 
-__all__ = ["MXFP8MOEBwdConfig", "ClampLimits", "SkipMode", "route", "num_blocks", "blockwise_mm_fwd_mxfp8",
+__all__ = ["MXFP8MOEBwdConfig", "ClampLimits", "SkipMode", "MOE_OPERANDS", "route", "num_blocks",
+           "blockwise_mm_fwd_mxfp8",
            "blockwise_mm_bwd_mxfp8", "blockwise_mm_fwd_golden", "blockwise_mm_bwd_golden", "MOE_CHECKPOINTS"]
 
 MOE_CHECKPOINTS = ("gate_up_proj_act_checkpoint_T", "gate_act_checkpoint_T", "intermediate_checkpoint_T",
@@ -76,7 +78,7 @@ class _FwdArgs(ctypes.Structure):
                 ("down_proj_weight", _T), ("token_position_to_id", _T), ("block_to_expert", _T),
                 ("block_size", ctypes.c_int64), ("gate_and_up_proj_bias", _T), ("down_proj_bias", _T),
                 ("config", ctypes.POINTER(_MoeConfig)), ("gate_up_weight_scales", _T), ("down_weight_scales", _T),
-                ("num_valid_tokens", _T), ("workspace", ctypes.c_void_p)]
+                ("num_valid_tokens", _T), ("workspace", ctypes.c_void_p), ("stats", ctypes.c_void_p)]
 
 
 class _FwdOutputs(ctypes.Structure):
@@ -94,7 +96,7 @@ class _BwdArgs(ctypes.Structure):
                 ("down_proj_act_checkpoint", _T), ("down_proj_output_checkpoint", _T),
                 ("gate_and_up_proj_bias", _T), ("down_proj_bias", _T), ("config", ctypes.POINTER(_MoeConfig)),
                 ("gate_up_weight_scales", _T), ("down_weight_scales", _T), ("num_valid_tokens", _T),
-                ("workspace", ctypes.c_void_p)]
+                ("workspace", ctypes.c_void_p), ("stats", ctypes.c_void_p)]
 
 
 _GRAD_NAMES = ("hidden_states_grad", "expert_affinities_masked_grad", "gate_up_proj_weight_grad",
@@ -264,6 +266,21 @@ def _block_size_hint(err, B, token_position_to_id, block_to_expert):
     return _lib.MXFP8Error(err.status, err.message + hint)
 
 
+def _stats_buffer(a, want, E):
+    """The args' statistics array (E * 12 structs) when asked for, else None."""
+    if not _lib.parse_bool(want, "stats"):
+        return None
+    st = (_lib.QuantStats * (E * len(MOE_OPERANDS)))()
+    a.stats = ctypes.addressof(st)
+    return st
+
+
+def _stats_list(st, E):
+    """[expert] -> {operand name (MOE_OPERANDS): statistics dict (see mxfp8.quantize)}."""
+    n = len(MOE_OPERANDS)
+    return [{name: _lib.stats_dict(st[e * n + i]) for i, name in enumerate(MOE_OPERANDS)} for e in range(E)]
+
+
 def _call(fn, a, out, extra, B, token_position_to_id, block_to_expert):
     try:
         _lib.call(fn, ctypes.byref(a), ctypes.byref(out), *extra)
@@ -326,13 +343,15 @@ def _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj
 
 def _fwd_call(fn, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
               token_position_to_id, block_to_expert, block_size, config, gate_up_weight_scales, down_weight_scales,
-              num_valid_tokens, gate_and_up_proj_bias, down_proj_bias, checkpoints, out_dtype, ck_dtype, extra):
+              num_valid_tokens, gate_and_up_proj_bias, down_proj_bias, checkpoints, out_dtype, ck_dtype, extra,
+              stats=False):
     cfg, cc = _config(config)
     T, H, E, I, B, N = _dims(hidden_states, gate_up_proj_weight, token_position_to_id, block_size, cfg)
     a = _FwdArgs()
     _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                  token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
                  down_weight_scales, num_valid_tokens)
+    st = _stats_buffer(a, stats, E)
     checkpoints = _checkpoint_names(checkpoints)
     shapes = {"gate_up_proj_act_checkpoint_T": (N, 2, I, B), "gate_act_checkpoint_T": (N, I, B),
               "intermediate_checkpoint_T": (N, I, B), "scaled_intermediate_checkpoint_T": (N, I, B),
@@ -347,6 +366,8 @@ def _fwd_call(fn, hidden_states, expert_affinities_masked, gate_up_proj_weight, 
         cks[name] = np.empty(shapes[name], ck_dtype)
         setattr(o, name, _lib.view(cks[name]))
     _call(fn, a, o, extra, B, None if cfg.single_expert_dense else token_position_to_id, block_to_expert)
+    if st is not None:
+        return y, cks, _stats_list(st, E)
     return y, cks
 
 
@@ -355,7 +376,7 @@ def blockwise_mm_fwd_mxfp8(hidden_states, expert_affinities_masked, gate_up_proj
                            gate_up_weight_scales=None, down_weight_scales=None, num_valid_tokens=None, *,
                            gate_and_up_proj_bias=None, down_proj_bias=None,
                            checkpoints=("gate_up_proj_act_checkpoint_T",), output_dtype=None,
-                           checkpoint_dtype=np.float32):
+                           checkpoint_dtype=np.float32, stats=False):
     """MXFP8 forward of the blockwise MoE layer (see the module doc), producing the backward's checkpoints.
 
     GEMM 1: X_blk [B, H] @ W1[e] [H, 2I], both quantized along H; GEMM 2: inter [B, I] @ W2[e] [I, H], both
@@ -401,10 +422,14 @@ def blockwise_mm_fwd_mxfp8(hidden_states, expert_affinities_masked, gate_up_proj
         dtype of output: float32 / bfloat16 / float16; None = hidden_states' dtype (float32 for float64 input).
     checkpoint_dtype : float32 (default) | bfloat16 | float16, keyword-only
         dtype of the checkpoints (float32 checkpoints make the backward bitwise equal to recomputing them).
+    stats : bool, keyword-only
+        Also return the statistics of the GEMM operands (a separate pass; results are unchanged).
 
     Returns
     -------
-    (output [T, H], {checkpoint name: array})
+    (output [T, H], {checkpoint name: array}); with stats=True also a list over experts of
+    {operand name (MOE_OPERANDS): statistics dict (see mxfp8.quantize)}, summed over the expert's blocks (zero for
+    operands the forward does not quantize).
 
     Raises
     ------
@@ -417,7 +442,7 @@ def blockwise_mm_fwd_mxfp8(hidden_states, expert_affinities_masked, gate_up_proj
                      down_proj_weight, token_position_to_id, block_to_expert, block_size, config,
                      gate_up_weight_scales, down_weight_scales, num_valid_tokens, gate_and_up_proj_bias,
                      down_proj_bias, checkpoints, _out_dtype(hidden_states, output_dtype, "output_dtype"),
-                     np.dtype(checkpoint_dtype), ())
+                     np.dtype(checkpoint_dtype), (), stats)
 
 
 def blockwise_mm_fwd_golden(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
@@ -447,13 +472,14 @@ def blockwise_mm_fwd_golden(hidden_states, expert_affinities_masked, gate_up_pro
 def _bwd_call(fn, extra, grad_dtype, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
               token_position_to_id, block_to_expert, output_hidden_states_grad, block_size, cks, config,
               gate_up_weight_scales, down_weight_scales, num_valid_tokens, gate_and_up_proj_bias, down_proj_bias,
-              given):
+              given, stats=False):
     cfg, cc = _config(config)
     T, H, E, I, B, N = _dims(hidden_states, gate_up_proj_weight, token_position_to_id, block_size, cfg)
     a = _BwdArgs()
     _fill_common(a, cc, B, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                  token_position_to_id, block_to_expert, gate_and_up_proj_bias, down_proj_bias, gate_up_weight_scales,
                  down_weight_scales, num_valid_tokens)
+    st = _stats_buffer(a, stats, E)
     _put(a, "output_hidden_states_grad", _lib.view(_arr(output_hidden_states_grad, "output_hidden_states_grad")))
     for name, v in cks.items():
         _put(a, name, _opt_view(v, name))
@@ -477,6 +503,8 @@ def _bwd_call(fn, extra, grad_dtype, hidden_states, expert_affinities_masked, ga
             raise ValueError(f"{_GRAD_NAMES[k]}: the buffer must have element-aligned strides")
         setattr(g, _GRAD_NAMES[k], v)
     _call(fn, a, g, extra, B, None if cfg.single_expert_dense else token_position_to_id, block_to_expert)
+    if st is not None:
+        return tuple(out) + (_stats_list(st, E),)
     return tuple(out)
 
 
@@ -488,7 +516,7 @@ def blockwise_mm_bwd_mxfp8(hidden_states, expert_affinities_masked, gate_up_proj
                            down_weight_scales=None, num_valid_tokens=None, *, down_proj_output_checkpoint=None,
                            gate_and_up_proj_bias=None, down_proj_bias=None, grad_dtype=None,
                            hidden_states_grad=None, gate_up_proj_weight_grad=None, down_proj_weight_grad=None,
-                           gate_and_up_proj_bias_grad=None, down_proj_bias_grad=None):
+                           gate_and_up_proj_bias_grad=None, down_proj_bias_grad=None, stats=False):
     """MXFP8 backward of the blockwise MoE layer (NKI's blockwise_mm_bwd_mxfp8; see the module doc for the layer).
 
     Per block: Phase 1 dY_blk @ W2[e]^T (quantized along H) gives the intermediate's gradient and the affinity
@@ -544,13 +572,17 @@ def blockwise_mm_bwd_mxfp8(hidden_states, expert_affinities_masked, gate_up_proj
         Output buffers of the gradients' shapes; with config.accumulate_hidden_states_grad /
         config.skip_grad_initialization the gradient is added to what they hold (one FP32 addition). They are
         written in place and returned.
+    stats : bool, keyword-only
+        Also return the statistics of every GEMM operand the backward quantizes (a separate pass; results are
+        unchanged): a list over experts of {operand name (MOE_OPERANDS): statistics dict}, summed over the expert's
+        blocks (weights counted once; the recomputation of the forward's GEMMs under their forward names).
 
     Returns
     -------
     (hidden_states_grad [T, H], expert_affinities_masked_grad [T * E, 1], gate_up_proj_weight_grad [E, H, 2, I],
     down_proj_weight_grad [E, I, H]), plus (gate_and_up_proj_bias_grad [E, 2, I], down_proj_bias_grad [E, H]) when
-    config.bias. expert_affinities_masked_grad is 0 for (token, expert) pairs no block routes; turn it into the
-    gradient of topk_weights with mxfp8.topk_weights_grad.
+    config.bias, plus the statistics list with stats=True. expert_affinities_masked_grad is 0 for (token, expert)
+    pairs no block routes; turn it into the gradient of topk_weights with mxfp8.topk_weights_grad.
 
     Raises
     ------
@@ -570,7 +602,7 @@ def blockwise_mm_bwd_mxfp8(hidden_states, expert_affinities_masked, gate_up_proj
     return _bwd_call("mxfp8_moe_backward", (), _out_dtype(hidden_states, grad_dtype, "grad_dtype"), hidden_states,
                      expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
                      block_to_expert, output_hidden_states_grad, block_size, cks, config, gate_up_weight_scales,
-                     down_weight_scales, num_valid_tokens, gate_and_up_proj_bias, down_proj_bias, given)
+                     down_weight_scales, num_valid_tokens, gate_and_up_proj_bias, down_proj_bias, given, stats)
 
 
 def blockwise_mm_bwd_golden(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,

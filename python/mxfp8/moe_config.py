@@ -13,9 +13,14 @@ import numpy as np
 from . import _lib
 from .matmul import MatmulMxfp8KernelConfig, _Config as _MatmulConfig
 
-__all__ = ["MXFP8MOEBwdConfig", "ClampLimits", "SkipMode"]
+__all__ = ["MXFP8MOEBwdConfig", "ClampLimits", "SkipMode", "MOE_OPERANDS"]
 
-ACTIVATIONS = {"silu": 0, "swish": 1, "squared_relu": 2, "squaredrelu": 2, "relu2": 2}
+ACTIVATIONS = {"silu": 0, "swish": 1, "squared_relu": 2, "squaredrelu": 2, "relu2": 2, "gpt_oss_swiglu": 3}
+# The GEMM operands of the layer (mxfp8_moe_operand), for MXFP8MOEBwdConfig.stochastic_rounding and the statistics
+MOE_OPERANDS = ("gemm1_x", "gemm1_w1", "gemm2_inter", "gemm2_w2", "p1_dy", "p1_w2", "p2_dgu", "p2_w1", "p3_x",
+                "p3_dgu", "p4_s", "p4_dy")
+# Named sets of operands: the gradients (what stochastic rounding is usually for) and everything
+OPERAND_SETS = {"gradients": ("p1_dy", "p2_dgu", "p3_dgu", "p4_dy"), "all": MOE_OPERANDS}
 AFFINITY = {"affinity_on_i": 0, "on_i": 0, "i": 0, "affinity_on_h": 1, "on_h": 1, "h": 1}
 SHARD = {"shard_on_free": 0, "shard_on_block": 1, "shard_on_intermediate": 2, "shard_on_i": 2}
 COMPUTE = {"bfloat16": _lib.BF16, "bf16": _lib.BF16, "float32": _lib.F32, "f32": _lib.F32}
@@ -51,6 +56,8 @@ class _MoeConfig(ctypes.Structure):
                 ("up_clamp_upper", ctypes.c_float), ("skip_token", ctypes.c_int),
                 ("accumulate_hidden_states_grad", ctypes.c_int), ("skip_grad_initialization", ctypes.c_int),
                 ("single_expert_dense", ctypes.c_int), ("bias", ctypes.c_int),
+                ("swiglu_alpha", ctypes.c_float), ("swiglu_limit", ctypes.c_float),
+                ("stochastic_rounding", ctypes.c_uint32), ("rounding_seed", ctypes.c_uint64),
                 # hardware-only knobs (validated, no effect), grouped at the end as in the C struct
                 ("shard_option", ctypes.c_int), ("p3_transpose_mode", ctypes.c_int),
                 ("p4_transpose_mode", ctypes.c_int), ("hidden_states_swizzle_mode", ctypes.c_int),
@@ -107,8 +114,18 @@ class MXFP8MOEBwdConfig:
         Accepted; intermediates are FP32 on a CPU either way (at least bfloat16's precision).
     fp8_x4_dtype : "float8_e4m3fn" (default; "float8_e4m3fn_x4" accepted) | "float8_e5m2"
         Element format of every GEMM operand (E5M2 is an mxfp8 addition: the NKI kernel is E4M3 only).
-    activation_type : "silu" (default) | "swish" (x * sigmoid(1.702 x)) | "squared_relu" (max(x, 0)^2)
+    activation_type : "silu" (default) | "swish" (x * sigmoid(1.702 x)) | "squared_relu" (max(x, 0)^2) |
+        "gpt_oss_swiglu" (gpt-oss: inter = g * sigmoid(alpha g) * (u + 1), g clamped above at limit, u to
+        [-limit, limit]; the limits act as clamp limits, with the strict gradient masks)
         Or an enum member with one of these names (as NKI's ActFnType).
+    swiglu_alpha : float (default 1.702), swiglu_limit : float > 0 (default 7.0; math.inf = none)
+        gpt_oss_swiglu's alpha and limit (an mxfp8 addition).
+    stochastic_rounding : iterable of operand names from MOE_OPERANDS, "gradients" (p1_dy, p2_dgu, p3_dgu, p4_dy),
+        "all", or an int bitmask; default () = round to nearest
+        GEMM operands whose elements are rounded stochastically (an mxfp8 addition; see mxfp8.h, mxfp8_moe_operand,
+        for each operand's stream and logical index).
+    rounding_seed : int in [0, 2**64) (default 0)
+        The key of stochastic rounding (use a new one per training step).
     affinity_option : "affinity_on_i" (default) | "affinity_on_h"
         Where the affinity enters the backward: it scales the intermediate (Phase 1 / 4) or dY.
     phase1_config, phase2_config, phase3_config, phase4_config : MatmulMxfp8KernelConfig or None
@@ -163,6 +180,27 @@ class MXFP8MOEBwdConfig:
     output_grad_t_swizzle_mode: object = "pe"
     scaled_intermediate_t_swizzle_mode: object = "pe"
     scale_rule: str = "nki"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    stochastic_rounding: object = ()
+    rounding_seed: int = 0
+
+    def _rounding_mask(self):
+        v = self.stochastic_rounding
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            if not 0 <= int(v) < 1 << len(MOE_OPERANDS):
+                raise ValueError(f"config.stochastic_rounding: {int(v)} has bits beyond the {len(MOE_OPERANDS)} "
+                                 "operands")
+            return int(v)
+        names = OPERAND_SETS.get(v, (v,)) if isinstance(v, str) else v
+        mask = 0
+        for n in names:
+            for m in OPERAND_SETS.get(n, (n,)) if isinstance(n, str) else (n,):
+                if m not in MOE_OPERANDS:
+                    raise ValueError(f"config.stochastic_rounding: unknown operand {m!r} (expected names from "
+                                     f"{MOE_OPERANDS}, 'gradients' or 'all')")
+                mask |= 1 << MOE_OPERANDS.index(m)
+        return mask
 
     def _fmt(self):
         v = self.fp8_x4_dtype
@@ -229,6 +267,10 @@ class MXFP8MOEBwdConfig:
         c.single_expert_dense = _lib.parse_bool(self.single_expert_dense, "config.single_expert_dense")
         c.bias = _lib.parse_bool(self.bias, "config.bias")
         c.use_fast_dma = _lib.parse_bool(self.fast_dma_transpose, "config.fast_dma_transpose")
+        c.swiglu_alpha = float(self.swiglu_alpha)
+        c.swiglu_limit = float(self.swiglu_limit)
+        c.stochastic_rounding = self._rounding_mask()
+        c.rounding_seed = _lib.parse_seed(self.rounding_seed, "config.rounding_seed")
         _lib.parse_bool(self.pe_transpose_only, "config.pe_transpose_only")  # hardware-only: validated, unused
         return c
 

@@ -34,40 +34,32 @@ def _norm_axis(axis, ndim, param="axis"):
     return a % ndim
 
 
-def quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32"):
-    """MX-quantize `x` along `axis`: 32-element groups sharing one E8M0 scale.
+def quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32", rounding="nearest", seed=0, stats=False, *,
+             stream=0):
+    """MX-quantize `x` along `axis`.
 
-    Parameters
-    ----------
-    x : array_like, rank >= 1, any strides
-        float32, ml_dtypes.bfloat16 or float16; float64 arrays, Python numbers and lists are rounded once to
-        float32 (to nearest even) first.
-    fmt : "e4m3" | "e5m2" (any case), or the dtype ml_dtypes.float8_e4m3fn / float8_e5m2
-        Element format.
-    axis : int
-        The quantization axis (the contraction axis of the GEMM that consumes the result); negative counts from the
-        end.
-    scale_rule : "nki" (default) | "ocp" | "rceil"
-        How the shared exponent follows from the group's amax (see the module doc).
-    group : "1x32" (default) | "wrapx"
-        Group scheme; "wrapx" needs ``x.shape[axis] % 128 == 0``.
-
-    Returns
-    -------
-    (data, scales)
-        data: x's shape, dtype ml_dtypes.float8_e4m3fn or float8_e5m2 (the element codes).
-        scales: uint8 E8M0 codes (scale = 2^(code - 127); 255 = NaN) of x's shape with ``axis`` replaced by
-        ceil(len / 32), in group order along the axis (for "wrapx": group k0/32 + j of the tile starting at k0).
-
-    Raises
-    ------
-    TypeError: x's dtype is not accepted (the message lists the accepted ones). ValueError: an unknown option
-    string, a 0-d x, an axis out of range. MXFP8Error: the library's checks (e.g. "wrapx" with a length that is
-    not a multiple of 128).
+    x: array of float32, ml_dtypes.bfloat16 or float16 (Python floats become float32), rank >= 1, any strides.
+    fmt: "e4m3" | "e5m2" (or the ml_dtypes float8 dtype). scale_rule: "nki" | "ocp" | "rceil".
+    group: "1x32" | "wrapx" (wrapx needs x.shape[axis] % 128 == 0).
+    rounding: "nearest" (round to nearest even, the default) | "stochastic": each element rounds up with probability
+    equal to its fraction of an FP8 ulp (within 2^-32), from Philox-4x32-10 keyed by (seed, stream) and indexed by
+    the element's row-major position in x, so the result depends only on (seed, stream, x), never on threads or the
+    ISA path (the exact rule is in mxfp8.h, "Stochastic rounding"). seed, stream: ints in [0, 2**64).
+    stats: also return the quantization's statistics (see below).
+    Returns (data, scales), or (data, scales, stats) with stats=True: data has x's shape and dtype
+    ml_dtypes.float8_e4m3fn / float8_e5m2; scales are uint8 E8M0 codes (scale = 2^(code-127), 255 = NaN) of shape
+    x.shape with axis replaced by ceil(len/32), in compact group order; stats is a dict with elements, groups,
+    saturated (|x / 2^e| above max normal before clamping), flushed_to_zero (x != 0 with a zero code), subnormal
+    (subnormal codes), nonfinite_groups, zero_groups, scale_histogram (256 ints), sum_sq_error, sum_sq_signal and
+    sqnr_db. Raises TypeError (x's dtype, naming the accepted ones), ValueError (bad option, axis), MXFP8Error
+    (the library's checks, e.g. wrapx with a length not a multiple of 128).
     """
     f = _lib.parse_format(fmt, "fmt")
     rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
     grp = _lib.parse(_lib.GROUPS, group, "group")
+    rnd = _lib.parse(_lib.ROUNDINGS, rounding, "rounding")
+    seed, stream = _lib.parse_seed(seed, "seed"), _lib.parse_seed(stream, "stream")
+    want_stats = _lib.parse_bool(stats, "stats")
     x = _lib.as_array(x, allowed=(_lib.F32, _lib.BF16, _lib.F16), name="x")  # TypeError as matmul's inputs
     if x.ndim == 0:
         raise ValueError("x: quantization needs an array of rank >= 1")
@@ -76,9 +68,12 @@ def quantize(x, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32"):
     sshape = list(x.shape)
     sshape[ax] = -(-x.shape[ax] // 32)
     scales = _lib.empty(sshape, _lib.U8)
-    params = _lib.QuantParams(f, rule, grp)
+    st = _lib.QuantStats()
+    params = _lib.QuantParams(f, rule, grp, rnd, seed, stream, ctypes.addressof(st) if want_stats else None)
     vx, vd, vs = _lib.view(x, name="x"), _lib.view(data), _lib.view(scales)
     _lib.call("mxfp8_quantize", _lib.ref(vx), ax, _lib.ref(params), _lib.ref(vd), _lib.ref(vs))
+    if want_stats:
+        return data, scales, _lib.stats_dict(st)
     return data, scales
 
 

@@ -85,6 +85,46 @@ static inline uint8_t mxfp8i_fp32_to_fp8(float x, mxfp8_format fmt) {
     return sign | (uint8_t)c;
 }
 
+/*
+ * Stochastic rounding of |x| (FP32 bits `a`, finite) to the grid of mxfp8i_round_to_code with the 32-bit random
+ * word `rnd`: with ulp the grid spacing at max(exponent of |x|, emin), lo = floor(|x| / ulp) and the fraction
+ * f = |x| / ulp - lo in [0, 1), the code is lo's plus one iff rnd < floor(f * 2^32) (so it rounds up with probability
+ * floor(f * 2^32) / 2^32, within 2^-32 of f; a value on the grid never moves). FP32 subnormals take part exactly.
+ * Unsaturated, as mxfp8i_round_to_code.
+ */
+static inline int64_t mxfp8i_round_to_code_sr(uint32_t a, int m, int bias, uint32_t rnd) {
+    int emin = 1 - bias;
+    int exp = (int)(a >> 23);
+    uint32_t sig = (a & 0x7FFFFFu) | (exp ? 0x800000u : 0u); /* value = sig * 2^(max(exp, 1) - 150) */
+    if (exp == 0) exp = 1;
+    int e = exp - 127;
+    if (e < emin) e = emin;
+    int shift = (e - m) - (exp - 150); /* >= 23 - m > 0: the bits of sig below the grid */
+    uint32_t r = shift >= 32 ? 0u : sig >> shift;
+    uint64_t rem = shift >= 32 ? sig : sig & ((1u << shift) - 1u);
+    uint32_t f32 = shift <= 32        ? (uint32_t)(rem << (32 - shift))
+                   : shift - 32 >= 24 ? 0u
+                                      : (uint32_t)(rem >> (shift - 32));
+    return ((int64_t)(e + bias - 1) << m) + r + (rnd < f32 ? 1 : 0);
+}
+
+/** FP32 -> FP8 code with stochastic rounding by the random word `rnd` (mxfp8i_round_to_code_sr), saturating finite
+ *  values to max normal; NaN and Inf as mxfp8i_fp32_to_fp8. */
+static inline uint8_t mxfp8i_fp32_to_fp8_sr(float x, mxfp8_format fmt, uint32_t rnd) {
+    uint32_t u = mxfp8i_f32_bits(x), a = u & 0x7FFFFFFFu;
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    if ((unsigned)fmt > MXFP8_FMT_E5M2) return 0xFF;
+    if (fmt == MXFP8_FMT_E5M2) {
+        if (a > 0x7F800000u) return sign | 0x7E;
+        if (a == 0x7F800000u) return sign | 0x7C;
+        int64_t c = mxfp8i_round_to_code_sr(a, 2, 15, rnd);
+        return sign | (uint8_t)(c > 0x7B ? 0x7B : c);
+    }
+    if (a >= 0x7F800000u) return sign | 0x7F;
+    int64_t c = mxfp8i_round_to_code_sr(a, 3, 7, rnd);
+    return sign | (uint8_t)(c > 0x7E ? 0x7E : c);
+}
+
 /** FP8 code -> FP32, exact [OCP §5.3.2]. An unknown format gives NaN. */
 static inline float mxfp8i_fp8_to_fp32(uint8_t code, mxfp8_format fmt) {
     if ((unsigned)fmt > MXFP8_FMT_E5M2) return NAN;

@@ -62,7 +62,7 @@ static int cols_f32(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_
     if (rows <= 0 || op->prequant || op->swizzled || op->s0 != 1 || op->s1 <= 0) return 0;
     const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
     mxfp8i_qpanel p = {base, op->dtype, rows, op->K, 1, op->s1, cfg->float8_dtype, cfg->scale_rule,
-                       cfg->quant_scheme, out, MXFP8_DTYPE_F32, 1, ld, NULL, 0, 0};
+                       cfg->quant_scheme, out, MXFP8_DTYPE_F32, 1, ld, NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
     mxfp8i_quantize_panel(&p);
     return 1;
 }
@@ -82,7 +82,8 @@ static int pack_q(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, in
     uint8_t *sc = (uint8_t *)(T_TMP(x, tid) + K);
     const char *base = op->data + r0 * op->s0 * (int64_t)mxfp8_dtype_size(op->dtype);
     mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, op->s1, cfg->float8_dtype, cfg->scale_rule,
-                       MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, cm ? 1 : K, cm ? w : 1, sc, cm ? 1 : G, cm ? w : 1};
+                       MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, cm ? 1 : K, cm ? w : 1, sc, cm ? 1 : G, cm ? w : 1,
+                       mxfp8i_gop_sround(op, r0), NULL};
     if (mxfp8i_quantize_panel(&p) != 0) return 0;
     x->uk->pack_q(is_b, q, cm ? w : K, cm, rows, K, sc, cm ? 1 : G, cm ? w : 1, (int)cfg->float8_dtype, panel);
     return 1;
@@ -139,7 +140,8 @@ static void pack_panels(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is
         uint8_t *sc = (uint8_t *)(T_TMP(x, tid) + K);
         const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
         mxfp8i_qpanel qp = {base, op->dtype, rows, K, 1, op->s1, cfg->float8_dtype, cfg->scale_rule,
-                            MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, 1, ld, sc, 1, ld};
+                            MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, 1, ld, sc, 1, ld, mxfp8i_gop_sround(op, r0),
+                            NULL};
         const int exact = mxfp8i_quantize_panel(&qp) == 0;
         for (int64_t j = 0; j < n; j++) {
             const int rj = (int)(rows - j * w < w ? rows - j * w : w);

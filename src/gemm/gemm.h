@@ -19,6 +19,7 @@
 #ifndef MXFP8_GEMM_GEMM_H
 #define MXFP8_GEMM_GEMM_H
 
+#include "../kernels/qpanel.h"
 #include "../kernels/ukernel.h"
 #include "../runtime/tensor.h"
 #include "../runtime/workspace.h"
@@ -35,7 +36,16 @@ typedef struct mxfp8i_gop {
     mxfp8_scale_layout layout;
     int64_t ss0, ss1;          /**< strides of the scales view (for SWIZZLE_128X4 on a 1-D view: ss0 = C', ss1 = 1) */
     int64_t scols;             /**< columns of the layout's 2-D shape (src/quant/layout.h) */
+    mxfp8i_sround sr;          /**< rounding of a high-precision operand's elements (sr.on = 0: RNE): element (r, k)
+                                    has the logical index sr.idx0 + r*sr.i_ls + k*sr.i_ks (src/kernels/qpanel.h) */
 } mxfp8i_gop;
+
+/** The rounding of a panel whose line l is row r0 + l of op. */
+static inline mxfp8i_sround mxfp8i_gop_sround(const mxfp8i_gop *op, int64_t r0) {
+    mxfp8i_sround s = op->sr;
+    s.idx0 += r0 * s.i_ls;
+    return s;
+}
 
 /** A high-precision operand [R, K]: element (r, k) at data[r*s0 + k*s1] (strides in elements of dtype). */
 static inline mxfp8i_gop mxfp8i_gop_hp(const void *data, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t s0,

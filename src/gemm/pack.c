@@ -85,6 +85,12 @@ void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8
     int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
     if (!op->prequant) {
         load_row_hp(op, r, tmp);
+        if (op->sr.on) { /* stochastic rounding: the loaded row as a one-line panel (indices of row r) */
+            mxfp8i_qpanel p = {tmp, MXFP8_DTYPE_F32, 1, K, K, 1, fmt, rule, group, out, MXFP8_DTYPE_F32, K, 1,
+                               NULL, 0, 0, mxfp8i_gop_sround(op, r), NULL};
+            mxfp8i_quantize_panel(&p);
+            return;
+        }
         if (group == MXFP8_GROUP_1X32) {
             for (int64_t g = 0; g < G; g++) {
                 int n = (int)(K - 32 * g < 32 ? K - 32 * g : 32);
@@ -133,12 +139,12 @@ void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_r
         if (!op->prequant && op->s0 == 1 && op->s1 > 0) {
             /* [K, R]-contiguous operand (a transposed view): quantize down the columns straight into the panel. */
             mxfp8i_qpanel p = {base, op->dtype, rows, K, 1, op->s1, fmt, rule, group, panel, MXFP8_DTYPE_F32, 1, W,
-                               NULL, 0, 0};
+                               NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
             mxfp8i_quantize_panel(&p);
             done = 1;
         } else if (!op->prequant && op->s1 == 1) {
             mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, 1, fmt, rule, group, scratch, MXFP8_DTYPE_F32, K, 1,
-                               NULL, 0, 0};
+                               NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
             mxfp8i_quantize_panel(&p);
             done = 2;
         } else if (op->prequant && (op->s1 == 1 || (op->s0 == 1 && !op->x4))) {
@@ -199,13 +205,13 @@ void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rul
         if (op->s0 == 1 && op->s1 > 0 && t2) {
             /* [K, R]-contiguous (a transposed view): quantize down the columns into t2 [K, rows], then transpose */
             mxfp8i_qpanel p = {base, op->dtype, rows, K, 1, op->s1, fmt, rule, group, t2, MXFP8_DTYPE_F32, 1, rows,
-                               NULL, 0, 0};
+                               NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
             mxfp8i_quantize_panel(&p);
             transpose_to_rows(t2, rows, K, out);
             return;
         }
         mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, op->s1, fmt, rule, group, out, MXFP8_DTYPE_F32, K, 1,
-                           NULL, 0, 0};
+                           NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
         mxfp8i_quantize_panel(&p);
         return;
     }

@@ -13,6 +13,8 @@
  *   Dequantize: codes + scales in, values out.
  *   Both return the number of elements whose BF16/F16 value differs from the exact FP32 value (0 for F32 and code
  *   outputs): FP8 x 2^e is exact in BF16 unless |v| < 2^-126.
+ *   Quantize panels may also round stochastically (sr) and add each group's statistics to an accumulator (stats);
+ *   both are defined per element / per group, so they too must match the reference exactly.
  * Every kernel must give the reference's bytes exactly. A kernel returns -1, writing nothing, for a geometry it
  * does not handle; the dispatcher (src/quant/panel.c) then runs the reference. Kernels run under IEEE MXCSR
  * defaults (the dispatcher takes src/runtime/fenv.h's guard), single-threaded, re-entrant.
@@ -23,6 +25,16 @@
 #include <stdint.h>
 
 #include "mxfp8.h"
+#include "qstats.h"
+
+/** Element rounding of a quantize panel. on = 0: RNE. on = 1: stochastic rounding (include/mxfp8.h) with the random
+ *  word of logical index idx0 + l*i_ls + k*i_ks for element (l, k), from (seed, stream) (src/format/philox.h);
+ *  every index must be >= 0. */
+typedef struct mxfp8i_sround {
+    int on;
+    uint64_t seed, stream;
+    int64_t idx0, i_ls, i_ks;
+} mxfp8i_sround;
 
 typedef struct mxfp8i_qpanel {
     const void *src;
@@ -36,6 +48,9 @@ typedef struct mxfp8i_qpanel {
     int64_t out_ls, out_ks;
     uint8_t *scales;
     int64_t sc_ls, sc_gs;
+    /* Optional (zero = RNE, no statistics; positional initializers may stop before them): */
+    mxfp8i_sround sr;       /**< element rounding */
+    mxfp8i_qstats *stats;   /**< NULL, or += the statistics of every group of the panel (qstats.h) */
 } mxfp8i_qpanel;
 
 typedef struct mxfp8i_dqpanel {
@@ -78,5 +93,11 @@ typedef struct mxfp8i_qkernel {
 uint8_t mxfp8i_quantize_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, uint8_t *codes);
 void mxfp8i_dequantize_group_ref(const uint8_t *codes, int n, uint8_t scale, mxfp8_format fmt, float *out);
 uint8_t mxfp8i_qdq_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, float *out);
+/** As mxfp8i_quantize_group_ref with stochastic rounding of the elements by the random words rnd[0..n) (NULL = RNE). */
+uint8_t mxfp8i_quantize_group_sr(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, const uint32_t *rnd,
+                                 uint8_t *codes);
+/** The reference for one (line l, group g) of a quantize panel: load, quantize (p->sr), store codes or qdq values
+ *  and the scale, add to p->stats. Returns the BF16/F16-inexact count. SIMD kernels use it for rare groups. */
+int64_t mxfp8i_quantize_line_group_ref(const mxfp8i_qpanel *p, int64_t l, int64_t g);
 
 #endif /* MXFP8_KERNELS_QPANEL_H */

@@ -13,6 +13,7 @@
 #include "../gemm/gemm.h"
 #include "../runtime/cpu.h"
 #include "../runtime/workspace.h"
+#include "opstats.h"
 
 /* A 2-D output view must address M*N distinct elements (threads write disjoint elements). */
 static mxfp8_status check_injective(const char *fn, const char *name, const mxfp8_tensor *t) {
@@ -64,6 +65,37 @@ static mxfp8_status check_dims(const char *fn, const char *name, const mxfp8_mat
     return MXFP8_OK;
 }
 
+/* The element rounding of an operand quantized on the fly (logical index r*K + k). */
+static mxfp8_status operand_rounding(const char *fn, const char *name, const mxfp8_operand *op, mxfp8i_gop *g) {
+    MXFP8I_RETURN_ERROR_IF((unsigned)op->rounding > MXFP8_ROUND_STOCHASTIC, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: %s.rounding %d is not NEAREST (0) or STOCHASTIC (1)", fn, name, (int)op->rounding);
+    g->sr = mxfp8i_sround_make(op->rounding == MXFP8_ROUND_STOCHASTIC, op->seed, op->stream, 0, g->K, 1);
+    return MXFP8_OK;
+}
+
+/* Statistics of the `n` operands whose `out` is not NULL, computed before the GEMM(s) (an allocation failure leaves
+ * every output untouched), exported by stats_export after they succeed. */
+typedef struct op_stats {
+    int n;
+    const mxfp8i_gop *op[4];
+    mxfp8_quant_stats *out[4];
+    mxfp8i_qstats acc[4];
+} op_stats;
+static mxfp8_status stats_collect(const char *fn, op_stats *s, const mxfp8_matmul_config *const *cfg) {
+    for (int i = 0; i < s->n; i++) {
+        mxfp8i_qstats_zero(&s->acc[i]);
+        if (!s->out[i]) continue;
+        mxfp8_status st = mxfp8i_gop_stats(s->op[i], cfg[i]->float8_dtype, cfg[i]->scale_rule, cfg[i]->quant_scheme,
+                                           mxfp8i_num_threads(), &s->acc[i]);
+        MXFP8I_RETURN_ERROR_IF(st, st, "%s: out of memory for the statistics pass", fn);
+    }
+    return MXFP8_OK;
+}
+static void stats_export(const op_stats *s) {
+    for (int i = 0; i < s->n; i++)
+        if (s->out[i]) mxfp8i_qstats_export(&s->acc[i], s->out[i]);
+}
+
 static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_operand *a, const char *nb,
                                  const mxfp8_operand *b, const mxfp8_matmul_config *config, int accumulate,
                                  const char *nc, mxfp8_tensor *c) {
@@ -112,12 +144,23 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     if ((st = check_out_alias(fn, nc, c, na, &a->values)) || (st = check_out_alias(fn, nc, c, na, &a->scales)) ||
         (st = check_out_alias(fn, nc, c, nb, &b->values)) || (st = check_out_alias(fn, nc, c, nb, &b->scales)))
         return st;
+    MXFP8I_FORWARD_IF_ERROR(operand_rounding(fn, na, a, &ga));
+    MXFP8I_FORWARD_IF_ERROR(operand_rounding(fn, nb, b, &gb));
+    op_stats os;
+    os.n = 2, os.op[0] = &ga, os.op[1] = &gb, os.out[0] = a->stats, os.out[1] = b->stats;
+    const mxfp8_matmul_config *cfgs[2] = {config, config};
     mxfp8i_scope scope;
     if (mxfp8i_scope_begin(&scope, config->workspace))
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the workspace", fn);
+    st = a->stats || b->stats ? stats_collect(fn, &os, cfgs) : MXFP8_OK;
+    if (st) {
+        mxfp8i_scope_end(&scope);
+        return st;
+    }
     st = mxfp8i_gemm_gop(&ga, &gb, config, accumulate, c, mxfp8i_num_threads());
     mxfp8i_scope_end(&scope);
     if (st) return mxfp8i_error(st, "%s: out of memory for the packed operands", fn);
+    stats_export(&os);
     return MXFP8_OK;
 }
 
@@ -213,6 +256,11 @@ static mxfp8_status check_bwd_args(const char *fn, const mxfp8_matmul_bwd_args *
                            "%s: scale_rule %d is not a mxfp8_scale_rule", fn, (int)args->scale_rule);
     MXFP8I_RETURN_ERROR_IF((unsigned)args->quant_scheme > MXFP8_GROUP_WRAPX, MXFP8_ERR_INVALID_ARGUMENT,
                            "%s: quant_scheme %d is not 1x32 (0) or wrapX (1)", fn, (int)args->quant_scheme);
+    const mxfp8_rounding rnd[3] = {args->output_grad_rounding, args->weights_rounding, args->input_rounding};
+    static const char *rnd_nm[3] = {"output_grad_rounding", "weights_rounding", "input_rounding"};
+    for (int i = 0; i < 3; i++)
+        MXFP8I_RETURN_ERROR_IF((unsigned)rnd[i] > MXFP8_ROUND_STOCHASTIC, MXFP8_ERR_INVALID_ARGUMENT,
+                               "%s: args.%s %d is not NEAREST (0) or STOCHASTIC (1)", fn, rnd_nm[i], (int)rnd[i]);
     if (args->input_grad_config)
         MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_config(fn, "input_grad_config", args->input_grad_config));
     if (args->weight_grad_config)
@@ -287,9 +335,19 @@ static mxfp8_status backward_scoped(const char *fn, const mxfp8_matmul_bwd_args 
             mxfp8i_gop_load_row(g_dy, m, args->float8_dtype, args->quant_scheme, dyf + m * N);
         g_dyt = mxfp8i_gop_hp(dyf, MXFP8_DTYPE_F32, N, M, 1, N);
     }
+    g_dyt.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, args->rounding_seed, 2, 0,
+                                  1, N); /* (n, m) */
+    mxfp8_quant_stats *so = args->stats;
+    op_stats os;
+    const mxfp8i_gop *ops[4] = {g_dy, g_w, &g_dyt, g_x};
+    os.n = 4;
+    for (int i = 0; i < 4; i++) os.op[i] = ops[i], os.out[i] = so ? so + i : NULL;
+    const mxfp8_matmul_config *cfgs[4] = {cx, cx, cw, cw};
+    if (so) MXFP8I_FORWARD_IF_ERROR(stats_collect(fn, &os, cfgs));
     mxfp8_status st = mxfp8i_gemm_gop(g_dy, g_w, cx, 0, input_grad, nt);
     if (!st) st = mxfp8i_gemm_gop(&g_dyt, g_x, cw, 0, weight_grad, nt);
     if (st) return mxfp8i_error(MXFP8_ERR_INTERNAL, "%s: a GEMM failed after its reservation", fn);
+    stats_export(&os);
     return MXFP8_OK;
 }
 
@@ -320,6 +378,11 @@ mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tens
     mxfp8i_gop g_dy, g_w, g_x;
     MXFP8I_FORWARD_IF_ERROR(bwd_operands(fn, args, input_grad, weight_grad, M, N, K, &g_dy, &g_w, &g_x));
 
+    /* the four quantizations: stream q, the row-major index of the element in its own tensor */
+    const uint64_t seed = args->rounding_seed;
+    g_dy.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, seed, 0, 0, N, 1); /* (m, n) */
+    g_w.sr = mxfp8i_sround_make(args->weights_rounding == MXFP8_ROUND_STOCHASTIC, seed, 1, 0, 1, K);     /* (k, n) */
+    g_x.sr = mxfp8i_sround_make(args->input_rounding == MXFP8_ROUND_STOCHASTIC, seed, 3, 0, 1, K);       /* (k, m) */
     mxfp8i_scope scope;
     if (mxfp8i_scope_begin(&scope, args->workspace))
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the workspace", fn);

@@ -32,13 +32,15 @@ int64_t mxfp8i_dequantize_panel(const mxfp8i_dqpanel *p) {
 static int64_t qrows(const void *src, mxfp8_dtype dtype, int64_t R, int64_t K, int64_t ld_src, mxfp8_format fmt,
                      mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype, int64_t ld_out,
                      uint8_t *scales, int64_t ld_scales) {
-    mxfp8i_qpanel p = {src, dtype, R, K, ld_src, 1, fmt, rule, group, out, out_dtype, ld_out, 1, scales, ld_scales, 1};
+    mxfp8i_qpanel p = {src, dtype, R, K, ld_src, 1, fmt, rule, group, out, out_dtype, ld_out, 1, scales, ld_scales, 1,
+                       {0, 0, 0, 0, 0, 0}, NULL};
     return mxfp8i_quantize_panel(&p);
 }
 static int64_t qcols(const void *src, mxfp8_dtype dtype, int64_t K, int64_t C, int64_t ld_src, mxfp8_format fmt,
                      mxfp8_scale_rule rule, mxfp8_group_scheme group, void *out, mxfp8_dtype out_dtype, int64_t ld_out,
                      uint8_t *scales, int64_t ld_scales) {
-    mxfp8i_qpanel p = {src, dtype, C, K, 1, ld_src, fmt, rule, group, out, out_dtype, 1, ld_out, scales, 1, ld_scales};
+    mxfp8i_qpanel p = {src, dtype, C, K, 1, ld_src, fmt, rule, group, out, out_dtype, 1, ld_out, scales, 1, ld_scales,
+                       {0, 0, 0, 0, 0, 0}, NULL};
     return mxfp8i_quantize_panel(&p);
 }
 

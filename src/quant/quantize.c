@@ -24,11 +24,12 @@
 /* N-D decomposition into panels                                                                              */
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Up to three tensors walked together: t[0] the source, t[1] the output, t[2] the scales (scales have G along the
- * axis). A panel = the axis x one "line" dimension; every other dimension is an outer loop. */
+ * axis); t[3] is the row-major index of the element in the source's shape (the logical index of stochastic rounding).
+ * A panel = the axis x one "line" dimension; every other dimension is an outer loop. */
 typedef struct nd_plan {
     int ndim, axis, line_dim; /* line_dim = -1: a single line */
     int64_t shape[MXFP8_MAX_DIMS];
-    int64_t st[3][MXFP8_MAX_DIMS];
+    int64_t st[4][MXFP8_MAX_DIMS];
     int64_t outer;        /* product of the other dimensions */
     int64_t lines, chunk; /* lines per panel; lines per work item */
     int64_t K, kchunk;    /* axis length; axis indices per work item (whole groups / wrapX tiles) */
@@ -45,6 +46,10 @@ static void plan_make(nd_plan *pl, const mxfp8_tensor *t0, const mxfp8_tensor *t
         pl->st[0][i] = t0->strides[i];
         pl->st[1][i] = t1->strides[i];
         pl->st[2][i] = t2->strides[i];
+    }
+    for (int i = t0->ndim - 1, rm = 1; i >= 0; i--) { /* row-major strides of the logical index */
+        pl->st[3][i] = rm;
+        rm *= t0->shape[i];
     }
     int best = -1;
     bool rows = t0->strides[axis] == 1 && t1->strides[axis] == 1;
@@ -67,13 +72,13 @@ static void plan_make(nd_plan *pl, const mxfp8_tensor *t0, const mxfp8_tensor *t
 }
 
 /* Offsets (elements) of the first line of outer panel `o` in each tensor. */
-static void plan_offsets(const nd_plan *pl, int64_t o, int64_t off[3]) {
-    off[0] = off[1] = off[2] = 0;
+static void plan_offsets(const nd_plan *pl, int64_t o, int64_t off[4]) {
+    off[0] = off[1] = off[2] = off[3] = 0;
     for (int i = pl->ndim - 1; i >= 0; i--) {
         if (i == pl->axis || i == pl->line_dim) continue;
         int64_t idx = o % pl->shape[i];
         o /= pl->shape[i];
-        for (int t = 0; t < 3; t++) off[t] += idx * pl->st[t][i];
+        for (int t = 0; t < 4; t++) off[t] += idx * pl->st[t][i];
     }
 }
 
@@ -111,9 +116,9 @@ static int64_t plan_items(const nd_plan *pl) {
 }
 
 /* Geometry of work item `it`: the element offset of its first value in each tensor (t[0] source, t[1] output,
- * t[2] scales), its line count n, axis length kn, and each tensor's stride between lines. */
+ * t[2] scales, t[3] the logical index), its line count n, axis length kn, and each tensor's stride between lines. */
 typedef struct nd_item {
-    int64_t off[3], ls[3];
+    int64_t off[4], ls[4];
     int64_t n, kn;
 } nd_item;
 static void plan_item(const nd_plan *pl, int64_t it, nd_item *w) {
@@ -121,9 +126,10 @@ static void plan_item(const nd_plan *pl, int64_t it, nd_item *w) {
     int64_t o = it / per_panel, l0 = (it % per_panel) / nk * pl->chunk, k0 = (it % nk) * pl->kchunk;
     int ax = pl->axis, ld = pl->line_dim;
     plan_offsets(pl, o, w->off);
-    for (int t = 0; t < 3; t++) w->ls[t] = ld >= 0 ? pl->st[t][ld] : 0;
+    for (int t = 0; t < 4; t++) w->ls[t] = ld >= 0 ? pl->st[t][ld] : 0;
     w->off[0] += k0 * pl->st[0][ax] + l0 * w->ls[0];
     w->off[1] += k0 * pl->st[1][ax] + l0 * w->ls[1];
+    w->off[3] += k0 * pl->st[3][ax] + l0 * w->ls[3];
     w->off[2] += k0 / 32 * pl->st[2][ax] + l0 * w->ls[2];
     w->n = pl->lines - l0 < pl->chunk ? pl->lines - l0 : pl->chunk;
     w->kn = pl->K - k0 < pl->kchunk ? pl->K - k0 : pl->kchunk;
@@ -139,7 +145,12 @@ static int threads_for(int64_t numel) {
 /* Public API                                                                                                 */
 /* ---------------------------------------------------------------------------------------------------------- */
 mxfp8_quant_params mxfp8_quant_params_default(void) {
-    mxfp8_quant_params p = {MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32};
+    mxfp8_quant_params p;
+    memset(&p, 0, sizeof p);
+    p.fmt = MXFP8_FMT_E4M3;
+    p.rule = MXFP8_SCALE_NKI;
+    p.group = MXFP8_GROUP_1X32;
+    p.rounding = MXFP8_ROUND_NEAREST;
     return p;
 }
 
@@ -166,6 +177,46 @@ static mxfp8_status check_group(const char *fn, mxfp8_group_scheme group, int64_
     return MXFP8_OK;
 }
 
+/* The work items of a split plan, in parallel; tst: NULL or one statistics accumulator per thread. */
+static void quantize_items(const nd_plan *pl, const mxfp8_tensor *src, const mxfp8_tensor *data,
+                           const mxfp8_tensor *scales, const mxfp8_quant_params *qp, int nt, mxfp8i_qstats *tst) {
+    const int ax = pl->axis;
+    const int64_t items = plan_items(pl), es_src = (int64_t)mxfp8_dtype_size(src->dtype);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && items > 1)
+    for (int64_t it = 0; it < items; it++) {
+        nd_item w;
+        plan_item(pl, it, &w);
+        mxfp8i_qpanel p;
+        memset(&p, 0, sizeof p);
+        p.src = (const char *)src->data + w.off[0] * es_src;
+        p.src_dtype = src->dtype;
+        p.lines = w.n;
+        p.K = w.kn;
+        p.src_ls = w.ls[0];
+        p.src_ks = pl->st[0][ax];
+        p.fmt = qp->fmt;
+        p.rule = qp->rule;
+        p.group = qp->group;
+        p.out = (uint8_t *)data->data + w.off[1];
+        p.out_dtype = MXFP8_DTYPE_U8;
+        p.out_ls = w.ls[1];
+        p.out_ks = pl->st[1][ax];
+        p.scales = (uint8_t *)scales->data + w.off[2];
+        p.sc_ls = w.ls[2];
+        p.sc_gs = pl->st[2][ax];
+        if (qp->rounding == MXFP8_ROUND_STOCHASTIC) {
+            mxfp8i_sround sr = {1, qp->seed, qp->stream, w.off[3], w.ls[3], pl->st[3][ax]};
+            p.sr = sr;
+        }
+#ifdef _OPENMP
+        p.stats = tst ? &tst[omp_get_thread_num()] : NULL;
+#else
+        p.stats = tst;
+#endif
+        mxfp8i_quantize_panel(&p);
+    }
+}
+
 mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params, mxfp8_tensor *data,
                             mxfp8_tensor *scales) {
     static const char *fn = "mxfp8_quantize";
@@ -181,6 +232,9 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     if ((unsigned)qp.rule > (unsigned)MXFP8_SCALE_RCEIL)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params->rule %d is not NKI (0), OCP (1) or RCEIL (2)", fn,
                             (int)qp.rule);
+    if ((unsigned)qp.rounding > (unsigned)MXFP8_ROUND_STOCHASTIC)
+        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT,
+                            "%s: params->rounding %d is not NEAREST (0) or STOCHASTIC (1)", fn, (int)qp.rounding);
     int ax;
     if (!mxfp8i_norm_axis(axis, src->ndim, &ax))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,
@@ -200,35 +254,21 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     if ((st = mxfp8i_check_no_alias(fn, "data", data, "scales", scales))) return st;
 
     int64_t numel = mxfp8_tensor_numel(src);
-    if (numel == 0) return MXFP8_OK;
     nd_plan pl;
     plan_make(&pl, src, data, scales, ax);
     int64_t K = src->shape[ax];
     int nt = threads_for(numel);
-    plan_split(&pl, K, nt, qp.group);
-    int64_t items = plan_items(&pl);
-    int64_t es_src = (int64_t)mxfp8_dtype_size(src->dtype);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && items > 1)
-    for (int64_t it = 0; it < items; it++) {
-        nd_item w;
-        plan_item(&pl, it, &w);
-        mxfp8i_qpanel p = {(const char *)src->data + w.off[0] * es_src,
-                           src->dtype,
-                           w.n,
-                           w.kn,
-                           w.ls[0],
-                           pl.st[0][ax],
-                           qp.fmt,
-                           qp.rule,
-                           qp.group,
-                           (uint8_t *)data->data + w.off[1],
-                           MXFP8_DTYPE_U8,
-                           w.ls[1],
-                           pl.st[1][ax],
-                           (uint8_t *)scales->data + w.off[2],
-                           w.ls[2],
-                           pl.st[2][ax]};
-        mxfp8i_quantize_panel(&p);
+    mxfp8i_qstats *tst = NULL; /* one accumulator per thread, merged after (exact, so in any order) */
+    if (qp.stats && !(tst = (mxfp8i_qstats *)calloc((size_t)nt, sizeof *tst)))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %d statistics accumulators", fn, nt);
+    if (numel > 0) {
+        plan_split(&pl, K, nt, qp.group);
+        quantize_items(&pl, src, data, scales, &qp, nt, tst);
+    }
+    if (qp.stats) {
+        for (int t = 1; t < nt; t++) mxfp8i_qstats_merge(&tst[0], &tst[t]);
+        mxfp8i_qstats_export(&tst[0], qp.stats);
+        free(tst);
     }
     return MXFP8_OK;
 }

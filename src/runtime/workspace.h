@@ -32,6 +32,11 @@ enum {
     MXFP8I_WS_MOE_EXPERT,
     MXFP8I_WS_MOE_W1F,
     MXFP8I_WS_MOE_W2F,
+    MXFP8I_WS_MOE_STATS,    /**< per-expert operand statistics (src/ops/moe/numerics.c) */
+    /* the statistics pass over a GEMM operand (src/ops/opstats.c): per-thread accumulators, codes, FP32 rows */
+    MXFP8I_WS_STATS_ACC,
+    MXFP8I_WS_STATS_CODES,
+    MXFP8I_WS_STATS_F32,
     MXFP8I_WS_MOE_BUF0,
     MXFP8I_WS_NSLOTS = MXFP8I_WS_MOE_BUF0 + 32
 };

@@ -34,8 +34,16 @@ int main(void) {
     F(mxfp8_tensor, data); F(mxfp8_tensor, dtype); F(mxfp8_tensor, ndim); F(mxfp8_tensor, shape);
     F(mxfp8_tensor, strides);
     END(mxfp8_tensor);
+    BEGIN(mxfp8_quant_stats);
+    F(mxfp8_quant_stats, elements); F(mxfp8_quant_stats, groups); F(mxfp8_quant_stats, saturated);
+    F(mxfp8_quant_stats, flushed_to_zero); F(mxfp8_quant_stats, subnormal); F(mxfp8_quant_stats, nonfinite_groups);
+    F(mxfp8_quant_stats, zero_groups); F(mxfp8_quant_stats, scale_histogram); F(mxfp8_quant_stats, sum_sq_error);
+    F(mxfp8_quant_stats, sum_sq_signal);
+    END(mxfp8_quant_stats);
     BEGIN(mxfp8_quant_params);
     F(mxfp8_quant_params, fmt); F(mxfp8_quant_params, rule); F(mxfp8_quant_params, group);
+    F(mxfp8_quant_params, rounding); F(mxfp8_quant_params, seed); F(mxfp8_quant_params, stream);
+    F(mxfp8_quant_params, stats);
     END(mxfp8_quant_params);
     BEGIN(mxfp8_kernel_info);
     F(mxfp8_kernel_info, slot); F(mxfp8_kernel_info, kernel); F(mxfp8_kernel_info, isa);
@@ -49,6 +57,7 @@ int main(void) {
     END(mxfp8_info);
     BEGIN(mxfp8_operand);
     F(mxfp8_operand, values); F(mxfp8_operand, scales); F(mxfp8_operand, scale_layout); F(mxfp8_operand, swizzled);
+    F(mxfp8_operand, rounding); F(mxfp8_operand, seed); F(mxfp8_operand, stream); F(mxfp8_operand, stats);
     END(mxfp8_operand);
     BEGIN(mxfp8_matmul_config);
     F(mxfp8_matmul_config, M); F(mxfp8_matmul_config, K); F(mxfp8_matmul_config, N); F(mxfp8_matmul_config, tile_m);
@@ -73,6 +82,8 @@ int main(void) {
     F(mxfp8_matmul_bwd_args, output_grad_is_swizzled); F(mxfp8_matmul_bwd_args, weights_is_swizzled);
     F(mxfp8_matmul_bwd_args, input_is_swizzled); F(mxfp8_matmul_bwd_args, scale_rule);
     F(mxfp8_matmul_bwd_args, quant_scheme); F(mxfp8_matmul_bwd_args, workspace);
+    F(mxfp8_matmul_bwd_args, output_grad_rounding); F(mxfp8_matmul_bwd_args, weights_rounding);
+    F(mxfp8_matmul_bwd_args, input_rounding); F(mxfp8_matmul_bwd_args, rounding_seed); F(mxfp8_matmul_bwd_args, stats);
     END(mxfp8_matmul_bwd_args);
     BEGIN(mxfp8_moe_config);
     F(mxfp8_moe_config, compute_dtype); F(mxfp8_moe_config, quant_dtype); F(mxfp8_moe_config, scale_rule);
@@ -81,7 +92,9 @@ int main(void) {
     F(mxfp8_moe_config, gate_clamp_lower); F(mxfp8_moe_config, gate_clamp_upper); F(mxfp8_moe_config, up_clamp_lower);
     F(mxfp8_moe_config, up_clamp_upper); F(mxfp8_moe_config, skip_token);
     F(mxfp8_moe_config, accumulate_hidden_states_grad); F(mxfp8_moe_config, skip_grad_initialization);
-    F(mxfp8_moe_config, single_expert_dense); F(mxfp8_moe_config, bias); F(mxfp8_moe_config, shard_option);
+    F(mxfp8_moe_config, single_expert_dense); F(mxfp8_moe_config, bias); F(mxfp8_moe_config, swiglu_alpha);
+    F(mxfp8_moe_config, swiglu_limit); F(mxfp8_moe_config, stochastic_rounding); F(mxfp8_moe_config, rounding_seed);
+    F(mxfp8_moe_config, shard_option);
     F(mxfp8_moe_config, p3_transpose_mode); F(mxfp8_moe_config, p4_transpose_mode);
     F(mxfp8_moe_config, hidden_states_swizzle_mode); F(mxfp8_moe_config, output_grad_swizzle_mode);
     F(mxfp8_moe_config, weight_swizzle_mode); F(mxfp8_moe_config, skip_weight); F(mxfp8_moe_config, use_fast_dma);
@@ -93,7 +106,7 @@ int main(void) {
     F(mxfp8_moe_fwd_args, block_size); F(mxfp8_moe_fwd_args, gate_and_up_proj_bias);
     F(mxfp8_moe_fwd_args, down_proj_bias); F(mxfp8_moe_fwd_args, config);
     F(mxfp8_moe_fwd_args, gate_up_weight_scales); F(mxfp8_moe_fwd_args, down_weight_scales);
-    F(mxfp8_moe_fwd_args, num_valid_tokens); F(mxfp8_moe_fwd_args, workspace);
+    F(mxfp8_moe_fwd_args, num_valid_tokens); F(mxfp8_moe_fwd_args, workspace); F(mxfp8_moe_fwd_args, stats);
     END(mxfp8_moe_fwd_args);
     BEGIN(mxfp8_moe_fwd_outputs);
     F(mxfp8_moe_fwd_outputs, output); F(mxfp8_moe_fwd_outputs, gate_up_proj_act_checkpoint_T);
@@ -111,7 +124,7 @@ int main(void) {
     F(mxfp8_moe_bwd_args, gate_and_up_proj_bias); F(mxfp8_moe_bwd_args, down_proj_bias);
     F(mxfp8_moe_bwd_args, config); F(mxfp8_moe_bwd_args, gate_up_weight_scales);
     F(mxfp8_moe_bwd_args, down_weight_scales); F(mxfp8_moe_bwd_args, num_valid_tokens);
-    F(mxfp8_moe_bwd_args, workspace);
+    F(mxfp8_moe_bwd_args, workspace); F(mxfp8_moe_bwd_args, stats);
     END(mxfp8_moe_bwd_args);
     BEGIN(mxfp8_moe_bwd_grads);
     F(mxfp8_moe_bwd_grads, hidden_states_grad); F(mxfp8_moe_bwd_grads, expert_affinities_masked_grad);
@@ -123,6 +136,16 @@ int main(void) {
     F(mxfp8_compare_result, max_rel_err); F(mxfp8_compare_result, cosine); F(mxfp8_compare_result, norm_euclid);
     F(mxfp8_compare_result, allclose); F(mxfp8_compare_result, num_nan);
     END(mxfp8_compare_result);
+    BEGIN(mxfp8_quant_profile);
+    F(mxfp8_quant_profile, rule); F(mxfp8_quant_profile, round_toward_zero);
+    F(mxfp8_quant_profile, nonfinite_per_element); F(mxfp8_quant_profile, no_saturation);
+    F(mxfp8_quant_profile, unsigned_zero);
+    END(mxfp8_quant_profile);
+    BEGIN(mxfp8_diff_result);
+    F(mxfp8_diff_result, groups); F(mxfp8_diff_result, num_profiles); F(mxfp8_diff_result, matched);
+    F(mxfp8_diff_result, best); F(mxfp8_diff_result, unexplained); F(mxfp8_diff_result, example);
+    F(mxfp8_diff_result, unmatched_by_all);
+    END(mxfp8_diff_result);
     printf("\n}\n");
     return 0;
 }

@@ -160,7 +160,9 @@ static void test_swizzle(void) {
         /* wrapX group j of a tile = swizzled rows 8j..8j+7 x columns 4f..4f+3 */
         uint8_t *codes2 = tu_alloc((size_t)(K * F)), *sc2 = tu_alloc((size_t)(G * F));
         quantize_2d(in, MXFP8_DTYPE_F32, K, F, 0,
-                    (mxfp8_quant_params){MXFP8_FMT_E4M3, MXFP8_SCALE_OCP, MXFP8_GROUP_WRAPX}, codes2, sc2);
+                    (mxfp8_quant_params){MXFP8_FMT_E4M3, MXFP8_SCALE_OCP, MXFP8_GROUP_WRAPX, MXFP8_ROUND_NEAREST, 0, 0,
+                                         NULL},
+                    codes2, sc2);
         bad = 0;
         for (int64_t g = 0; g < G; g++)
             for (int64_t f = 0; f < F; f++) {

@@ -127,7 +127,8 @@ static void run_quant(const mxfp8i_qkernel *qk, const qcase *c, int fmt, int rul
                        cm ? 1 : c->ld, cm ? c->ld : (c->cols == 2 ? 2 : 1),
                        (mxfp8_format)fmt, (mxfp8_scale_rule)rule, c->group, o,
                        OUT_DT[ok],     cm ? 1 : ldo,   cm ? ldo : 1,   s,
-                       cm ? 1 : ld_sc, cm ? ld_sc : 1};
+                       cm ? 1 : ld_sc, cm ? ld_sc : 1,  {0, 0, 0, 0, 0, 0},
+                       NULL};
     char what[256];
     snprintf(what, sizeof what, "%s %s %s %s %s", qk->name, c->what, FMT_NAME[fmt], RULE_NAME[rule], OUT_NAME[ok]);
     int64_t r = qk->quantize(&p);

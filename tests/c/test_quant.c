@@ -27,7 +27,7 @@ static mxfp8_status quant1d(const float *x, int64_t n, mxfp8_format fmt, mxfp8_s
     mxfp8_tensor X = mxfp8_tensor_make((void *)x, MXFP8_DTYPE_F32, 1, sh);
     mxfp8_tensor D = mxfp8_tensor_make(c, fmt == MXFP8_FMT_E5M2 ? MXFP8_DTYPE_E5M2 : MXFP8_DTYPE_E4M3, 1, sh);
     mxfp8_tensor S = mxfp8_tensor_make(sc, MXFP8_DTYPE_E8M0, 1, g);
-    mxfp8_quant_params p = {fmt, rule, MXFP8_GROUP_1X32};
+    mxfp8_quant_params p = {fmt, rule, MXFP8_GROUP_1X32, MXFP8_ROUND_NEAREST, 0, 0, NULL};
     return mxfp8_quantize(&X, 0, &p, &D, &S);
 }
 
@@ -177,7 +177,8 @@ static void test_nd(void) {
             if (variant == 2) { /* strided outputs too: every other byte */
                 for (int i = 0; i < 3; i++) D.strides[i] *= 2, S.strides[i] *= 2;
             }
-            mxfp8_quant_params p = {MXFP8_FMT_E5M2, MXFP8_SCALE_RCEIL, MXFP8_GROUP_1X32};
+            mxfp8_quant_params p = {MXFP8_FMT_E5M2, MXFP8_SCALE_RCEIL, MXFP8_GROUP_1X32, MXFP8_ROUND_NEAREST, 0, 0,
+                                    NULL};
             mxfp8_status st = mxfp8_quantize(&X, axis, &p, &D, &S);
             TU_CHECK(st == MXFP8_OK, "nd axis %d variant %d: status %d (%s)", axis, variant, st,
                      mxfp8_last_error_message());
@@ -252,7 +253,7 @@ static void test_threads_and_transpose(void) {
     uint8_t *c1 = tu_alloc((size_t)n), *c2 = tu_alloc((size_t)n), *s1 = tu_alloc((size_t)n / 16),
             *s2 = tu_alloc((size_t)n / 16), *co = tu_alloc((size_t)n), *so = tu_alloc((size_t)n / 16);
     double *line = tu_alloc(sizeof(double) * (size_t)(R > C ? R : C));
-    mxfp8_quant_params p = {MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32};
+    mxfp8_quant_params p = {MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32, MXFP8_ROUND_NEAREST, 0, 0, NULL};
     for (int axis = 0; axis < 2; axis++) {
         const int64_t nl = axis ? R : C, K = axis ? C : R, G = (K + 31) / 32;
         const size_t ns = (size_t)(nl * G);
@@ -320,7 +321,8 @@ static void test_threads_and_transpose(void) {
                         if (grp == 1 && K % 128) continue;
                         for (int64_t k = 0; k < K; k++)
                             for (int64_t f = 0; f < F; f++) xt[f * K + k] = xb[k * F + f];
-                        mxfp8_quant_params q = {(mxfp8_format)fmt, (mxfp8_scale_rule)rule, (mxfp8_group_scheme)grp};
+                        mxfp8_quant_params q = {(mxfp8_format)fmt, (mxfp8_scale_rule)rule, (mxfp8_group_scheme)grp,
+                                                MXFP8_ROUND_NEAREST, 0, 0, NULL};
                         quantize_2d(xb, MXFP8_DTYPE_BF16, K, F, 0, q, ca, sa);
                         quantize_2d(xt, MXFP8_DTYPE_BF16, F, K, 1, q, cb, sb);
                         int64_t bad = 0;
@@ -465,7 +467,8 @@ static void test_mxcsr_independence(void) {
     static const unsigned modes[] = {0x8040u, 0x6000u, 0x2000u | 0x8040u, 0x4000u};
     for (int axis = 0; axis < 2; axis++)
         for (int rule = 0; rule < 3; rule++) {
-            mxfp8_quant_params p = {MXFP8_FMT_E4M3, (mxfp8_scale_rule)rule, MXFP8_GROUP_1X32};
+            mxfp8_quant_params p = {MXFP8_FMT_E4M3, (mxfp8_scale_rule)rule, MXFP8_GROUP_1X32, MXFP8_ROUND_NEAREST, 0, 0,
+                                    NULL};
             int64_t sh[2] = {R, K}, gs[2] = {R, K};
             gs[axis] = (sh[axis] + 31) / 32;
             mxfp8_tensor X = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, sh),

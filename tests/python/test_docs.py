@@ -15,7 +15,9 @@ import mxfp8
 
 PUBLIC = sorted(n for n in dir(mxfp8) if not n.startswith("_") and (inspect.isfunction(getattr(mxfp8, n)) or
                                                                        inspect.isclass(getattr(mxfp8, n))))
-JARGON = re.compile(r"\bissue\s*\d|\bseed\b|\[NKI-[A-Z]\]|include/|\.md\b|\bupstream\b|\(ours\)|\bours:", re.I)
+# "seed" alone is a random generator's seed (quantize(..., seed=0)); "seed page" / "seed 000" are shorthand
+JARGON = re.compile(r"\bissue\s*\d|\bseed\s*(?:page|doc|\d)|\[NKI-[A-Z]\]|include/|\.md\b|\bupstream\b|\(ours\)|"
+                    r"\bours:", re.I)
 
 
 def _modules():

@@ -252,7 +252,7 @@ def test_quantize_bad_input_writes_nothing(rng):
 
 
 # ---- opcheck: schema, autograd registration, fake tensors, AOT dispatch with dynamic shapes ----
-def _moe_args(rng, affinity="affinity_on_i", bias=False):
+def _moe_args(rng, affinity="affinity_on_i", bias=False, activation="silu", swiglu=(1.702, 7.0), rounding=(0, 0)):
     T, H, I, E, K, Bs = 12, 64, 40, 4, 2, 8
     ids = torch.from_numpy(np.stack([rng.permutation(E)[:K] for _ in range(T)]))
     w = torch.rand(T, K, dtype=torch.float32)
@@ -263,8 +263,8 @@ def _moe_args(rng, affinity="affinity_on_i", bias=False):
     b1 = randn(rng, E, 2, I).requires_grad_() if bias else None
     b2 = randn(rng, E, H).requires_grad_() if bias else None
     lims = [-math.inf, 3.0, -2.5, math.inf]
-    return (x, a.requires_grad_(), w1, w2, tp, be, Bs, b1, b2, "silu", lims, affinity, torch.float8_e4m3fn, "nki",
-            True, True)
+    return (x, a.requires_grad_(), w1, w2, tp, be, Bs, b1, b2, activation, lims, list(swiglu), list(rounding),
+            affinity, torch.float8_e4m3fn, "nki", True, True)
 
 
 def _opcheck_cases(rng):
@@ -300,6 +300,7 @@ def _opcheck_cases(rng):
         (ops.moe, moe_in),
         (ops.moe, _moe_args(rng)),
         (ops.moe, _moe_args(rng)[:-1] + (False,)),
+        (ops.moe, _moe_args(rng, activation="gpt_oss_swiglu", swiglu=(1.5, 2.0), rounding=(0b111111111111, -3))),
         (ops.moe_backward, (g_out,) + plain[:9] + (ck_gu.detach(), ck_down.detach()) + plain[9:-1]),
         (ops.moe_backward, (g_out,) + plain[:9] + (torch.empty(0), torch.empty(0)) + plain[9:-1]),
     ]

@@ -207,15 +207,19 @@ def route_into(ids32, weights, num_experts, block_size, skip_token, tp, be, a):
            _lib.ref(vb), _lib.ref(va))
 
 
-def moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias):
-    """The C mxfp8_moe_config of the layer (through the numpy package's MXFP8MOEBwdConfig, which validates)."""
+def moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias,
+               swiglu=(1.702, 7.0), rounding=(0, 0)):
+    """The C mxfp8_moe_config of the layer (through the numpy package's MXFP8MOEBwdConfig, which validates);
+    swiglu = [alpha, limit], rounding = [stochastic-rounding operand bitmask, seed as a signed 64-bit int]."""
     gl, gu, ul, uu = (None if math.isinf(v) else v for v in clamp_limits)
     cfg = _moe.MXFP8MOEBwdConfig(
         activation_type=activation, affinity_option=affinity_option,
         fp8_x4_dtype={torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}[elem_dtype],
         scale_rule=scale_rule, bias=bool(bias), skip_dma=_moe.SkipMode(skip_token=bool(skip_token)),
         clamp_limits=_moe.ClampLimits(non_linear_clamp_lower_limit=gl, non_linear_clamp_upper_limit=gu,
-                                      linear_clamp_lower_limit=ul, linear_clamp_upper_limit=uu))
+                                      linear_clamp_lower_limit=ul, linear_clamp_upper_limit=uu),
+        swiglu_alpha=float(swiglu[0]), swiglu_limit=float(swiglu[1]), stochastic_rounding=int(rounding[0]),
+        rounding_seed=int(rounding[1]) & ((1 << 64) - 1))
     return cfg._to_c()
 
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .moe_ops import clamp_list, moe, route, topk_softmax
+from .moe_ops import clamp_list, moe, numerics_lists, route, topk_softmax
 from .ops import _autocast, linear
 from .recipes import get_recipe
 
@@ -95,7 +95,10 @@ class BlockwiseMoE(nn.Module):
         down_proj_weight[e] = w2[e].T;              router.weight = gate.weight
     (load_mixtral_weights does exactly this; mxfp8.from_mixtral / mxfp8.to_mixtral map numpy arrays both ways).
 
-    activation: "silu" (default), "swish" (x * sigmoid(1.702 x)) or "squared_relu". clamp_limits: mxfp8.ClampLimits
+    activation: "silu" (default), "swish" (x * sigmoid(1.702 x)), "squared_relu" or "gpt_oss_swiglu" (gpt-oss's
+    clamped SwiGLU, (u + 1) g sigmoid(swiglu_alpha g) with g <= swiglu_limit, |u| <= swiglu_limit; defaults 1.702
+    and 7). stochastic_rounding, rounding_seed: see mxfp8.torch.moe (set module.rounding_seed anew each step for
+    independent rounding). clamp_limits: mxfp8.ClampLimits
     (or a dict of its fields): non_linear_* limits clip g, linear_* limits clip u. affinity_option: "affinity_on_i"
     or "affinity_on_h" (where the backward applies the affinity; same layer). recipe: "nki" by default (E4M3 with
     the NKI scale rule, the kernel's defaults); see mxfp8.torch.RECIPES. block_size: positions per block (tokens of
@@ -103,7 +106,8 @@ class BlockwiseMoE(nn.Module):
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, block_size=128, activation="silu",
                  bias=False, clamp_limits=None, affinity_option="affinity_on_i", recipe="nki", renormalize=True,
-                 device=None, dtype=None):
+                 device=None, dtype=None, swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=None,
+                 rounding_seed=0):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts = {num_experts}, got {top_k}")
@@ -114,6 +118,9 @@ class BlockwiseMoE(nn.Module):
         self.activation, self.affinity_option, self.renormalize = activation, affinity_option, renormalize
         self.clamp_limits = clamp_limits
         clamp_list(clamp_limits)  # validate now, not at the first forward
+        self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
+        self.stochastic_rounding, self.rounding_seed = stochastic_rounding, rounding_seed
+        numerics_lists(swiglu_alpha, swiglu_limit, stochastic_rounding, rounding_seed)
         self.recipe = get_recipe(recipe)
         kw = dict(device=device, dtype=dtype)
         E, H, I = num_experts, hidden_size, intermediate_size
@@ -155,7 +162,8 @@ class BlockwiseMoE(nn.Module):
         out = moe(x, a, self.gate_up_proj_weight, self.down_proj_weight, tp, be, self.block_size,
                   gate_and_up_proj_bias=self.gate_and_up_proj_bias, down_proj_bias=self.down_proj_bias,
                   activation=self.activation, clamp_limits=self.clamp_limits, affinity_option=self.affinity_option,
-                  recipe=self.recipe)
+                  recipe=self.recipe, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+                  stochastic_rounding=self.stochastic_rounding, rounding_seed=self.rounding_seed)
         return out.reshape(shape[:-1] + (self.hidden_size,))
 
     @torch.no_grad()

@@ -21,13 +21,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import moe_config as _moe_cfg
+from .._lib import parse_seed as _parse_seed
 from . import _bridge as B
 from .recipes import get_recipe
 
 __all__ = ["topk_softmax", "route", "moe"]
 
 _lib = torch.library
-_ACTIVATIONS = ("silu", "swish", "squared_relu")
+_ACTIVATIONS = ("silu", "swish", "squared_relu", "gpt_oss_swiglu")
 _AFFINITY = ("affinity_on_i", "affinity_on_h")
 
 
@@ -211,15 +213,17 @@ def _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_p
 def _moe(hidden_states: Tensor, expert_affinities_masked: Tensor, gate_up_proj_weight: Tensor,
          down_proj_weight: Tensor, token_position_to_id: Tensor, block_to_expert: Tensor, block_size: int,
          gate_and_up_proj_bias: Optional[Tensor], down_proj_bias: Optional[Tensor], activation: str,
-         clamp_limits: list[float], affinity_option: str, elem_dtype: torch.dtype, scale_rule: str,
-         skip_token: bool, checkpoint: bool) -> tuple[Tensor, Tensor, Tensor]:
+         clamp_limits: list[float], swiglu: list[float], rounding: list[int], affinity_option: str,
+         elem_dtype: torch.dtype, scale_rule: str, skip_token: bool,
+         checkpoint: bool) -> tuple[Tensor, Tensor, Tensor]:
     s_gu, s_down = _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size,
                                 affinity_option, checkpoint)
     output = torch.empty(hidden_states.shape, dtype=hidden_states.dtype)
     gate_up = torch.empty(s_gu, dtype=torch.float32)
     down = torch.empty(s_down, dtype=torch.float32)
     bias = gate_and_up_proj_bias is not None or down_proj_bias is not None
-    cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias)
+    cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias, swiglu,
+                      rounding)
     inputs = _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                      token_position_to_id, block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias)
     B.moe_forward_into(cc, inputs, output, gate_up if gate_up.dim() == 4 else None,
@@ -229,8 +233,8 @@ def _moe(hidden_states: Tensor, expert_affinities_masked: Tensor, gate_up_proj_w
 
 @_moe.register_fake
 def _(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
-      block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias, activation, clamp_limits, affinity_option,
-      elem_dtype, scale_rule, skip_token, checkpoint):
+      block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias, activation, clamp_limits, swiglu, rounding,
+      affinity_option, elem_dtype, scale_rule, skip_token, checkpoint):
     s_gu, s_down = _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size,
                                 affinity_option, checkpoint)
     return (hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty(s_gu, dtype=torch.float32),
@@ -247,12 +251,13 @@ def _moe_backward(grad_output: Tensor, hidden_states: Tensor, expert_affinities_
                   block_to_expert: Tensor, block_size: int, gate_and_up_proj_bias: Optional[Tensor],
                   down_proj_bias: Optional[Tensor], gate_up_proj_act_checkpoint_T: Tensor,
                   down_proj_output_checkpoint: Tensor, activation: str, clamp_limits: list[float],
-                  affinity_option: str, elem_dtype: torch.dtype, scale_rule: str,
-                  skip_token: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  swiglu: list[float], rounding: list[int], affinity_option: str, elem_dtype: torch.dtype,
+                  scale_rule: str, skip_token: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     bias = gate_and_up_proj_bias is not None or down_proj_bias is not None
     grads = _grad_buffers(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                           gate_and_up_proj_bias, down_proj_bias, torch.empty)
-    cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias)
+    cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias, swiglu,
+                      rounding)
     inputs = _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                      token_position_to_id, block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias)
     c_grads = {k: v for k, v in zip(_GRADS, grads) if k in _GRADS[:4] or bias}
@@ -277,31 +282,31 @@ def _grad_buffers(hidden_states, a, w1, w2, b1, b2, alloc):
 @_moe_backward.register_fake
 def _(grad_output, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
       token_position_to_id, block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias,
-      gate_up_proj_act_checkpoint_T, down_proj_output_checkpoint, activation, clamp_limits, affinity_option,
-      elem_dtype, scale_rule, skip_token):
+      gate_up_proj_act_checkpoint_T, down_proj_output_checkpoint, activation, clamp_limits, swiglu, rounding,
+      affinity_option, elem_dtype, scale_rule, skip_token):
     return _grad_buffers(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                          gate_and_up_proj_bias, down_proj_bias,
                          lambda shape, dtype: hidden_states.new_empty(shape, dtype=dtype))
 
 
 def _moe_setup(ctx, inputs, output):
-    (x, a, w1, w2, tp, be, bs, b1, b2, act, clamps, aff, elem, rule, skip, _) = inputs
+    (x, a, w1, w2, tp, be, bs, b1, b2, act, clamps, swiglu, rounding, aff, elem, rule, skip, _) = inputs
     ctx.save_for_backward(x, a, w1, w2, tp, be, b1, b2, output[1], output[2])
-    ctx.options = (bs, act, clamps, aff, elem, rule, skip)
+    ctx.options = (bs, act, clamps, swiglu, rounding, aff, elem, rule, skip)
     ctx.has_bias = (b1 is not None, b2 is not None)
     ctx.set_materialize_grads(False)
 
 
 def _moe_grad(ctx, grad_output, g_ck1, g_ck2):
     x, a, w1, w2, tp, be, b1, b2, ck_gu, ck_down = ctx.saved_tensors
-    bs, act, clamps, aff, elem, rule, skip = ctx.options
+    bs, act, clamps, swiglu, rounding, aff, elem, rule, skip = ctx.options
     if grad_output is None:
         grad_output = torch.zeros_like(x)
     g = torch.ops.mxfp8.moe_backward(grad_output, x, a, w1, w2, tp, be, bs, b1, b2, ck_gu, ck_down, act, clamps,
-                                     aff, elem, rule, skip)
+                                     swiglu, rounding, aff, elem, rule, skip)
     gb1 = g[4] if ctx.has_bias[0] else None
     gb2 = g[5] if ctx.has_bias[1] else None
-    return (g[0], g[1], g[2], g[3], None, None, None, gb1, gb2) + (None,) * 7
+    return (g[0], g[1], g[2], g[3], None, None, None, gb1, gb2) + (None,) * 9
 
 
 _moe.register_autograd(_moe_grad, setup_context=_moe_setup)
@@ -331,6 +336,20 @@ def clamp_list(clamp_limits):
     return out
 
 
+def numerics_lists(swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=None, rounding_seed=0):
+    """The ops' swiglu [alpha, limit] and rounding [operand bitmask, seed as a signed 64-bit int] arguments, checked:
+    stochastic_rounding is None, operand names of mxfp8.MOE_OPERANDS, "gradients", "all" or a bitmask (as
+    mxfp8.MXFP8MOEBwdConfig.stochastic_rounding); rounding_seed an int in [0, 2**64); swiglu_limit > 0, both
+    finite-or-inf numbers (the library checks them again)."""
+    alpha, limit = float(swiglu_alpha), float(swiglu_limit)
+    if not math.isfinite(alpha) or math.isnan(limit) or limit <= 0:
+        raise ValueError(f"swiglu_alpha / swiglu_limit: need a finite alpha and a limit > 0, got {alpha}, {limit}")
+    mask = _moe_cfg.MXFP8MOEBwdConfig(stochastic_rounding=() if stochastic_rounding is None
+                                      else stochastic_rounding)._rounding_mask()
+    seed = _parse_seed(rounding_seed, "rounding_seed")
+    return [alpha, limit], [mask, seed - (1 << 64) if seed >= 1 << 63 else seed]
+
+
 def _check_moe(x, a, w1, w2, b1, b2):
     B.check_tensor(x, "hidden_states", B.FLOAT, ndim=2)
     B.check_tensor(a, "expert_affinities_masked", B.FLOAT, ndim=(1, 2))
@@ -353,7 +372,8 @@ def _check_moe(x, a, w1, w2, b1, b2):
 
 def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
         block_to_expert, block_size, *, gate_and_up_proj_bias=None, down_proj_bias=None, activation="silu",
-        clamp_limits=None, affinity_option="affinity_on_i", recipe="nki", skip_token=True):
+        clamp_limits=None, affinity_option="affinity_on_i", recipe="nki", skip_token=True, swiglu_alpha=1.702,
+        swiglu_limit=7.0, stochastic_rounding=None, rounding_seed=0):
     """The MXFP8 blockwise MoE layer (forward mxfp8_moe_forward, backward the NKI kernel blockwise_mm_bwd_mxfp8),
     see the module doc. Returns output [T, H] in hidden_states' dtype; differentiable in hidden_states,
     expert_affinities_masked, both weights and both biases (gradients in the dtype of each).
@@ -363,8 +383,12 @@ def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_
     alone means the other is zero): float32 / bfloat16 / float16 CPU tensors.
     token_position_to_id [N*B], block_to_expert [N] or [N, 1]: int32 or int64 (int64 is converted once, checked);
     block_size B >= 1.
-    activation: "silu" | "swish" | "squared_relu". clamp_limits: mxfp8.ClampLimits (or a dict of its fields) or
-    None. affinity_option: "affinity_on_i" | "affinity_on_h". recipe: its moe_dtype and scale_rule are used.
+    activation: "silu" | "swish" | "squared_relu" | "gpt_oss_swiglu" (gpt-oss: (u + 1) g sigmoid(alpha g), g
+    clamped above at swiglu_limit, u to [-limit, limit]; swiglu_alpha 1.702 and swiglu_limit 7 by default).
+    clamp_limits: mxfp8.ClampLimits (or a dict of its fields) or None. affinity_option: "affinity_on_i" |
+    "affinity_on_h". recipe: its moe_dtype and scale_rule are used. stochastic_rounding: GEMM operands whose
+    elements are rounded stochastically (names of mxfp8.MOE_OPERANDS, "gradients", "all"; None: none), keyed by
+    rounding_seed (an int in [0, 2**64); use a new one per step) -- reproducible bit for bit.
     skip_token: padding positions hold -1 (True) or T (False). Errors: TypeError / ValueError naming the
     parameter; MXFP8Error from the library (ids out of range, ...), nothing written."""
     r = get_recipe(recipe)
@@ -388,7 +412,9 @@ def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
         hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, gate_and_up_proj_bias,
         down_proj_bias))
+    swiglu, rounding = numerics_lists(swiglu_alpha, swiglu_limit, stochastic_rounding, rounding_seed)
     out, _, _ = torch.ops.mxfp8.moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                                     tp, be, block_size, gate_and_up_proj_bias, down_proj_bias, act,
-                                    clamp_list(clamp_limits), aff, r.moe_dtype, r.scale_rule, bool(skip_token), grad)
+                                    clamp_list(clamp_limits), swiglu, rounding, aff, r.moe_dtype, r.scale_rule,
+                                    bool(skip_token), grad)
     return out

@@ -15,8 +15,11 @@ with torch.library.register_autograd whose backward is itself an op (so AOTAutog
         -> (expert_affinities_masked, token_position_to_id, block_to_expert)            (differentiable in weights)
     torch.ops.mxfp8.moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                         token_position_to_id, block_to_expert, block_size, gate_and_up_proj_bias?, down_proj_bias?,
-                        activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, checkpoint)
+                        activation, clamp_limits, swiglu, rounding, affinity_option, elem_dtype, scale_rule,
+                        skip_token, checkpoint)
         -> (output, gate_up_proj_act_checkpoint_T, down_proj_output_checkpoint)           (differentiable)
+        (swiglu = [alpha, limit] of gpt_oss_swiglu; rounding = [stochastic-rounding operand bitmask, seed as a
+        signed 64-bit int])
     torch.ops.mxfp8.moe_backward(...) -> the six gradients of blockwise_mm_bwd_mxfp8
     torch.ops.mxfp8.ids_to_int32(ids, name) -> int32 ids (range-checked)
 plus out= variants quantize_out, dequantize_out, linear_out, linear_backward_out that write into given tensors.

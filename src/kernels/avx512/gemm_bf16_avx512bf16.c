@@ -37,46 +37,6 @@ static inline __attribute__((always_inline)) int has_neg_zero(const __m512 *v, i
     return z != 0;
 }
 
-/* nch consecutive chunks (bases a, b), all allowed on the unit, onto cb rows [0, mr). */
-static void dp_run(float *cb, const uint8_t *a, const uint8_t *b, int64_t nch, int mr) {
-    for (int g = 0; g < mr; g += 8) {
-        __m512 acc[8][2];
-        for (int r = 0; r < 8; r++) {
-            acc[r][0] = _mm512_load_ps(cb + (g + r) * 32);
-            acc[r][1] = _mm512_load_ps(cb + (g + r) * 32 + 16);
-        }
-        for (int64_t ch = 0; ch < nch; ch++) {
-            const uint8_t *ca = a + ch * MXFP8I_BF16C_CHUNK_BYTES + 64 + (g / 16) * MXFP8I_BF16C_SLOT + (g % 16) * 64;
-            const uint8_t *cbb = b + ch * MXFP8I_BF16C_CHUNK_BYTES + 64;
-            /* Software prefetch of the next chunk (its B slots, this group's 8 A rows): panels streamed from
-             * memory (a B panel is reused only by the few A panels of a tile) kept the unit waiting; the BF16 halves
-             * of the slots are 1 KiB runs 2 KiB apart, which the hardware prefetchers follow poorly. */
-            const uint8_t *na = ca + PF_DIST * MXFP8I_BF16C_CHUNK_BYTES, *nb = cbb + PF_DIST * MXFP8I_BF16C_CHUNK_BYTES;
-            int pf = ch + PF_DIST < nch;
-            for (int p = 0; p < 16; p++) {
-                if (pf) {
-                    _mm_prefetch((const char *)(nb + p * 64), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(nb + MXFP8I_BF16C_SLOT + p * 64), _MM_HINT_T0);
-                    if (p < 8) _mm_prefetch((const char *)(na + p * 64), _MM_HINT_T0);
-                }
-                __m512i b0 = _mm512_load_si512((const void *)(cbb + p * 64));
-                __m512i b1 = _mm512_load_si512((const void *)(cbb + MXFP8I_BF16C_SLOT + p * 64));
-                for (int r = 0; r < 8; r++) {
-                    int32_t w;
-                    memcpy(&w, ca + r * 64 + p * 4, 4);
-                    __m512bh av = (__m512bh)_mm512_set1_epi32(w);
-                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, (__m512bh)b0);
-                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, (__m512bh)b1);
-                }
-            }
-        }
-        for (int r = 0; r < 8; r++) {
-            _mm512_store_ps(cb + (g + r) * 32, acc[r][0]);
-            _mm512_store_ps(cb + (g + r) * 32 + 16, acc[r][1]);
-        }
-    }
-}
-
 /* ---- full 32 x 32 tiles: accumulators loaded from and stored to C directly ---- */
 
 /* Bit ch of the result: chunk ch of [0, nch) (nch <= 64) may run on the unit (all four tile pairs). */
@@ -103,7 +63,10 @@ static inline __attribute__((always_inline)) int regs_ok(const __m512 acc[8][2])
     return bad == 0;
 }
 
-/* nch chunks from bases a (this group's 8 rows of the A slot) and b, all allowed on the unit, into acc. */
+/* nch chunks from bases a (this group's 8 rows of the A slot) and b, all allowed on the unit, into acc. Software
+ * prefetch of the chunk PF_DIST ahead (its B slots, this group's 8 A rows): panels streamed from memory (a B panel is
+ * reused only by the few A panels of a tile) kept the unit waiting; the BF16 halves of the slots are 1 KiB runs
+ * 2 KiB apart, which the hardware prefetchers follow poorly. */
 static inline __attribute__((always_inline)) void dp_chunks(__m512 acc[8][2], const uint8_t *a, const uint8_t *b,
                                                             int64_t nch) {
     for (int64_t ch = 0; ch < nch; ch++) {
@@ -125,6 +88,23 @@ static inline __attribute__((always_inline)) void dp_chunks(__m512 acc[8][2], co
                 acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, (__m512bh)b0);
                 acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, (__m512bh)b1);
             }
+        }
+    }
+}
+
+/* nch consecutive chunks (bases a, b), all allowed on the unit, onto cb rows [0, mr) (the 32 x 32 copy of a
+ * partial tile). */
+static void dp_run(float *cb, const uint8_t *a, const uint8_t *b, int64_t nch, int mr) {
+    for (int g = 0; g < mr; g += 8) {
+        __m512 acc[8][2];
+        for (int r = 0; r < 8; r++) {
+            acc[r][0] = _mm512_load_ps(cb + (g + r) * 32);
+            acc[r][1] = _mm512_load_ps(cb + (g + r) * 32 + 16);
+        }
+        dp_chunks(acc, a + 64 + (g / 16) * MXFP8I_BF16C_SLOT + (g % 16) * 64, b, nch);
+        for (int r = 0; r < 8; r++) {
+            _mm512_store_ps(cb + (g + r) * 32, acc[r][0]);
+            _mm512_store_ps(cb + (g + r) * 32 + 16, acc[r][1]);
         }
     }
 }

@@ -25,6 +25,7 @@
  * by construction (see bf16_codes); groups with a tiny or non-finite amax fall back to the FP32 path. Its cols form
  * uses 2048-column tiles, prefetches the next tile, and writes the codes of large panels with streaming stores.
  * wrapX rows: each (sub)tile is gathered into group order in a small buffer, processed as 1x32, and scattered back.
+ * Panels with stochastic rounding or statistics go to quant_avx512_x.c.
  */
 #include "quant_avx512.h"
 
@@ -264,6 +265,7 @@ int64_t mxfp8i_quantize_panel__avx512(const mxfp8i_qpanel *p) {
     qctx cx = {p->rule == MXFP8_SCALE_NKI ? emax - 1 : emax, p->rule == MXFP8_SCALE_RCEIL ? 0x7FFFFFu : 0u,
                p->rule == MXFP8_SCALE_OCP};
     const int di = dt_index(p->src_dtype);
+    if (p->sr.on || p->stats) return mxfp8i_quantize_panel_x__avx512(p, cx, di); /* quant_avx512_x.c */
     if (p->src_ks == 1 && p->out_ks == 1) {
         q_row_fn f = q_row_tab[di][fmt][ok];
         int64_t inexact = 0;

@@ -429,6 +429,10 @@ AI int64_t cols_chunk(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx, 
     return inexact;
 }
 
+/* Quantize panels with stochastic rounding or statistics (quant_avx512_x.c); di: source dtype index (0 F32, 1 BF16,
+ * 2 F16). -1 for a geometry it does not handle (rows with wrapX groups, other strides). */
+int64_t mxfp8i_quantize_panel_x__avx512(const mxfp8i_qpanel *p, qctx cx, int di);
+
 /* The BF16 -> codes panels (quant_avx512_bf16.c), one instance per format (0 E4M3, 1 E5M2). */
 int64_t mxfp8i_qrow_bf16c_0(const void *src, int64_t K, qctx cx, void *out, uint8_t *sc, int64_t sc_gs);
 int64_t mxfp8i_qrow_bf16c_1(const void *src, int64_t K, qctx cx, void *out, uint8_t *sc, int64_t sc_gs);

@@ -7,18 +7,25 @@
  *  amax == 0 -> scale 0 and elements RNE(x * 2^127) = signed zeros; else e = rule(amax), codes RNE(x * 2^-e)
  *  saturating. x * 2^-e is computed in FP32: a multiplication by an exact power of two (e in [-127, 127]) is exact
  *  except in FP32's subnormal range, which lies far below half the smallest FP8 subnormal, so no double rounding
- *  can change a code.
+ *  can change a code. Stochastic rounding (qpanel.h's sr) replaces RNE by mxfp8i_fp32_to_fp8_sr with each element's
+ *  Philox word (src/format/philox.h); statistics go through mxfp8i_qstats_group (qstats.h).
  */
 #include <math.h>
 
 #include "../../format/codec.h"
 #include "../../format/groups.h"
+#include "../../format/philox.h"
 #include "../../runtime/tensor.h"
 #include "ref.h"
 
 static inline float pow2f(int e) { return ldexpf(1.0f, e); }
 
 uint8_t mxfp8i_quantize_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, uint8_t *codes) {
+    return mxfp8i_quantize_group_sr(x, n, fmt, rule, NULL, codes);
+}
+
+uint8_t mxfp8i_quantize_group_sr(const float *x, int n, mxfp8_format fmt, mxfp8_scale_rule rule, const uint32_t *rnd,
+                                 uint8_t *codes) {
     float amax = 0.0f;
     int nonfinite = 0;
     for (int i = 0; i < n; i++) {
@@ -33,7 +40,10 @@ uint8_t mxfp8i_quantize_group_ref(const float *x, int n, mxfp8_format fmt, mxfp8
     }
     uint8_t s = mxfp8i_scale_code(amax, fmt, rule);
     float inv = pow2f(127 - (int)s); /* 2^-e, e = s - 127 */
-    for (int i = 0; i < n; i++) codes[i] = mxfp8i_fp32_to_fp8(x[i] * inv, fmt);
+    if (rnd)
+        for (int i = 0; i < n; i++) codes[i] = mxfp8i_fp32_to_fp8_sr(x[i] * inv, fmt, rnd[i]);
+    else
+        for (int i = 0; i < n; i++) codes[i] = mxfp8i_fp32_to_fp8(x[i] * inv, fmt);
     return s;
 }
 
@@ -73,28 +83,33 @@ static inline int64_t store_value(void *out, mxfp8_dtype dt, int64_t off, float 
     }
 }
 
-int64_t mxfp8i_quantize_panel__ref(const mxfp8i_qpanel *p) {
-    int64_t G = mxfp8i_ceil_div(p->K, 32), inexact = 0, idx[32];
-    bool codes_out = !mxfp8i_is_float_dtype(p->out_dtype);
+int64_t mxfp8i_quantize_line_group_ref(const mxfp8i_qpanel *p, int64_t l, int64_t g) {
+    int64_t idx[32], inexact = 0;
     float x[32], v[32];
     uint8_t c[32];
-    for (int64_t l = 0; l < p->lines; l++) {
-        for (int64_t g = 0; g < G; g++) {
-            int n = mxfp8i_group_members(p->K, p->group, g, idx);
-            for (int i = 0; i < n; i++)
-                x[i] = mxfp8i_load_f32(p->src, p->src_dtype, l * p->src_ls + idx[i] * p->src_ks);
-            uint8_t s = mxfp8i_quantize_group_ref(x, n, p->fmt, p->rule, c);
-            if (p->scales) p->scales[l * p->sc_ls + g * p->sc_gs] = s;
-            if (codes_out) {
-                uint8_t *o = (uint8_t *)p->out;
-                for (int i = 0; i < n; i++) o[l * p->out_ls + idx[i] * p->out_ks] = c[i];
-            } else {
-                mxfp8i_dequantize_group_ref(c, n, s, p->fmt, v);
-                for (int i = 0; i < n; i++)
-                    inexact += store_value(p->out, p->out_dtype, l * p->out_ls + idx[i] * p->out_ks, v[i]);
-            }
-        }
+    uint32_t rnd[32];
+    int n = mxfp8i_group_members(p->K, p->group, g, idx);
+    for (int i = 0; i < n; i++) x[i] = mxfp8i_load_f32(p->src, p->src_dtype, l * p->src_ls + idx[i] * p->src_ks);
+    if (p->sr.on)
+        for (int i = 0; i < n; i++)
+            rnd[i] = mxfp8i_sr_word(p->sr.seed, p->sr.stream, p->sr.idx0 + l * p->sr.i_ls + idx[i] * p->sr.i_ks);
+    uint8_t s = mxfp8i_quantize_group_sr(x, n, p->fmt, p->rule, p->sr.on ? rnd : NULL, c);
+    if (p->stats) mxfp8i_qstats_group(p->stats, x, c, n, s, p->fmt);
+    if (p->scales) p->scales[l * p->sc_ls + g * p->sc_gs] = s;
+    if (!mxfp8i_is_float_dtype(p->out_dtype)) {
+        uint8_t *o = (uint8_t *)p->out;
+        for (int i = 0; i < n; i++) o[l * p->out_ls + idx[i] * p->out_ks] = c[i];
+        return 0;
     }
+    mxfp8i_dequantize_group_ref(c, n, s, p->fmt, v);
+    for (int i = 0; i < n; i++) inexact += store_value(p->out, p->out_dtype, l * p->out_ls + idx[i] * p->out_ks, v[i]);
+    return inexact;
+}
+
+int64_t mxfp8i_quantize_panel__ref(const mxfp8i_qpanel *p) {
+    int64_t G = mxfp8i_ceil_div(p->K, 32), inexact = 0;
+    for (int64_t l = 0; l < p->lines; l++)
+        for (int64_t g = 0; g < G; g++) inexact += mxfp8i_quantize_line_group_ref(p, l, g);
     return inexact;
 }
 

@@ -13,18 +13,23 @@ void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, c
         for (int64_t i = 0; i < I; i++) g[i] = mxfp8i_moe_clamp(gu[i] + b1[i], gl, gh);
         for (int64_t i = 0; i < I; i++) u[i] = mxfp8i_moe_clamp(gu[I + i] + b1[I + i], ul, uh);
     }
-    if (!act_given && (c->activation == MXFP8_ACT_SILU || c->activation == MXFP8_ACT_SWISH)) {
+    if (!act_given && mxfp8i_moe_sigmoid_act(c)) {
         float *s = sg ? sg : act; /* act itself holds the sigmoid until it is overwritten by g * s */
         if (c->activation == MXFP8_ACT_SWISH)
             for (int64_t i = 0; i < I; i++) s[i] = expf(-1.702f * g[i]);
-        else
+        else if (c->activation == MXFP8_ACT_GPT_OSS_SWIGLU) {
+            const float al = c->swiglu_alpha;
+            for (int64_t i = 0; i < I; i++) s[i] = expf(-al * g[i]);
+        } else
             for (int64_t i = 0; i < I; i++) s[i] = expf(-g[i]);
         for (int64_t i = 0; i < I; i++) s[i] = 1.0f / (1.0f + s[i]);
         for (int64_t i = 0; i < I; i++) act[i] = g[i] * s[i];
     } else if (!act_given) {
-        for (int64_t i = 0; i < I; i++) act[i] = mxfp8i_moe_act(c->activation, g[i]);
+        for (int64_t i = 0; i < I; i++) act[i] = mxfp8i_moe_act(c, g[i]);
     }
-    if (!inter_given)
+    if (!inter_given && c->activation == MXFP8_ACT_GPT_OSS_SWIGLU) /* gpt-oss: act(g) * (u + 1) */
+        for (int64_t i = 0; i < I; i++) inter[i] = act[i] * (u[i] + 1.0f);
+    else if (!inter_given)
         for (int64_t i = 0; i < I; i++) inter[i] = act[i] * u[i];
     if (S)
         for (int64_t i = 0; i < I; i++) S[i] = aq * inter[i];
@@ -39,17 +44,27 @@ void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, f
         for (int64_t i = 0; i < I; i++) du[i] = aq * dI[i];
     else
         for (int64_t i = 0; i < I; i++) du[i] = dI[i];
+    const float al = c->swiglu_alpha;
     if (sg && c->activation == MXFP8_ACT_SWISH)
         for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + 1.702f * g[i] * (1.0f - sg[i]));
+    else if (sg && c->activation == MXFP8_ACT_GPT_OSS_SWIGLU)
+        for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + al * g[i] * (1.0f - sg[i]));
     else if (sg)
         for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + g[i] * (1.0f - sg[i]));
     else
-        for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_moe_dact(c->activation, g[i]);
-    for (int64_t i = 0; i < I; i++) { /* the masks of mxfp8i_moe_clamp_pass */
-        const int pg = (!gl_on || !(g[i] <= gl)) && (!gh_on || !(g[i] >= gh));
-        const float v = du[i] * u[i] * dg[i];
-        dg[i] = pg ? v : 0.0f;
-    }
+        for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_moe_dact(c, g[i]);
+    if (c->activation == MXFP8_ACT_GPT_OSS_SWIGLU) /* d_gate = dIv * (u + 1) * act'(g) */
+        for (int64_t i = 0; i < I; i++) {
+            const int pg = (!gl_on || !(g[i] <= gl)) && (!gh_on || !(g[i] >= gh));
+            const float v = du[i] * (u[i] + 1.0f) * dg[i];
+            dg[i] = pg ? v : 0.0f;
+        }
+    else
+        for (int64_t i = 0; i < I; i++) { /* the masks of mxfp8i_moe_clamp_pass */
+            const int pg = (!gl_on || !(g[i] <= gl)) && (!gh_on || !(g[i] >= gh));
+            const float v = du[i] * u[i] * dg[i];
+            dg[i] = pg ? v : 0.0f;
+        }
     for (int64_t i = 0; i < I; i++) {
         const int pu = (!ul_on || !(u[i] <= ul)) && (!uh_on || !(u[i] >= uh));
         const float v = du[i] * act[i];

@@ -127,10 +127,12 @@ static mxfp8_status backward_scoped(const char *fn, const mxfp8_moe_bwd_args *ar
     w.p = &p;
     w.args = args;
     w.onH = p.cfg.affinity_option == MXFP8_AFFINITY_ON_H;
-    MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p, grads), MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
+    MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p, grads) || mxfp8i_moe_stats_alloc(&p, args->stats),
+                           MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     MXFP8I_RETURN_ERROR_IF(run_experts(&w, grads), MXFP8_ERR_INTERNAL, "%s: a block GEMM failed after its reservation",
                            fn);
     store_outputs(&w, grads);
+    mxfp8i_moe_stats_export(&p, args->stats);
     return MXFP8_OK;
 }
 

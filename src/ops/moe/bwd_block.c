@@ -63,8 +63,9 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     if (!ck_gu->data) { /* the forward's GEMM 1: GU = X_blk @ W1[e], contraction H */
         mxfp8i_gop A = mxfp8i_gop_hp(w->xb, MXFP8_DTYPE_F32, L, H, H, 1);
+        mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
         mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
-        MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, w->gu, I2));
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, w->gu, I2));
     }
     /* checkpoints ([n, (j,) i, q]: positions innermost) into the [q][i] buffers */
     const mxfp8_tensor *ckt[5] = {ck_gu, ck_gu, ck_act, ck_inter, ck_s};
@@ -76,7 +77,7 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
         const int64_t base = n * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
         read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], I, L, dst[k], nt);
     }
-    w->have_sg = !ck_act->data && (c->activation == MXFP8_ACT_SILU || c->activation == MXFP8_ACT_SWISH);
+    w->have_sg = !ck_act->data && mxfp8i_moe_sigmoid_act(c);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
         float *g = w->g + q * I, *u = w->u + q * I, *act = w->act + q * I, *inter = w->inter + q * I;
@@ -104,17 +105,20 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
 
 /* Phase 1 (contraction H): dI_raw = dY_blk @ W2[e]^T (ON_I) or dI = D @ W2[e]^T (ON_H); for ON_H without the down
  * projection checkpoint, the forward's GEMM 2 (down = inter @ W2[e], contraction I) too. */
-static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t e, int64_t L) {
+static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I;
     mxfp8i_gop A = mxfp8i_gop_hp(w->onH ? w->D : w->dyb, MXFP8_DTYPE_F32, L, H, H, 1);
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P1_DY, n, H, H, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_H);
     mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data); /* W2[e]'s packed panels serve all of e's blocks (slot 0) */
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, w->dI, I));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P1_DY, &W, MXFP8_MOE_P1_W2, 0, w->dI, I));
     if (w->onH && !w->args->down_proj_output_checkpoint.data) {
         mxfp8i_gop Ai = mxfp8i_gop_hp(w->inter, MXFP8_DTYPE_F32, L, I, I, 1);
+        mxfp8i_moe_round_block(p, &Ai, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);
         mxfp8i_gop W2 = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
-        MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &Ai, &W2, 0, w->down, H));
+        MXFP8I_FORWARD_IF_ERROR(
+            mxfp8i_moe_gemm(p, e, &Ai, MXFP8_MOE_GEMM2_INTER, &W2, MXFP8_MOE_GEMM2_W2, 0, w->down, H));
     }
     return MXFP8_OK;
 }
@@ -199,13 +203,14 @@ static void bias_grads(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t
 }
 
 /* Phase 2 (contraction 2I): dX_blk = dGU @ W1[e]^T, then scatter-added into dx in position order. */
-static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t L, int nt) {
+static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I2 = 2 * p->I;
     mxfp8i_gop A = mxfp8i_gop_hp(w->dgu, MXFP8_DTYPE_F32, L, I2, I2, 1);
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P2_DGU, n, I2, I2, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_2I);
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, w->dxb, H));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P2_DGU, &W, MXFP8_MOE_P2_W1, 0, w->dxb, H));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
@@ -222,15 +227,19 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int
 /* Phase 3: dW1[e] [H, 2I] += X_blk^T @ dGU; Phase 4: dW2[e] [I, H] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H). The
  * operands are transposed views ([H, L] with strides (1, H), ...) that the GEMM quantizes down their columns, along
  * the block's positions. */
-static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t L) {
+static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     mxfp8i_gop A = mxfp8i_gop_hp(w->xb, MXFP8_DTYPE_F32, H, L, 1, H);
     mxfp8i_gop B = mxfp8i_gop_hp(w->dgu, MXFP8_DTYPE_F32, I2, L, 1, I2);
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &B, 1, w->dw1, I2));
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P3_X, n, H, 1, H);
+    mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P3_DGU, n, I2, 1, I2);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P3_X, &B, MXFP8_MOE_P3_DGU, 1, w->dw1, I2));
     A = mxfp8i_gop_hp(w->onH ? w->inter : w->S, MXFP8_DTYPE_F32, I, L, 1, I);
     B = mxfp8i_gop_hp(w->onH ? w->D : w->dyb, MXFP8_DTYPE_F32, H, L, 1, H);
-    return mxfp8i_moe_gemm(p, &A, &B, 1, w->dw2, H);
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P4_S, n, I, 1, I);
+    mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P4_DY, n, H, 1, H);
+    return mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P4_S, &B, MXFP8_MOE_P4_DY, 1, w->dw2, H);
 }
 
 mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
@@ -241,11 +250,11 @@ mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64
     mxfp8i_moe_load_b2(p, e, w->b2);
     gather(w, tok, L, nt);
     MXFP8I_FORWARD_IF_ERROR(forward_values(w, n, e, tok, L, nt));
-    MXFP8I_FORWARD_IF_ERROR(phase1(w, e, L));
+    MXFP8I_FORWARD_IF_ERROR(phase1(w, n, e, L));
     activation_backward(w, n, e, tok, L, nt);
     if (p->cfg.bias) bias_grads(w, e, tok, L, nt);
-    MXFP8I_FORWARD_IF_ERROR(phase2(w, e, tok, L, nt));
-    MXFP8I_FORWARD_IF_ERROR(phases34(w, L));
+    MXFP8I_FORWARD_IF_ERROR(phase2(w, n, e, tok, L, nt));
+    MXFP8I_FORWARD_IF_ERROR(phases34(w, n, e, L));
     for (int64_t q = 0; q < L; q++)
         if (tok[q] >= 0) w->da[tok[q] * p->E + e] += w->dablk[q];
     return MXFP8_OK;

@@ -27,6 +27,8 @@ void mxfp8_moe_config_init(mxfp8_moe_config *c) {
     c->up_clamp_lower = -INFINITY;
     c->up_clamp_upper = INFINITY;
     c->skip_token = 1;
+    c->swiglu_alpha = 1.702f;
+    c->swiglu_limit = 7.0f;
 }
 
 void mxfp8_moe_bwd_args_init(mxfp8_moe_bwd_args *args) {

@@ -118,9 +118,10 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     }
     /* GEMM 1: GU = X_blk @ W1[e], contraction H (W1[e]'s packed panels kept in keyed slot 0) */
     mxfp8i_gop A = mxfp8i_gop_hp(xb, MXFP8_DTYPE_F32, L, H, H, 1);
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
     mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data);
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, gu, I2));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, gu, I2));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
         float *rows[4] = {g + q * I, u + q * I, act + q * I, inter + q * I};
@@ -131,9 +132,10 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     }
     /* GEMM 2: down = inter @ W2[e] + b2, contraction I (keyed slot 1) */
     A = mxfp8i_gop_hp(inter, MXFP8_DTYPE_F32, L, I, I, 1);
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);
     W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data);
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, &A, &W, 0, down, H));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM2_INTER, &W, MXFP8_MOE_GEMM2_W2, 0, down, H));
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
         const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
@@ -164,7 +166,8 @@ static mxfp8_status forward_scoped(const char *fn, const mxfp8_moe_fwd_args *arg
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 0, &p));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 0));
     fwd_ws w;
-    MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p), MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
+    MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p) || mxfp8i_moe_stats_alloc(&p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate workspaces", fn);
     for (int64_t n = 0; n < p.N; n++) {
         const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
         MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(&p, &w, n, e, L), MXFP8_ERR_INTERNAL,
@@ -172,6 +175,7 @@ static mxfp8_status forward_scoped(const char *fn, const mxfp8_moe_fwd_args *arg
         write_checkpoints(&p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
     }
     mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
+    mxfp8i_moe_stats_export(&p, args->stats);
     return MXFP8_OK;
 }
 

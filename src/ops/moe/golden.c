@@ -147,8 +147,8 @@ static void gold_block_fwd(gold *G, int64_t n, int64_t L, int want_down) {
             if (tok[q] >= 0) {
                 gv = mxfp8i_moe_clamp_d(gu[q * I2 + i] + G->b1[i], c->gate_clamp_lower, c->gate_clamp_upper);
                 uv = mxfp8i_moe_clamp_d(gu[q * I2 + I + i] + G->b1[I + i], c->up_clamp_lower, c->up_clamp_upper);
-                av = mxfp8i_moe_act_d(c->activation, gv);
-                iv = av * uv;
+                av = mxfp8i_moe_act_d(c, gv);
+                iv = av * mxfp8i_moe_up_d(c, uv);
             }
             G->g[q * I + i] = gv;
             G->u[q * I + i] = uv;
@@ -316,7 +316,7 @@ static mxfp8_status backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bw
                 const double d = onH ? dI[q * I + i] : a * dI[q * I + i];
                 const double gv = G.g[q * I + i], uv = G.u[q * I + i];
                 dgu[q * I2 + i] = mxfp8i_moe_clamp_pass(gv, c->gate_clamp_lower, c->gate_clamp_upper)
-                                      ? d * uv * mxfp8i_moe_dact_d(c->activation, gv) : 0.0;
+                                      ? d * mxfp8i_moe_up_d(c, uv) * mxfp8i_moe_dact_d(c, gv) : 0.0;
                 dgu[q * I2 + I + i] =
                     mxfp8i_moe_clamp_pass(uv, c->up_clamp_lower, c->up_clamp_upper) ? d * G.act[q * I + i] : 0.0;
             }

@@ -12,6 +12,7 @@
  *   bwd.c        mxfp8_moe_backward: workspace and the expert-major driver over the phases of bwd_block.c
  *   bwd_block.c  one block of the backward: recompute, Phase 1, activation backward, Phase 2 + scatter, Phases 3, 4
  *   store.c      rounding the FP32 / FP64 accumulators once into the output views
+ *   numerics.c   gpt-oss SwiGLU's limits, stochastic rounding and statistics of the GEMM operands
  *   golden.c     FP64 references (unquantized and quantized)
  */
 #ifndef MXFP8_OPS_MOE_H
@@ -44,6 +45,9 @@ typedef struct mxfp8i_moe {
     int w1_prequant, w2_prequant;
     int32_t *tok;                     /**< [N*B]: token in [0, V), or -1 for padding (a workspace slot) */
     int32_t *expert;                  /**< [N] */
+    mxfp8i_qstats *qst;               /**< NULL, or [E * MXFP8_MOE_NUM_OPERANDS] operand statistics (numerics.c;
+                                           a workspace slot) */
+    uint8_t *wdone;                   /**< [E * MXFP8_MOE_NUM_OPERANDS]: a weight operand's statistics are in */
 } mxfp8i_moe;
 
 /** Validate the inputs and the config, fill *p (dims, copies) and resolve the routing (p->tok and p->expert are
@@ -118,10 +122,25 @@ mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e
  *  takes, for either of its thread counts; keyed_slot >= 0 for weights kept in that keyed slot. */
 mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot);
 /** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] with M = A->R, N = B->R, K = A->K; C F32 row-major with leading
- *  dimension ldc. Both operands quantized along K with p->cfg.quant_dtype / scale_rule, 1x32. Deterministic for any
- *  thread count. Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY. */
-mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, const mxfp8i_gop *A, const mxfp8i_gop *B, int accumulate, float *C,
-                             int64_t ldc);
+ *  dimension ldc. Both operands quantized along K with p->cfg.quant_dtype / scale_rule, 1x32, and their rounding
+ *  (gop.sr). ida / idb: the operands' mxfp8_moe_operand ids for expert e's statistics (numerics.c; a weight's are
+ *  taken once per expert). Deterministic for any thread count. Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY. */
+mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t e, const mxfp8i_gop *A, int ida, const mxfp8i_gop *B,
+                             int idb, int accumulate, float *C, int64_t ldc);
+
+/* ---- numerics.c: gpt-oss SwiGLU's limits, stochastic rounding and statistics of the operands ---- */
+/** Validate the gpt-oss SwiGLU parameters and the rounding bitmask; fold swiglu_limit into the clamp limits of
+ *  `cfg` (gate upper, up lower and upper) so that every pass clamps and masks with them. */
+mxfp8_status mxfp8i_moe_numerics_config(const char *fn, mxfp8_moe_config *cfg);
+/** Stochastic rounding of block operand `id` of block n when the config asks for it: logical index
+ *  n*B*width + r*i0 + k*i1 (the dispatched [N*B, width] tensor; i0, i1 its steps along the GEMM's rows and K). */
+void mxfp8i_moe_round_block(const mxfp8i_moe *p, mxfp8i_gop *op, int id, int64_t n, int64_t width, int64_t i0,
+                            int64_t i1);
+/** p->qst (zeroed) and p->wdone from the scope's slots when `stats` is not NULL, and the statistics passes' scratch
+ *  reserved (so that no later GEMM of the call can fail for them). OUT_OF_MEMORY or OK. */
+mxfp8_status mxfp8i_moe_stats_alloc(mxfp8i_moe *p, const mxfp8_quant_stats *stats);
+/** Write the statistics into the caller's array (nothing when p->qst is NULL). */
+void mxfp8i_moe_stats_export(const mxfp8i_moe *p, mxfp8_quant_stats *stats);
 
 /** Clamp keeping NaN (absent limits are +-INFINITY). */
 static inline float mxfp8i_moe_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
@@ -133,45 +152,68 @@ static inline int mxfp8i_moe_clamp_pass(double x, double lo, double hi) {
     return (lo == -INFINITY || !(x <= lo)) && (hi == INFINITY || !(x >= hi));
 }
 
-/** act(g) in FP32; the same expression everywhere (forward, checkpoints, recompute) so results are bitwise equal. */
-static inline float mxfp8i_moe_act(mxfp8_activation act, float g) {
-    switch (act) {
+/** act(g) in FP32; the same expression everywhere (forward, checkpoints, recompute) so results are bitwise equal.
+ *  gpt-oss SwiGLU: g * sigmoid(alpha g) (its + 1 on u is mxfp8i_moe_up). */
+static inline float mxfp8i_moe_act(const mxfp8_moe_config *c, float g) {
+    switch (c->activation) {
     case MXFP8_ACT_SWISH: return g * (1.0f / (1.0f + expf(-1.702f * g)));
+    case MXFP8_ACT_GPT_OSS_SWIGLU: return g * (1.0f / (1.0f + expf(-c->swiglu_alpha * g)));
     case MXFP8_ACT_SQUARED_RELU: { float r = !(g <= 0.0f) ? g : 0.0f; return r * r; } /* NaN stays NaN */
     default: return g * (1.0f / (1.0f + expf(-g)));
     }
 }
-/** act'(g) in FP32. SiLU: s(1 + g(1 - s)); Swish: s(1 + 1.702 g (1 - s)) with s = sigmoid(1.702 g);
- *  SquaredReLU: 2 max(g, 0). act(NaN) = act'(NaN) = NaN for all three. */
-static inline float mxfp8i_moe_dact(mxfp8_activation act, float g) {
-    switch (act) {
+/** act'(g) in FP32. SiLU: s(1 + g(1 - s)); Swish: s(1 + 1.702 g (1 - s)) with s = sigmoid(1.702 g); gpt-oss:
+ *  s(1 + alpha g (1 - s)) with s = sigmoid(alpha g); SquaredReLU: 2 max(g, 0). act(NaN) = act'(NaN) = NaN for all. */
+static inline float mxfp8i_moe_dact(const mxfp8_moe_config *c, float g) {
+    switch (c->activation) {
     case MXFP8_ACT_SWISH: { float s = 1.0f / (1.0f + expf(-1.702f * g)); return s * (1.0f + 1.702f * g * (1.0f - s)); }
+    case MXFP8_ACT_GPT_OSS_SWIGLU: {
+        const float al = c->swiglu_alpha, s = 1.0f / (1.0f + expf(-al * g));
+        return s * (1.0f + al * g * (1.0f - s));
+    }
     case MXFP8_ACT_SQUARED_RELU: return !(g <= 0.0f) ? 2.0f * g : 0.0f;
     default: { float s = 1.0f / (1.0f + expf(-g)); return s * (1.0f + g * (1.0f - s)); }
     }
 }
-static inline double mxfp8i_moe_act_d(mxfp8_activation act, double g) {
-    switch (act) {
+/** 1 for the activations g * sigmoid(c g) (SiLU, Swish, gpt-oss SwiGLU), whose sigmoid act.c keeps for act'(g). */
+static inline int mxfp8i_moe_sigmoid_act(const mxfp8_moe_config *c) {
+    return c->activation == MXFP8_ACT_SILU || c->activation == MXFP8_ACT_SWISH ||
+           c->activation == MXFP8_ACT_GPT_OSS_SWIGLU;
+}
+/** The up factor of inter = act(g) * up(u): u + 1 for gpt-oss SwiGLU, else u itself. */
+static inline float mxfp8i_moe_up(const mxfp8_moe_config *c, float u) {
+    return c->activation == MXFP8_ACT_GPT_OSS_SWIGLU ? u + 1.0f : u;
+}
+static inline double mxfp8i_moe_act_d(const mxfp8_moe_config *c, double g) {
+    switch (c->activation) {
     case MXFP8_ACT_SWISH: return g / (1.0 + exp(-1.702 * g));
+    case MXFP8_ACT_GPT_OSS_SWIGLU: return g / (1.0 + exp(-(double)c->swiglu_alpha * g));
     case MXFP8_ACT_SQUARED_RELU: { double r = !(g <= 0.0) ? g : 0.0; return r * r; }
     default: return g / (1.0 + exp(-g));
     }
 }
-static inline double mxfp8i_moe_dact_d(mxfp8_activation act, double g) {
-    switch (act) {
+static inline double mxfp8i_moe_dact_d(const mxfp8_moe_config *c, double g) {
+    switch (c->activation) {
     case MXFP8_ACT_SWISH: { double s = 1.0 / (1.0 + exp(-1.702 * g)); return s * (1.0 + 1.702 * g * (1.0 - s)); }
+    case MXFP8_ACT_GPT_OSS_SWIGLU: {
+        const double al = (double)c->swiglu_alpha, s = 1.0 / (1.0 + exp(-al * g));
+        return s * (1.0 + al * g * (1.0 - s));
+    }
     case MXFP8_ACT_SQUARED_RELU: return !(g <= 0.0) ? 2.0 * g : 0.0;
     default: { double s = 1.0 / (1.0 + exp(-g)); return s * (1.0 + g * (1.0 - s)); }
     }
+}
+static inline double mxfp8i_moe_up_d(const mxfp8_moe_config *c, double u) {
+    return c->activation == MXFP8_ACT_GPT_OSS_SWIGLU ? u + 1.0 : u;
 }
 
 /** The elementwise work of one real position (act.c), the same FP32 expressions as mxfp8i_moe_act, _dact and
  *  _clamp_pass element by element (bitwise equal), in loops the compiler vectorizes.
  *  Forward row: with gu (GEMM 1's row [2I]) g = clamp(gu[:I] + b1[:I]), u = clamp(gu[I:] + b1[I:]) (else g, u are
- *  given); act = act(g) unless act_given; inter = act * u unless inter_given; S = aq * inter when S is not NULL; sg,
- *  when not NULL, receives sigmoid(c g) of the SiLU / Swish activations (untouched otherwise).
- *  Backward row: dgu [2I] = [dIv * u * act'(g) * pass(g) | dIv * act * pass(u)] with dIv = aq * dI (scale) or dI;
- *  act'(g) from sg (the forward row's sigmoid) when not NULL. */
+ *  given); act = act(g) unless act_given; inter = act * up(u) unless inter_given; S = aq * inter when S is not
+ *  NULL; sg, when not NULL, receives sigmoid(c g) of the SiLU / Swish / gpt-oss activations (untouched otherwise).
+ *  Backward row: dgu [2I] = [dIv * up(u) * act'(g) * pass(g) | dIv * act * pass(u)] with dIv = aq * dI (scale) or
+ *  dI; act'(g) from sg (the forward row's sigmoid) when not NULL. */
 void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, const float *b1, float *g, float *u,
                         float *act, int act_given, float *inter, int inter_given, float *S, float aq, float *sg);
 void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, float aq, int scale, const float *g,

@@ -79,7 +79,7 @@ static mxfp8_status check_config(const char *fn, const mxfp8_moe_config *c) {
                             (int)c->quant_dtype);
     if ((unsigned)c->scale_rule > MXFP8_SCALE_RCEIL)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.scale_rule %d is unknown", fn, (int)c->scale_rule);
-    if ((unsigned)c->activation > MXFP8_ACT_SQUARED_RELU)
+    if ((unsigned)c->activation > MXFP8_ACT_GPT_OSS_SWIGLU)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.activation %d is unknown", fn, (int)c->activation);
     if ((unsigned)c->affinity_option > MXFP8_AFFINITY_ON_H)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.affinity_option %d is unknown", fn,
@@ -404,6 +404,7 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     if (in->cfg) p->cfg = *in->cfg;
     else mxfp8_moe_config_init(&p->cfg);
     MXFP8I_FORWARD_IF_ERROR(check_config(fn, &p->cfg));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_numerics_config(fn, &p->cfg)); /* numerics.c: gpt-oss limits, rounding */
     MXFP8I_FORWARD_IF_ERROR(check_hidden_and_weights(fn, in, p));
     MXFP8I_FORWARD_IF_ERROR(check_side_inputs(fn, in, p));
     MXFP8I_FORWARD_IF_ERROR(check_routing_shapes(fn, in, p));

@@ -1,5 +1,5 @@
 /*
- * weights.c -- the experts' weights as GEMM operands, and the GEMM entry of the MoE phases.
+ * weights.c -- the experts' weights as GEMM operands, with their stochastic rounding when the config asks for it.
  *
  * A GEMM contracts each weight along one axis: W1 along H (forward GEMM 1, and its recomputation in the backward),
  * W1 along 2I (backward Phase 2), W2 along I (forward GEMM 2, the AFFINITY_ON_H recomputation), W2 along H
@@ -11,6 +11,7 @@
  */
 #include <stdlib.h>
 
+#include "../opstats.h"
 #include "moe.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -111,7 +112,30 @@ mxfp8_status mxfp8i_moe_wcopy_alloc(const mxfp8i_moe *p, unsigned uses, mxfp8i_m
     return MXFP8_OK;
 }
 
+/* The weight's stochastic rounding when the config asks for it: the operand id of the use, and the row-major index
+ * in W1 [E, H, 2I] (c = j*I + i) or W2 [E, I, H] of element (r, k) of the use's [R, K] view. */
+static mxfp8i_gop weight_rounding(const mxfp8i_moe *p, int64_t e, mxfp8i_moe_wuse use, mxfp8i_gop g) {
+    static const int id[4] = {MXFP8_MOE_GEMM1_W1, MXFP8_MOE_P2_W1, MXFP8_MOE_GEMM2_W2, MXFP8_MOE_P1_W2};
+    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    if (!((p->cfg.stochastic_rounding >> id[use]) & 1u)) return g;
+    int64_t base = e * H * I2, i0, i1; /* W1[e] and W2[e] have H*2I and I*H elements: the same base for both */
+    switch (use) {
+    case MXFP8I_W1_H: i0 = 1, i1 = I2; break;   /* (c, h): h*2I + c */
+    case MXFP8I_W1_2I: i0 = I2, i1 = 1; break;  /* (h, c) */
+    case MXFP8I_W2_I: base = e * I * H, i0 = 1, i1 = H; break; /* (h, i): i*H + h */
+    default: base = e * I * H, i0 = H, i1 = 1; break;           /* (i, h) */
+    }
+    g.sr = mxfp8i_sround_make(1, p->cfg.rounding_seed, (uint64_t)id[use], base, i0, i1);
+    return g;
+}
+
+static mxfp8i_gop weight_view(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use);
+
 mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use) {
+    return weight_rounding(p, e, use, weight_view(p, w, e, use));
+}
+
+static mxfp8i_gop weight_view(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use) {
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     const int w1 = use == MXFP8I_W1_H || use == MXFP8I_W1_2I;
     if (mxfp8i_moe_weight_needs_copy(p, use)) { /* exact FP32 values of the expert, quantized by the GEMM */
@@ -148,46 +172,4 @@ mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e
     default: ss0 = ss[1], ss1 = ss[2]; break;
     }
     return mxfp8i_gop_codes((const uint8_t *)base, R, K, s0, s1, sb, ss0, ss1);
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* GEMM                                                                                                       */
-/* ---------------------------------------------------------------------------------------------------------- */
-/* The config and thread count of a phase GEMM (small GEMMs run on the calling thread). */
-static void phase_setup(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, mxfp8_matmul_config *cfg, int *nt) {
-    mxfp8_matmul_config_init(cfg);
-    cfg->float8_dtype = p->cfg.quant_dtype;
-    cfg->scale_rule = p->cfg.scale_rule;
-    cfg->quant_scheme = MXFP8_GROUP_1X32;
-    *nt = (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
-}
-
-mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot) {
-    mxfp8_matmul_config cfg;
-    int nt;
-    phase_setup(p, M, N, K, &cfg, &nt);
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gemm_reserve(M, N, K, &cfg, 1, keyed_slot)); /* smaller problems: 1 thread */
-    return mxfp8i_gemm_reserve(M, N, K, &cfg, mxfp8i_num_threads(), keyed_slot);
-}
-
-/* One GEMM of a phase through the block-scaled GEMM of src/gemm (quantize along K, FP32 fmaf accumulation in
- * ascending k, C + sum when accumulating; each C element written by one thread). */
-mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, const mxfp8i_gop *A, const mxfp8i_gop *B, int accumulate, float *C,
-                             int64_t ldc) {
-    const int64_t M = A->R, N = B->R, K = A->K;
-    if (M <= 0 || N <= 0) return MXFP8_OK;
-    mxfp8_matmul_config cfg;
-    int nt;
-    phase_setup(p, M, N, K, &cfg, &nt);
-    mxfp8_tensor c;
-    memset(&c, 0, sizeof c);
-    c.data = C;
-    c.dtype = MXFP8_DTYPE_F32;
-    c.ndim = 2;
-    c.shape[0] = M;
-    c.shape[1] = N;
-    c.strides[0] = ldc;
-    c.strides[1] = 1;
-    mxfp8_status st = mxfp8i_gemm_gop(A, B, &cfg, accumulate, &c, nt);
-    return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }
