@@ -35,6 +35,12 @@ void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, c
         for (int64_t i = 0; i < I; i++) S[i] = aq * inter[i];
 }
 
+/* mxfp8i_moe_clamp_pass in FP32 with the limits' presence hoisted: x strictly inside (lo, hi); an absent limit
+ * (lo_on / hi_on = 0) passes everything, NaN included. */
+static inline int clamp_pass(float x, int lo_on, float lo, int hi_on, float hi) {
+    return (!lo_on || !(x <= lo)) && (!hi_on || !(x >= hi));
+}
+
 void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, float aq, int scale, const float *g,
                         const float *u, const float *act, const float *sg, float *dgu) {
     const float gl = c->gate_clamp_lower, gh = c->gate_clamp_upper, ul = c->up_clamp_lower, uh = c->up_clamp_upper;
@@ -55,18 +61,18 @@ void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, f
         for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_moe_dact(c, g[i]);
     if (c->activation == MXFP8_ACT_GPT_OSS_SWIGLU) /* d_gate = dIv * (u + 1) * act'(g) */
         for (int64_t i = 0; i < I; i++) {
-            const int pg = (!gl_on || !(g[i] <= gl)) && (!gh_on || !(g[i] >= gh));
+            const int pg = clamp_pass(g[i], gl_on, gl, gh_on, gh);
             const float v = du[i] * (u[i] + 1.0f) * dg[i];
             dg[i] = pg ? v : 0.0f;
         }
     else
-        for (int64_t i = 0; i < I; i++) { /* the masks of mxfp8i_moe_clamp_pass */
-            const int pg = (!gl_on || !(g[i] <= gl)) && (!gh_on || !(g[i] >= gh));
+        for (int64_t i = 0; i < I; i++) {
+            const int pg = clamp_pass(g[i], gl_on, gl, gh_on, gh);
             const float v = du[i] * u[i] * dg[i];
             dg[i] = pg ? v : 0.0f;
         }
     for (int64_t i = 0; i < I; i++) {
-        const int pu = (!ul_on || !(u[i] <= ul)) && (!uh_on || !(u[i] >= uh));
+        const int pu = clamp_pass(u[i], ul_on, ul, uh_on, uh);
         const float v = du[i] * act[i];
         du[i] = pu ? v : 0.0f;
     }
