@@ -9,17 +9,6 @@
 #include "runtime/tensor.h"
 #include "testutil.h"
 
-static void quantize_2d(const void *x, mxfp8_dtype dt, int64_t R, int64_t C, int axis, mxfp8_quant_params p,
-                        uint8_t *codes, uint8_t *sc) {
-    int64_t sh[2] = {R, C}, ssh[2] = {R, C};
-    ssh[axis] = (sh[axis] + 31) / 32;
-    mxfp8_tensor X = mxfp8_tensor_make((void *)x, dt, 2, sh);
-    mxfp8_tensor D = mxfp8_tensor_make(codes, p.fmt == MXFP8_FMT_E5M2 ? MXFP8_DTYPE_E5M2 : MXFP8_DTYPE_E4M3, 2, sh);
-    mxfp8_tensor S = mxfp8_tensor_make(sc, MXFP8_DTYPE_E8M0, 2, ssh);
-    TU_CHECK(mxfp8_quantize(&X, axis, &p, &D, &S) == MXFP8_OK, "quantize [%lld, %lld] axis %d: %s", (long long)R,
-             (long long)C, axis, mxfp8_last_error_message());
-}
-
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Scale layouts, x4 packing, NKI swizzle                                                                     */
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -159,7 +148,7 @@ static void test_swizzle(void) {
                  "unswizzle K %lld round trip", (long long)K);
         /* wrapX group j of a tile = swizzled rows 8j..8j+7 x columns 4f..4f+3 */
         uint8_t *codes2 = tu_alloc((size_t)(K * F)), *sc2 = tu_alloc((size_t)(G * F));
-        quantize_2d(in, MXFP8_DTYPE_F32, K, F, 0,
+        tu_quantize_2d(in, MXFP8_DTYPE_F32, K, F, 0,
                     (mxfp8_quant_params){MXFP8_FMT_E4M3, MXFP8_SCALE_OCP, MXFP8_GROUP_WRAPX, MXFP8_ROUND_NEAREST, 0, 0,
                                          NULL},
                     codes2, sc2);

@@ -233,17 +233,6 @@ static void test_nd(void) {
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Thread count independence and X^T rows == X cols transposed                                                */
 /* ---------------------------------------------------------------------------------------------------------- */
-static void quantize_2d(const void *x, mxfp8_dtype dt, int64_t R, int64_t C, int axis, mxfp8_quant_params p,
-                        uint8_t *codes, uint8_t *sc) {
-    int64_t sh[2] = {R, C}, ssh[2] = {R, C};
-    ssh[axis] = (sh[axis] + 31) / 32;
-    mxfp8_tensor X = mxfp8_tensor_make((void *)x, dt, 2, sh);
-    mxfp8_tensor D = mxfp8_tensor_make(codes, p.fmt == MXFP8_FMT_E5M2 ? MXFP8_DTYPE_E5M2 : MXFP8_DTYPE_E4M3, 2, sh);
-    mxfp8_tensor S = mxfp8_tensor_make(sc, MXFP8_DTYPE_E8M0, 2, ssh);
-    mxfp8_status st = mxfp8_quantize(&X, axis, &p, &D, &S);
-    TU_CHECK(st == MXFP8_OK, "quantize [%lld, %lld] axis %d: %s", (long long)R, (long long)C, axis,
-             mxfp8_last_error_message());
-}
 
 static void test_threads_and_transpose(void) {
     tu_rng rng = {4242};
@@ -267,14 +256,14 @@ static void test_threads_and_transpose(void) {
             free(cl);
         }
         mxfp8_set_num_threads(1);
-        quantize_2d(x, MXFP8_DTYPE_F32, R, C, axis, p, c1, s1);
+        tu_quantize_2d(x, MXFP8_DTYPE_F32, R, C, axis, p, c1, s1);
         TU_CHECK(!memcmp(c1, co, (size_t)n) && !memcmp(s1, so, ns), "axis %d, 1 thread: differs from the oracle",
                  axis);
         for (int nt = 2; nt <= 3; nt++) {
             mxfp8_set_num_threads(nt);
             memset(c2, 0xEE, (size_t)n);
             memset(s2, 0xEE, ns);
-            quantize_2d(x, MXFP8_DTYPE_F32, R, C, axis, p, c2, s2);
+            tu_quantize_2d(x, MXFP8_DTYPE_F32, R, C, axis, p, c2, s2);
             TU_CHECK(!memcmp(c2, co, (size_t)n) && !memcmp(s2, so, ns), "axis %d, %d threads: differs from the oracle",
                      axis, nt);
         }
@@ -323,8 +312,8 @@ static void test_threads_and_transpose(void) {
                             for (int64_t f = 0; f < F; f++) xt[f * K + k] = xb[k * F + f];
                         mxfp8_quant_params q = {(mxfp8_format)fmt, (mxfp8_scale_rule)rule, (mxfp8_group_scheme)grp,
                                                 MXFP8_ROUND_NEAREST, 0, 0, NULL};
-                        quantize_2d(xb, MXFP8_DTYPE_BF16, K, F, 0, q, ca, sa);
-                        quantize_2d(xt, MXFP8_DTYPE_BF16, F, K, 1, q, cb, sb);
+                        tu_quantize_2d(xb, MXFP8_DTYPE_BF16, K, F, 0, q, ca, sa);
+                        tu_quantize_2d(xt, MXFP8_DTYPE_BF16, F, K, 1, q, cb, sb);
                         int64_t bad = 0;
                         for (int64_t k = 0; k < K; k++)
                             for (int64_t f = 0; f < F; f++) bad += ca[k * F + f] != cb[f * K + k];

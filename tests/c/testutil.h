@@ -118,4 +118,17 @@ static inline void *tu_alloc(size_t n) {
     return p;
 }
 
+/** mxfp8_quantize of a row-major [R, C] tensor of dtype dt along axis (0 or 1) into codes [R, C] (E4M3 or E5M2 as
+ *  p.fmt says) and compact scales (the axis' length rounded up to 32-groups); a failure is a test failure. */
+static inline void tu_quantize_2d(const void *x, mxfp8_dtype dt, int64_t R, int64_t C, int axis, mxfp8_quant_params p,
+                                  uint8_t *codes, uint8_t *sc) {
+    int64_t sh[2] = {R, C}, ssh[2] = {R, C};
+    ssh[axis] = (sh[axis] + 31) / 32;
+    mxfp8_tensor X = mxfp8_tensor_make((void *)x, dt, 2, sh);
+    mxfp8_tensor D = mxfp8_tensor_make(codes, p.fmt == MXFP8_FMT_E5M2 ? MXFP8_DTYPE_E5M2 : MXFP8_DTYPE_E4M3, 2, sh);
+    mxfp8_tensor S = mxfp8_tensor_make(sc, MXFP8_DTYPE_E8M0, 2, ssh);
+    TU_CHECK(mxfp8_quantize(&X, axis, &p, &D, &S) == MXFP8_OK, "quantize [%lld, %lld] axis %d: %s", (long long)R,
+             (long long)C, axis, mxfp8_last_error_message());
+}
+
 #endif /* MXFP8_TESTUTIL_H */
