@@ -1,5 +1,5 @@
 /*
- * test_threads.c -- the library called from 4 threads at once on separate buffers (issue 6, item 4).
+ * test_threads.c -- the library called from 4 threads at once on separate buffers.
  *
  * Each worker runs the same sequence of calls on its own inputs (seeded by the worker's index): quantize (2-D, along
  * both axes), dequantize, block-scaled GEMM, matmul backward, and the MoE backward when RELV_HAVE_MOE is set. The

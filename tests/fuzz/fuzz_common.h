@@ -1,5 +1,5 @@
 /*
- * fuzz_common.h -- shared by the libFuzzer targets of tests/fuzz (issue 6).
+ * fuzz_common.h -- shared by the libFuzzer targets of tests/fuzz.
  *
  * The .npy / .safetensors readers take a path, so the file-reader targets write each input to a private temporary
  * file (in /dev/shm when it exists, removed at exit) and call tf_load on it. Run by scripts/fuzz.sh with

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write the seed corpus of the libFuzzer targets (tests/fuzz/corpus/<target>/), small files: valid files of each
-dtype and rank plus one of each malformed case the readers must reject (issue 6). Deterministic; stdlib only.
+dtype and rank plus one of each malformed case the readers must reject. Deterministic; stdlib only.
 Run from anywhere: python3 tests/fuzz/make_corpus.py"""
 import json
 import os

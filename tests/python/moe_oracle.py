@@ -1,5 +1,5 @@
-"""An independent FP64 numpy oracle of the blockwise MoE layer (issue 4) and its backward, written from the issue's
-definition -- it shares no code with libmxfp8 (MX quantization comes from mx_oracle.py, itself independent).
+"""An independent FP64 numpy oracle of the blockwise MoE layer and its backward, written from the NKI
+pages' definition -- it shares no code with libmxfp8 (MX quantization comes from mx_oracle.py, itself independent).
 
 Layer (X [T, H], W1 [E, H, 2, I], W2 [E, I, H], a [T*E], biases b1 [E, 2, I], b2 [E, H]); block n of B positions
 belongs to expert e = block_to_expert[n]; position p holds token t = token_position_to_id[n*B + p] when
@@ -47,7 +47,7 @@ def dact(name, g):
 
 
 def clamp_pass(x, lo, hi):
-    """Gradient mask of a clamp (issue 4: an absent limit is unbounded; issue 2: non-finite values propagate): an
+    """Gradient mask of a clamp (an absent limit is unbounded; non-finite values propagate): an
     absent limit (None = -inf / +inf) masks nothing; a present one masks x <= lo / x >= hi; NaN is never masked."""
     x = np.asarray(x)
     m = np.ones(x.shape, bool)

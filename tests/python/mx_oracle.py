@@ -1,4 +1,4 @@
-"""An independent oracle of MX quantization, written from the rules (OCP MX v1.0 §5-6.3, NKI quantize_mx, issue 2)
+"""An independent oracle of MX quantization, written from the rules (OCP MX v1.0 §5-6.3, NKI quantize_mx)
 with numpy and ml_dtypes only -- it shares no code with libmxfp8.
 
     codes, scales = quantize(x, fmt, axis, rule, group)   # codes: uint8 FP8 codes, scales: uint8 E8M0 codes
@@ -182,9 +182,9 @@ def dequantize(codes, scales, fmt="e4m3", axis=-1, group="1x32", out_dtype=np.fl
     out = out.astype(out_dtype)
     return np.moveaxis(out, -1, ax)
 
-# ---- scale layouts, x4 packing, NKI swizzle (formulas of issue 2 / include/mxfp8.h) ----
+# ---- scale layouts, x4 packing, NKI swizzle (formulas of include/mxfp8.h) ----
 def to_layout(compact, K, layout):
-    """Scales in `layout` from the formulas of issue 2 / include/mxfp8.h."""
+    """Scales in `layout` from the formulas of include/mxfp8.h."""
     F, G = compact.shape
     if layout == "compact":
         return compact.copy()

@@ -560,7 +560,7 @@ def test_moe_bwd_bundle_round_trip(tmp_path, rng):
 
 
 def _route_numpy(ids, wts, E, B, T, padding=-1):
-    """The upstream routing convention, written here from issue 4: expert e gets ceil(count_e / B) blocks with its
+    """The upstream routing convention, written here from the NKI blockwise MoE page: expert e gets ceil(count_e / B) blocks with its
     tokens ascending; leftover blocks up to N = ceil((T*K - (E-1)) / B) + E - 1 are padding, expert E - 1."""
     K = ids.shape[1]
     N = -(-(T * K - (E - 1)) // B) + E - 1
@@ -673,8 +673,8 @@ def test_matmul_bwd_generated_problem_matches_python(tmp_path):
 
 
 def test_float8_dtype_exact_names():
-    """Issue 3: --float8-dtype is "float8_e4m3fn" or "float8_e5m2"; any other string is an error ("float8_e4m3" is
-    ml_dtypes' IEEE-like e4m3, a different format). quantize's --fmt takes issue 2's e4m3 | e5m2 only."""
+    """--float8-dtype is "float8_e4m3fn" or "float8_e5m2"; any other string is an error ("float8_e4m3" is
+    ml_dtypes' IEEE-like e4m3, a different format). quantize's --fmt takes the library's e4m3 | e5m2 only."""
     for cmd in ("matmul-bwd", "moe-bwd"):
         _have(cmd)
         for bad in ("float8_e4m3", "e4m3", "e4m3fn", "E4M3", "FLOAT8_E5M2", "e5m2"):

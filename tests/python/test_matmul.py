@@ -298,7 +298,7 @@ def test_option_errors():
     dy = np.ones((4, 5), BF16)
     w = np.ones((5, 6), BF16)
     x = np.ones((4, 6), BF16)
-    # issue 3: "float8_e4m3fn" or "float8_e5m2"; any other string is an error ("float8_e4m3" is ml_dtypes' IEEE-like
+    # "float8_e4m3fn" or "float8_e5m2"; any other string is an error ("float8_e4m3" is ml_dtypes' IEEE-like
     # e4m3 with max 240, a different format; no case or short aliases)
     for bad in ("float8_e4m3", "e4m3", "e4m3fn", "E4M3", "e5m2", "FLOAT8_E5M2", "Float8_e4m3fn", " float8_e5m2",
                 "fp8", "float8_e3m4", "bfloat16", "", ml_dtypes.float8_e4m3, ml_dtypes.float8_e4m3b11fnuz):
@@ -312,7 +312,7 @@ def test_option_errors():
                                          np.array([0, 1], np.int32), np.array([[0]], np.int32),
                                          np.ones((2, 32), np.float32), 2, config=mxfp8.MXFP8MOEBwdConfig(
                                              fp8_x4_dtype=bad))
-    # issue 6: flags are bool or 0/1; "no" is not taken as true, 5 and -7 are not taken as "on"
+    # flags are bool or 0/1; "no" is not taken as true, 5 and -7 are not taken as "on"
     for flag in ("run_with_lnc2", "lnc_2_shard_rhs", "use_scale_packing", "spill_reload", "output_grad_is_swizzled",
                  "weights_is_swizzled", "input_is_swizzled"):
         with pytest.raises(TypeError, match=flag):
@@ -327,7 +327,7 @@ def test_option_errors():
         assert all(np.array_equal(a, b) for a, b in zip(mxfp8.matmul_mxfp8_backward(dy, w, x, **kw), ref)), kw
     for ok in ("float8_e4m3fn", "float8_e5m2", ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
         mxfp8.matmul_mxfp8_backward(dy, w, x, float8_dtype=ok)
-    for bad in ("float8_e4m3", "float8_e4m3fn", "e4m3fn", ml_dtypes.float8_e4m3):  # quantize: issue 2's names
+    for bad in ("float8_e4m3", "float8_e4m3fn", "e4m3fn", ml_dtypes.float8_e4m3):  # quantize: the library's names
         with pytest.raises(ValueError):
             mxfp8.quantize(np.ones(32, np.float32), fmt=bad)
     with pytest.raises(ValueError):

@@ -1,4 +1,4 @@
-"""Blockwise MoE (issue 4): router, forward and backward of libmxfp8 against the independent FP64 numpy oracle
+"""Blockwise MoE: router, forward and backward of libmxfp8 against the independent FP64 numpy oracle
 (moe_oracle.py), which is itself checked against central finite differences of its FP64 forward.
 
 Bound of the backward against the quantized oracle: normwise relative error <= 1e-4 per gradient. Both sides
@@ -513,7 +513,7 @@ def test_config_fields(rng):
                        (dict(affinity_option="on_x"), "affinity_option"),
                        (dict(compute_dtype="float16"), "compute_dtype"),
                        (dict(clamp_limits=mxfp8.ClampLimits(linear_clamp_upper_limit=float("nan"))), "clamp_limits"),
-                       # issue 6: unknown values of the hardware knobs and flags are errors, not silently accepted
+                       # unknown values of the hardware knobs and flags are errors, not silently accepted
                        (dict(phase3_transpose_mode="bogus"), "phase3_transpose_mode"),
                        (dict(phase4_transpose_mode=7), "phase4_transpose_mode"),
                        (dict(bias=2), "bias"),

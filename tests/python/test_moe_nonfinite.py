@@ -1,5 +1,5 @@
-"""Non-finite values in the MoE gate/up path (issue 2: non-finite values propagate, are never hidden; issue 4: an
-absent clamp limit is unbounded). The rule (include/mxfp8.h, mxfp8_moe_config): clamp(NaN) = NaN; an absent limit
+"""Non-finite values in the MoE gate/up path (non-finite values propagate, are never hidden; an absent
+clamp limit is unbounded). The rule (include/mxfp8.h, mxfp8_moe_config): clamp(NaN) = NaN; an absent limit
 masks nothing; a present limit masks x <= lo / x >= hi with NaN counted as inside; act(NaN) = act'(NaN) = NaN.
 
 A NaN in X[t, h] makes token t's g and u NaN (its quantization group along H is NaN), so hidden_states_grad[t] must

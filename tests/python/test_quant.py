@@ -1,5 +1,5 @@
 """MX quantization through the public Python API against the independent oracle (mx_oracle.py), the specific cases
-of issue 2, scale layouts, x4 packing, the NKI swizzle, errors and runtime controls.
+of the OCP MX v1.0 rules, scale layouts, x4 packing, the NKI swizzle, errors and runtime controls.
 
 CI runs this file twice: with the fast path and with MXFP8_ISA=scalar.
 """
@@ -143,7 +143,7 @@ def test_transpose_equivalence(group, rng):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the specific cases of issue 2
+# the specific cases of the OCP MX v1.0 / NKI rules
 # ---------------------------------------------------------------------------------------------------------------
 def one_group(values, fmt="e4m3", rule="nki", dtype=np.float32):
     x = np.zeros(32, np.float32)
