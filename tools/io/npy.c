@@ -98,130 +98,109 @@ static int parse_shape(cur *c, int *ndim, int64_t *shape, const char *path, char
     return 0;
 }
 
-int tf_npy_load(const char *path, tf_set *out, char *err, size_t errlen) {
-    tf_infile in;
-    if (tf_open_read(path, &in, err, errlen)) return -1;
-    int rc = -1;
-    char *hdr = NULL;
-    void *data = NULL;
+/* The magic, the version and the header text: *hdr (NUL-terminated, *hlen bytes) starting at file offset *hoff.
+ * On failure *hdr may be set; the caller frees it. */
+static int npy_read_header(tf_infile *in, const char *path, char **hdr, uint64_t *hlen, uint64_t *hoff, char *err,
+                           size_t errlen) {
     unsigned char pre[12];
-    if (in.size < 10) {
-        tf_err(err, errlen, "%s: truncated file: %llu bytes is too short for a .npy header", path,
-               (unsigned long long)in.size);
-        goto done;
-    }
-    if (tf_read_at(&in, 0, pre, 10, path, err, errlen)) goto done;
-    if (memcmp(pre, "\x93NUMPY", 6) != 0) {
-        tf_err(err, errlen, "%s: not a .npy file (bad magic)", path);
-        goto done;
-    }
+    if (in->size < 10)
+        return tf_err(err, errlen, "%s: truncated file: %llu bytes is too short for a .npy header", path,
+                      (unsigned long long)in->size);
+    if (tf_read_at(in, 0, pre, 10, path, err, errlen)) return -1;
+    if (memcmp(pre, "\x93NUMPY", 6) != 0) return tf_err(err, errlen, "%s: not a .npy file (bad magic)", path);
     int major = pre[6];
-    uint64_t hlen, hoff;
     if (major == 1) {
-        hlen = (uint64_t)pre[8] | (uint64_t)pre[9] << 8;
-        hoff = 10;
+        *hlen = (uint64_t)pre[8] | (uint64_t)pre[9] << 8;
+        *hoff = 10;
     } else if (major == 2 || major == 3) {
-        if (tf_read_at(&in, 0, pre, 12, path, err, errlen)) goto done;
-        hlen = (uint64_t)pre[8] | (uint64_t)pre[9] << 8 | (uint64_t)pre[10] << 16 | (uint64_t)pre[11] << 24;
-        hoff = 12;
+        if (tf_read_at(in, 0, pre, 12, path, err, errlen)) return -1;
+        *hlen = (uint64_t)pre[8] | (uint64_t)pre[9] << 8 | (uint64_t)pre[10] << 16 | (uint64_t)pre[11] << 24;
+        *hoff = 12;
     } else {
-        tf_err(err, errlen, "%s: unsupported .npy format version %d.%d", path, major, pre[7]);
-        goto done;
+        return tf_err(err, errlen, "%s: unsupported .npy format version %d.%d", path, major, pre[7]);
     }
-    if (hlen > TF_MAX_HEADER) {
-        tf_err(err, errlen, "%s: .npy header length %llu is above the 100 MB limit", path, (unsigned long long)hlen);
-        goto done;
-    }
-    if (hoff + hlen > in.size) {
-        tf_err(err, errlen, "%s: .npy header length %llu runs past the end of the file (%llu bytes)", path,
-               (unsigned long long)hlen, (unsigned long long)in.size);
-        goto done;
-    }
-    hdr = malloc(hlen + 1);
-    if (!hdr) {
-        tf_err(err, errlen, "out of memory");
-        goto done;
-    }
-    if (tf_read_at(&in, hoff, hdr, hlen, path, err, errlen)) goto done;
-    hdr[hlen] = 0;
-    if (!tf_utf8_valid((unsigned char *)hdr, hlen) || memchr(hdr, 0, hlen)) {
-        tf_err(err, errlen, "%s: .npy header is not valid text", path);
-        goto done;
-    }
+    if (*hlen > TF_MAX_HEADER)
+        return tf_err(err, errlen, "%s: .npy header length %llu is above the 100 MB limit", path,
+                      (unsigned long long)*hlen);
+    if (*hoff + *hlen > in->size)
+        return tf_err(err, errlen, "%s: .npy header length %llu runs past the end of the file (%llu bytes)", path,
+                      (unsigned long long)*hlen, (unsigned long long)in->size);
+    char *h = *hdr = malloc(*hlen + 1);
+    if (!h) return tf_err(err, errlen, "out of memory");
+    if (tf_read_at(in, *hoff, h, *hlen, path, err, errlen)) return -1;
+    h[*hlen] = 0;
+    if (!tf_utf8_valid((unsigned char *)h, *hlen) || memchr(h, 0, *hlen))
+        return tf_err(err, errlen, "%s: .npy header is not valid text", path);
+    return 0;
+}
 
-    /* {'descr': ..., 'fortran_order': ..., 'shape': (...), } */
+/* The header dict {'descr': ..., 'fortran_order': ..., 'shape': (...), }: exactly these three keys, each once. */
+static int npy_parse_dict(const char *hdr, uint64_t hlen, char descr[32], int *fortran, int *ndim, int64_t *shape,
+                          const char *path, char *err, size_t errlen) {
     cur c = {hdr, hdr + hlen};
-    char descr[32] = "", key[32];
-    int have_descr = 0, have_fo = 0, have_shape = 0, fortran = 0, ndim = 0;
-    int64_t shape[MXFP8_MAX_DIMS] = {0};
-    if (!take(&c, '{')) {
-        tf_err(err, errlen, "%s: bad .npy header: not a dict", path);
-        goto done;
-    }
+    char key[32];
+    int have_descr = 0, have_fo = 0, have_shape = 0;
+    if (!take(&c, '{')) return tf_err(err, errlen, "%s: bad .npy header: not a dict", path);
     for (;;) {
         if (take(&c, '}')) break;
-        if (parse_str(&c, key, sizeof key) || !take(&c, ':')) {
-            tf_err(err, errlen, "%s: bad .npy header: expected 'key': value", path);
-            goto done;
-        }
-        if (!strcmp(key, "descr")) {
-            if (have_descr++) goto dup;
+        if (parse_str(&c, key, sizeof key) || !take(&c, ':'))
+            return tf_err(err, errlen, "%s: bad .npy header: expected 'key': value", path);
+        int *have = !strcmp(key, "descr") ? &have_descr : !strcmp(key, "fortran_order") ? &have_fo
+                  : !strcmp(key, "shape") ? &have_shape : NULL;
+        if (!have) return tf_err(err, errlen, "%s: bad .npy header: unexpected key '%s'", path, key);
+        if ((*have)++) return tf_err(err, errlen, "%s: bad .npy header: duplicate key '%s'", path, key);
+        if (have == &have_descr) {
             skip_ws(&c);
-            if (c.s < c.end && (*c.s == '[' || *c.s == '{')) {
-                tf_err(err, errlen, "%s: structured .npy dtypes are not supported", path);
-                goto done;
-            }
-            if (parse_str(&c, descr, sizeof descr)) {
-                tf_err(err, errlen, "%s: bad .npy header: 'descr' is not a string", path);
-                goto done;
-            }
-        } else if (!strcmp(key, "fortran_order")) {
-            if (have_fo++) goto dup;
-            if (parse_word(&c, "True")) fortran = 1;
-            else if (parse_word(&c, "False")) fortran = 0;
-            else {
-                tf_err(err, errlen, "%s: bad .npy header: 'fortran_order' is not True/False", path);
-                goto done;
-            }
-        } else if (!strcmp(key, "shape")) {
-            if (have_shape++) goto dup;
-            if (parse_shape(&c, &ndim, shape, path, err, errlen)) goto done;
-        } else {
-            tf_err(err, errlen, "%s: bad .npy header: unexpected key '%s'", path, key);
-            goto done;
+            if (c.s < c.end && (*c.s == '[' || *c.s == '{'))
+                return tf_err(err, errlen, "%s: structured .npy dtypes are not supported", path);
+            if (parse_str(&c, descr, 32))
+                return tf_err(err, errlen, "%s: bad .npy header: 'descr' is not a string", path);
+        } else if (have == &have_fo) {
+            if (parse_word(&c, "True")) *fortran = 1;
+            else if (parse_word(&c, "False")) *fortran = 0;
+            else return tf_err(err, errlen, "%s: bad .npy header: 'fortran_order' is not True/False", path);
+        } else if (parse_shape(&c, ndim, shape, path, err, errlen)) {
+            return -1;
         }
         if (take(&c, ',')) continue;
         if (take(&c, '}')) break;
-        tf_err(err, errlen, "%s: bad .npy header: expected ',' or '}'", path);
-        goto done;
+        return tf_err(err, errlen, "%s: bad .npy header: expected ',' or '}'", path);
     }
     skip_ws(&c);
-    if (c.s != c.end) {
-        tf_err(err, errlen, "%s: bad .npy header: trailing characters after the dict", path);
-        goto done;
-    }
-    if (!have_descr || !have_fo || !have_shape) {
-        tf_err(err, errlen, "%s: bad .npy header: missing %s", path,
-               !have_descr ? "'descr'" : !have_fo ? "'fortran_order'" : "'shape'");
-        goto done;
-    }
-    if (fortran) {
-        tf_err(err, errlen, "%s: Fortran-order arrays are not supported; save np.ascontiguousarray(x) instead",
-               path);
-        goto done;
-    }
-    int dt = -1;
+    if (c.s != c.end) return tf_err(err, errlen, "%s: bad .npy header: trailing characters after the dict", path);
+    if (!have_descr || !have_fo || !have_shape)
+        return tf_err(err, errlen, "%s: bad .npy header: missing %s", path,
+                      !have_descr ? "'descr'" : !have_fo ? "'fortran_order'" : "'shape'");
+    return 0;
+}
+
+/* The dtype of a descr string, or -1 with the error (big-endian, unknown, Fortran order). */
+static int npy_dtype(const char *descr, int fortran, const char *path, char *err, size_t errlen) {
+    if (fortran)
+        return tf_err(err, errlen,
+                      "%s: Fortran-order arrays are not supported; save np.ascontiguousarray(x) instead", path);
     for (size_t i = 0; i < sizeof k_npy_types / sizeof k_npy_types[0]; i++)
-        if (!strcmp(descr, k_npy_types[i].descr)) dt = (int)k_npy_types[i].dtype;
-    if (dt < 0) {
-        if (descr[0] == '>')
-            tf_err(err, errlen, "%s: big-endian dtype '%s' is not supported; use little-endian ('<')", path, descr);
-        else
-            tf_err(err, errlen,
-                   "%s: unsupported .npy dtype '%s' (supported: float32, float16, float64, uint8, int32, int64)",
-                   path, descr);
+        if (!strcmp(descr, k_npy_types[i].descr)) return (int)k_npy_types[i].dtype;
+    if (descr[0] == '>')
+        return tf_err(err, errlen, "%s: big-endian dtype '%s' is not supported; use little-endian ('<')", path,
+                      descr);
+    return tf_err(err, errlen,
+                  "%s: unsupported .npy dtype '%s' (supported: float32, float16, float64, uint8, int32, int64)", path,
+                  descr);
+}
+
+int tf_npy_load(const char *path, tf_set *out, char *err, size_t errlen) {
+    tf_infile in;
+    if (tf_open_read(path, &in, err, errlen)) return -1;
+    int rc = -1, fortran = 0, ndim = 0, dt;
+    char *hdr = NULL, descr[32] = "";
+    void *data = NULL;
+    uint64_t hlen = 0, hoff = 0;
+    int64_t shape[MXFP8_MAX_DIMS] = {0};
+    if (npy_read_header(&in, path, &hdr, &hlen, &hoff, err, errlen) ||
+        npy_parse_dict(hdr, hlen, descr, &fortran, &ndim, shape, path, err, errlen) ||
+        (dt = npy_dtype(descr, fortran, path, err, errlen)) < 0)
         goto done;
-    }
     size_t esz = tf_dtype_size((tf_dtype)dt);
     int64_t numel = tf_shape_numel(ndim, shape, esz);
     if (numel < 0) {
@@ -229,14 +208,13 @@ int tf_npy_load(const char *path, tf_set *out, char *err, size_t errlen) {
         goto done;
     }
     uint64_t nbytes = (uint64_t)numel * esz, have = in.size - hoff - hlen;
-    if (have < nbytes) {
-        tf_err(err, errlen, "%s: truncated file: shape x dtype needs %llu data bytes, the file holds %llu", path,
-               (unsigned long long)nbytes, (unsigned long long)have);
-        goto done;
-    }
-    if (have > nbytes) {
-        tf_err(err, errlen, "%s: %llu bytes past the end of the array data (shape x dtype = %llu bytes)", path,
-               (unsigned long long)(have - nbytes), (unsigned long long)nbytes);
+    if (have != nbytes) {
+        if (have < nbytes)
+            tf_err(err, errlen, "%s: truncated file: shape x dtype needs %llu data bytes, the file holds %llu", path,
+                   (unsigned long long)nbytes, (unsigned long long)have);
+        else
+            tf_err(err, errlen, "%s: %llu bytes past the end of the array data (shape x dtype = %llu bytes)", path,
+                   (unsigned long long)(have - nbytes), (unsigned long long)nbytes);
         goto done;
     }
     data = malloc(nbytes ? nbytes : 1);
@@ -253,9 +231,6 @@ int tf_npy_load(const char *path, tf_set *out, char *err, size_t errlen) {
     if (tf_add(out, name, (tf_dtype)dt, ndim, shape, data, err, errlen)) goto done;
     data = NULL;
     rc = 0;
-    goto done;
-dup:
-    tf_err(err, errlen, "%s: bad .npy header: duplicate key '%s'", path, key);
 done:
     free(data);
     free(hdr);
