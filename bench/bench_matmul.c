@@ -12,6 +12,7 @@
 typedef struct mm_arg {
     int64_t M, K, N;
     uint16_t *dy, *w, *x, *dx, *dw, *y;
+    mxfp8_workspace *ws; /* reused by every call of the shape */
     mxfp8_status st;
     bench_gemm g1, g2;
 } mm_arg;
@@ -24,6 +25,7 @@ static int run_bwd(void *p) {
     a.output_grad = mxfp8_tensor_make(c->dy, MXFP8_DTYPE_BF16, 2, sdy);
     a.weights = mxfp8_tensor_make(c->w, MXFP8_DTYPE_BF16, 2, sw);
     a.input_activation = mxfp8_tensor_make(c->x, MXFP8_DTYPE_BF16, 2, sx);
+    a.workspace = c->ws;
     mxfp8_tensor dx = mxfp8_tensor_make(c->dx, MXFP8_DTYPE_BF16, 2, sx);
     mxfp8_tensor dw = mxfp8_tensor_make(c->dw, MXFP8_DTYPE_BF16, 2, sw);
     c->st = mxfp8_matmul_backward(&a, &dx, &dw);
@@ -39,7 +41,10 @@ static int run_fwd(void *p) {
     xo.values = mxfp8_tensor_make(c->x, MXFP8_DTYPE_BF16, 2, sx);
     wo.values = mxfp8_tensor_make(c->w, MXFP8_DTYPE_BF16, 2, sw);
     mxfp8_tensor y = mxfp8_tensor_make(c->y, MXFP8_DTYPE_BF16, 2, sy);
-    c->st = mxfp8_matmul(&xo, &wo, NULL, &y);
+    mxfp8_matmul_config cfg;
+    mxfp8_matmul_config_init(&cfg);
+    cfg.workspace = c->ws;
+    c->st = mxfp8_matmul(&xo, &wo, &cfg, &y);
     return c->st == MXFP8_OK ? 0 : -1;
 }
 
@@ -141,7 +146,7 @@ void bench_matmul(bench_ctx *b) {
         c.dx = bench_alloc(mk * 2);
         c.dw = bench_alloc(nk * 2);
         c.y = bench_alloc(mn * 2);
-        if (!c.dy || !c.w || !c.x || !c.dx || !c.dw || !c.y) {
+        if (mxfp8_workspace_create(&c.ws) != MXFP8_OK || !c.dy || !c.w || !c.x || !c.dx || !c.dw || !c.y) {
             bench_say(b, "  out of memory\n");
         } else {
             bench_fill_bf16(c.dy, mn, -1, 1);
@@ -158,6 +163,7 @@ void bench_matmul(bench_ctx *b) {
         free(c.dx);
         free(c.dw);
         free(c.y);
+        mxfp8_workspace_destroy(c.ws);
     }
     bench_say(b, "  * = one cold run (longer than %.0f s: no warm-up, no repeat)\n", b->o.cold);
 }

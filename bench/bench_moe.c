@@ -121,7 +121,7 @@ typedef struct moe_op {
 } moe_op;
 
 typedef struct moe_mem {
-    double io, rss0, peak, maxrss;
+    double io, rss0, peak, maxrss, ws; /* ws: bytes the problem's workspace holds after the calls */
     int isolated; /* peak measured from a reset high-water mark (else ru_maxrss of the whole process) */
 } moe_mem;
 
@@ -181,12 +181,13 @@ static void mem_say_json(const bench_ctx *b, cJSON *j, const moe_mem *mm, int me
     bench_json_num(j, "peak_rss_bytes", mm->peak);
     cJSON_AddBoolToObject(j, "peak_rss_isolated", mm->isolated);
     cJSON_AddNumberToObject(j, "ru_maxrss_bytes", mm->maxrss);
+    cJSON_AddNumberToObject(j, "workspace_bytes", mm->ws);
     if (measured)
-        bench_say(b, "      memory: inputs+outputs %.1f MiB; resident before the call %.1f MiB, peak during the calls "
-                  "%.1f MiB (%s) = %.1f MiB of workspace; process ru_maxrss %.1f MiB\n", mm->io / 1048576.0,
-                  mm->rss0 / 1048576.0, mm->peak / 1048576.0,
+        bench_say(b, "      memory: inputs+outputs %.1f MiB; resident before the first call %.1f MiB, peak during the "
+                  "calls %.1f MiB (%s); the reused workspace holds %.1f MiB; process ru_maxrss %.1f MiB\n",
+                  mm->io / 1048576.0, mm->rss0 / 1048576.0, mm->peak / 1048576.0,
                   mm->isolated ? "VmHWM reset before the call" : "ru_maxrss, includes earlier sections",
-                  (mm->peak - mm->rss0) / 1048576.0, mm->maxrss / 1048576.0);
+                  mm->ws / 1048576.0, mm->maxrss / 1048576.0);
 }
 
 /* The backward on N and 1 threads, with the resident memory of its calls. */
@@ -200,6 +201,7 @@ static void measure_backward(const bench_ctx *b, moe_problem *m, moe_op *r, doub
     getrusage(RUSAGE_SELF, &ru);
     mm->maxrss = (double)ru.ru_maxrss * 1024.0;
     mm->peak = mm->isolated && hwm1 > 0 ? hwm1 : mm->maxrss;
+    mm->ws = (double)mxfp8_workspace_bytes(m->ws);
 }
 
 /* One problem: a backward row (into jb) and a forward row (into jf). rate[0/1]: FLOP/s (all blocks) of the last
@@ -210,7 +212,7 @@ static void problem(bench_ctx *b, cJSON *jb, cJSON *jf, moe_prob pr, double rate
     m.p = pr;
     char name[64];
     moe_name(&pr, name, sizeof name);
-    if (moe_routing(&m) || moe_tensors(&m)) {
+    if (moe_routing(&m) || moe_tensors(&m) || mxfp8_workspace_create(&m.ws) != MXFP8_OK) {
         bench_say(b, "  %-30s out of memory\n", name);
         moe_free(&m);
         return;
@@ -218,10 +220,12 @@ static void problem(bench_ctx *b, cJSON *jb, cJSON *jf, moe_prob pr, double rate
     double hi = (double)pr.H * (double)pr.I, real = (double)m.real_rows, all = (double)(m.N * pr.B);
     moe_op bwd = {.op = "bwd", .fl_real = 12.0 * real * hi, .fl_all = 12.0 * all * hi, .td = -1};
     moe_op fwd = {.op = "fwd", .fl_real = 6.0 * real * hi, .fl_all = 6.0 * all * hi, .td = -1};
-    moe_mem mm = {(double)moe_io_bytes(&m), -1, -1, -1, 0};
+    moe_mem mm = {(double)moe_io_bytes(&m), -1, -1, -1, 0, 0};
     measure_backward(b, &m, &bwd, &rate[0], &mm);
     bench_item_measure(b, moe_run_forward, &m, fwd.fl_all, &rate[1], moe_error, &fwd.it);
     moe_free_tensors(&m); /* the baselines need only the routing */
+    mxfp8_workspace_destroy(m.ws);
+    m.ws = NULL;
     bwd.td = dnnl_time(b, &m, 0);
     fwd.td = dnnl_time(b, &m, 1);
     say_row(b, name, &m, &bwd);

@@ -138,6 +138,8 @@ void moe_free(moe_problem *m) {
     free(m->aff);
     m->tok = m->b2e = NULL;
     m->aff = NULL;
+    mxfp8_workspace_destroy(m->ws);
+    m->ws = NULL;
 }
 
 const char *moe_name(const moe_prob *p, char *buf, size_t len) {
@@ -171,6 +173,7 @@ int moe_run_backward(void *pv) {
     g.expert_affinities_masked_grad = mxfp8_tensor_make(m->daff, MXFP8_DTYPE_BF16, 2, s_aff);
     g.gate_up_proj_weight_grad = mxfp8_tensor_make(m->dw1, MXFP8_DTYPE_BF16, 4, s_w1);
     g.down_proj_weight_grad = mxfp8_tensor_make(m->dw2, MXFP8_DTYPE_BF16, 3, s_w2);
+    a.workspace = m->ws;
     m->st = mxfp8_moe_backward(&a, &g);
     return m->st == MXFP8_OK ? 0 : -1;
 }
@@ -192,6 +195,7 @@ int moe_run_forward(void *pv) {
     mxfp8_moe_fwd_outputs o;
     memset(&o, 0, sizeof o);
     o.output = mxfp8_tensor_make(m->y, MXFP8_DTYPE_BF16, 2, s_th);
+    a.workspace = m->ws;
     m->st = mxfp8_moe_forward(&a, &o);
     return m->st == MXFP8_OK ? 0 : -1;
 }

@@ -18,6 +18,7 @@ typedef struct moe_problem {
     /* tensors (moe_tensors): inputs, checkpoints, gradients, forward output; BF16 */
     uint16_t *x, *w1, *w2, *dy, *ckp_gu, *ckp_ga, *ckp_in, *ckp_si;
     uint16_t *dx, *daff, *dw1, *dw2, *y;
+    mxfp8_workspace *ws; /**< reused by every call of the problem (mxfp8_workspace_create); NULL = per call */
     mxfp8_status st; /**< of the last library call */
 } moe_problem;
 
