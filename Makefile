@@ -20,9 +20,12 @@ setup:
 setup-test:
 	@scripts/setup.sh --test
 
+# The compiler's output goes to $(BUILD)/build.log (its end is shown when the build fails).
 build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@echo "build: the library, the mxfp8 command and the tests in $(BUILD)/ (log: $(BUILD)/build.log)"
+	@cmake --build $(BUILD) -j $(JOBS) >$(BUILD)/build.log 2>&1 \
+		|| { tail -n 40 $(BUILD)/build.log; echo "build: failed (the whole log: $(BUILD)/build.log)"; exit 1; }
 
 # Installs the Python package (with its own copy of the shared library and the CLI) into the virtual environment.
 # pyproject.toml (scikit-build-core) compiles them in $(BUILD)/python (incremental); a failed install stops here

@@ -208,8 +208,11 @@ void bench_peaks_run(bench_ctx *b) {
         p->v[k][0] = measure((peak_kind)k, 1);
         p->v[k][1] = nt > 1 ? measure((peak_kind)k, nt) : p->v[k][0];
         if (p->ref < 0) p->ref = k;
-        bench_say(b, "  %-24s %8.3f TFLOP/s on 1 thread   %8.3f TFLOP/s on %d threads\n", k_peak_name[k],
-                  p->v[k][0] / 1e12, p->v[k][1] / 1e12, nt);
+        if (nt > 1)
+            bench_say(b, "  %-24s %8.3f TFLOP/s on 1 thread   %8.3f TFLOP/s on %d threads\n", k_peak_name[k],
+                      p->v[k][0] / 1e12, p->v[k][1] / 1e12, nt);
+        else
+            bench_say(b, "  %-24s %8.3f TFLOP/s on 1 thread\n", k_peak_name[k], p->v[k][0] / 1e12);
         cJSON_AddNumberToObject(jk, "tflops_1thread", p->v[k][0] / 1e12);
         cJSON_AddNumberToObject(jk, "tflops_threads", p->v[k][1] / 1e12);
     }

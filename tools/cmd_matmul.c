@@ -33,7 +33,7 @@ static void help(void) {
         "                        [--float8-dtype float8_e5m2|float8_e4m3fn] [--scale-rule nki|ocp|rceil]\n"
         "                        [--group 1x32|wrapx] [--output-dtype bf16|f16|f32] [--threads N] [--seed S]\n"
         "                        [--repeat R] [--no-check] [--quiet] [--stats] [--stochastic-rounding L]\n"
-        "                        [--rounding-seed S]\n\n"
+        "                        [--rounding-seed S] [--scale-layout L] [--save-inputs BUNDLE.safetensors]\n\n"
         "Backward of a linear layer Y = X @ W^T in MXFP8 (NKI matmul_mxfp8_backward):\n"
         "  input_grad  dX [M, K] = dY [M, N] @ W [N, K]      (dY and W quantized along N)\n"
         "  weight_grad dW [N, K] = dY^T @ X [M, K]          (dY and X quantized along M)\n"

@@ -71,7 +71,7 @@ static void help(void) {
         "  --grad-dtype D        dtype of the gradients: bf16 (default), f32 or f16\n"
         "  --threads N           threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
         "  --repeat R            run the backward R times after one untimed warm-up call, report the best time\n"
-        "                        (default 1)\n"
+        "                        (default 3)\n"
         "files:\n"
         "  --inputs FILE         .safetensors bundle with the NKI parameter names: hidden_states [T, H],\n"
         "                        gate_up_proj_weight [E, H, 2, I], down_proj_weight [E, I, H],\n"
@@ -120,7 +120,7 @@ static int parse(moe_job *j, const cli_cmdline *cl) {
     const int64_t DMAX = (int64_t)1 << 24;
     static const char *const acts[] = {"silu", "swish", "squared_relu", "gpt_oss_swiglu"},
                              *const affs[] = {"on_i", "on_h"};
-    j->H = 1024, j->T = 1024, j->E = 4, j->B = 512, j->TOPK = 4, j->I = 256, j->seed = 42, j->repeat = 1;
+    j->H = 1024, j->T = 1024, j->E = 4, j->B = 512, j->TOPK = 4, j->I = 256, j->seed = 42, j->repeat = 3;
     mxfp8_moe_config_init(&j->cfg);
     mxfp8_moe_bwd_args_init(&j->ba);
     mxfp8_moe_config *cfg = &j->cfg;

@@ -53,15 +53,34 @@ static void help_dequantize(void) {
            "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
 }
 
+/* "'a', 'b', 'c'" (the names of a set; "..." once they no longer fit), for messages. len >= 8. */
+static const char *tensor_names(const tf_set *set, char *buf, size_t len) {
+    size_t w = 0;
+    buf[0] = 0;
+    for (int i = 0; i < set->n; i++) {
+        const char *nm = set->t[i]->name;
+        if (w + strlen(nm) + 4 + 6 >= len) { /* keeps room for ", ..." */
+            memcpy(buf + w, w ? ", ..." : "...", w ? 6 : 4);
+            break;
+        }
+        w += (size_t)snprintf(buf + w, len - w, "%s'%s'", i ? ", " : "", nm);
+    }
+    return buf;
+}
+
 static int pick_tensor(const char *cmd, const char *path, tf_set *set, const char *name, tf_tensor **out) {
+    char names[400];
     if (name) {
         *out = tf_find(set, name);
-        if (!*out) return cli_error(cmd, "%s: no tensor named '%s'", path, name);
+        if (!*out)
+            return cli_error(cmd, "%s: no tensor named '%s' (it holds %s)", path, name,
+                             tensor_names(set, names, sizeof names));
         return CLI_OK;
     }
     if (set->n == 0) return cli_error(cmd, "%s holds no tensors", path);
     if (set->n != 1)
-        return cli_error(cmd, "%s holds %d tensors; choose one with --tensor NAME", path, set->n);
+        return cli_error(cmd, "%s holds %d tensors (%s); choose one with --tensor NAME", path, set->n,
+                         tensor_names(set, names, sizeof names));
     *out = set->t[0];
     return CLI_OK;
 }

@@ -123,6 +123,9 @@ def dequantize(data, scales, axis=-1, group="1x32", out_dtype="float32", fmt=Non
             pass
         elif _lib.dtype_code(data.dtype) != dcode:
             raise ValueError(f"fmt: {fmt!r} disagrees with data's dtype {data.dtype}")
+    elif data.dtype == np.uint8:
+        raise ValueError("data: uint8 codes need fmt='e4m3' or fmt='e5m2' to say which FP8 format they hold "
+                         "(or pass an ml_dtypes float8_e4m3fn / float8_e5m2 array)")
     if data.ndim == 0:
         raise ValueError("data: dequantization needs an array of rank >= 1")
     ax = _norm_axis(axis, data.ndim)

@@ -268,6 +268,30 @@ static mxfp8_status check_bwd_args(const char *fn, const mxfp8_matmul_bwd_args *
     return MXFP8_OK;
 }
 
+/* When the three inputs are plain 2-D views (neither x4-packed nor swizzled): one message that shows every shape
+ * against Y = X @ W^T, so that swapped or transposed arguments are easy to spot. */
+static mxfp8_status check_bwd_shapes(const char *fn, const mxfp8_matmul_bwd_args *args, int64_t M, int64_t N,
+                                     int64_t K) {
+    const mxfp8_tensor *t[3] = {&args->output_grad, &args->weights, &args->input_activation};
+    const int64_t want[3][2] = {{M, N}, {N, K}, {M, K}};
+    const int sw[3] = {args->output_grad_is_swizzled, args->weights_is_swizzled, args->input_is_swizzled};
+    int fits = 1;
+    for (int i = 0; i < 3; i++) {
+        if (!t[i]->data || t[i]->ndim != 2 || t[i]->dtype == MXFP8_DTYPE_U32 || sw[i]) return MXFP8_OK;
+        fits &= t[i]->shape[0] == want[i][0] && t[i]->shape[1] == want[i][1];
+    }
+    if (fits) return MXFP8_OK;
+    return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
+                        "%s: the shapes do not fit Y = X @ W^T: output_grad (dY) [%lld, %lld], weights (W) [%lld, %lld],"
+                        " input_activation (X) [%lld, %lld]; with M = %lld, N = %lld, K = %lld (from input_grad [M, K] "
+                        "and weight_grad [N, K]) they must be dY [M, N] = [%lld, %lld], W [N, K] = [%lld, %lld], "
+                        "X [M, K] = [%lld, %lld]",
+                        fn, (long long)t[0]->shape[0], (long long)t[0]->shape[1], (long long)t[1]->shape[0],
+                        (long long)t[1]->shape[1], (long long)t[2]->shape[0], (long long)t[2]->shape[1],
+                        (long long)M, (long long)N, (long long)K, (long long)M, (long long)N, (long long)N,
+                        (long long)K, (long long)M, (long long)K);
+}
+
 /* The three operands for (M, N, K) read from the outputs, as descriptors; shapes, wrapX and aliasing. */
 static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *args, const mxfp8_tensor *input_grad,
                                  const mxfp8_tensor *weight_grad, int64_t M, int64_t N, int64_t K, mxfp8i_gop *g_dy,
@@ -284,6 +308,7 @@ static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *ar
     op_x = operand_cf(&args->input_activation, &args->input_scales, lay, args->input_is_swizzled);
     const mxfp8_format f = args->float8_dtype;
     const mxfp8_group_scheme grp = args->quant_scheme;
+    MXFP8I_FORWARD_IF_ERROR(check_bwd_shapes(fn, args, M, N, K));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "output_grad", &op_dy, N, f, grp, g_dy));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "weights", &op_w, N, f, grp, g_w));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "input_activation", &op_x, M, f, grp, g_x));

@@ -103,11 +103,13 @@ static int parse_shape(cur *c, int *ndim, int64_t *shape, const char *path, char
 static int npy_read_header(tf_infile *in, const char *path, char **hdr, uint64_t *hlen, uint64_t *hoff, char *err,
                            size_t errlen) {
     unsigned char pre[12];
+    const size_t nm = in->size < 6 ? (size_t)in->size : 6; /* the magic first: a short text file is no .npy */
+    if (tf_read_at(in, 0, pre, nm, path, err, errlen)) return -1;
+    if (memcmp(pre, "\x93NUMPY", nm) != 0) return tf_err(err, errlen, "%s: not a .npy file (bad magic)", path);
     if (in->size < 10)
         return tf_err(err, errlen, "%s: truncated file: %llu bytes is too short for a .npy header", path,
                       (unsigned long long)in->size);
     if (tf_read_at(in, 0, pre, 10, path, err, errlen)) return -1;
-    if (memcmp(pre, "\x93NUMPY", 6) != 0) return tf_err(err, errlen, "%s: not a .npy file (bad magic)", path);
     int major = pre[6];
     if (major == 1) {
         *hlen = (uint64_t)pre[8] | (uint64_t)pre[9] << 8;

@@ -48,8 +48,11 @@ mxfp8_status mxfp8i_moe_check_vec(const char *fn, const char *name, const mxfp8_
     mxfp8_status st = mxfp8i_check_view(fn, name, t);
     if (st) return st;
     if (!(t->ndim == 1 || (t->ndim == 2 && t->shape[1] == 1)))
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must be [T*E, 1] or [T*E] (got a %d-D view)", fn, name,
-                            (int)t->ndim);
+    {
+        char got[160];
+        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must be [T*E, 1] or [T*E] = [%lld, 1] or [%lld], got %s",
+                            fn, name, (long long)n, (long long)n, mxfp8i_shape_str(t, got, sizeof got));
+    }
     if (t->shape[0] != n)
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s has %lld entries, expected T*E = %lld", fn, name,
                             (long long)t->shape[0], (long long)n);
