@@ -152,6 +152,9 @@ int cli_float8_dtype(const char *cmd, const char *s, mxfp8_format *out) {
     /* exactly the NKI page's strings ("float8_e4m3" is ml_dtypes' IEEE-like e4m3, a different format) */
     if (!strcmp(s, "float8_e4m3fn")) *out = MXFP8_FMT_E4M3;
     else if (!strcmp(s, "float8_e5m2")) *out = MXFP8_FMT_E5M2;
+    else if (!strcasecmp(s, "e4m3") || !strcasecmp(s, "e5m2"))
+        return cli_error(cmd, "--float8-dtype must be float8_e4m3fn or float8_e5m2, got '%s' (it spells %s as "
+                         "float8_%s)", s, s, !strcasecmp(s, "e4m3") ? "e4m3fn" : "e5m2");
     else return cli_error(cmd, "--float8-dtype must be float8_e4m3fn or float8_e5m2, got '%s'", s);
     return CLI_OK;
 }

@@ -193,7 +193,10 @@ def parse_format(value, param="fmt", names=None):
         key = value.strip().lower() if names is FORMATS else value  # fmt: case-insensitive like the other options
         if key in names:
             return names[key]
-        raise ValueError(f"{param}: unknown value {value!r} (expected one of {', '.join(sorted(names))})")
+        other = FLOAT8_DTYPES if names is FORMATS else FORMATS  # the same format under the other spelling
+        hint = {v: k for k, v in names.items()}.get(other.get(value.strip().lower() if other is FORMATS else value))
+        hint = f"; {param} spells this format {hint!r}" if hint else ""
+        raise ValueError(f"{param}: unknown value {value!r} (expected one of {', '.join(sorted(names))}{hint})")
     return parse(names, value, param)
 
 
