@@ -72,8 +72,13 @@ typedef int64_t (*mxfp8i_dqpanel_fn)(const mxfp8i_dqpanel *p);
 typedef void (*mxfp8i_to_bf16_fn)(const float *src, int64_t ld_src, uint16_t *dst, int64_t ld_dst, int64_t rows,
                                   int64_t n);
 
+/** Transposing BF16 -> FP32 load (the MoE checkpoints, stored with positions innermost): dst[c*ld_dst + r] =
+ *  the FP32 value of src[r*ld_src + c] for r < rows, c < cols (exact). */
+typedef void (*mxfp8i_bf16_t_fn)(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
+                                 int64_t cols);
+
 /** The quantization kernels of one ISA (the registry's quantize and dequantize slots; the FP32 -> BF16 rounding of
- *  the GEMM epilogue comes with them). */
+ *  the GEMM epilogue and the transposing BF16 load of the MoE checkpoints come with them). */
 typedef struct mxfp8i_qkernel {
     const char *name;          /**< e.g. "mx_quantize_panel__avx512" */
     const char *isa_name;      /**< "scalar", "avx512" */
@@ -82,6 +87,7 @@ typedef struct mxfp8i_qkernel {
     mxfp8i_qpanel_fn quantize;
     mxfp8i_dqpanel_fn dequantize;
     mxfp8i_to_bf16_fn to_bf16;
+    mxfp8i_bf16_t_fn bf16_t;
 } mxfp8i_qkernel;
 
 /* ---- the per-group reference (src/kernels/ref/quant_ref.c) ----

@@ -413,6 +413,43 @@ static void test_to_bf16(void) {
     }
 }
 
+/* The transposing BF16 -> FP32 load of the MoE checkpoints: every (rows, cols) around the 16 x 16 tiles, odd leading
+ * dimensions, every BF16 bit pattern class (NaN payloads, Inf, subnormals, signed zeros), against value = bits << 16
+ * written here; nothing outside the destination's rows x cols region is touched. */
+static void test_bf16_t(void) {
+    static const int64_t dims[] = {1, 3, 15, 16, 17, 31, 32, 33, 48, 70};
+    enum { ND = sizeof dims / sizeof dims[0], LDS = 75, LDD = 73, CAP = 80 };
+    static uint16_t src[CAP * LDS];
+    static float dst[CAP * LDD];
+    tu_rng rng = {2027};
+    for (int i = 0; i < CAP * LDS; i++) src[i] = (uint16_t)tu_next(&rng);
+    for (int i = 0; i < 64; i++) src[i * 37 % (CAP * LDS)] = (uint16_t[]){0x7FC1, 0xFF80, 0x0001, 0x8000}[i % 4];
+    for (const mxfp8i_qkernel *const *it = mxfp8i_qkernel_list(); *it; it++) {
+        if (!mxfp8i_cpu_has((*it)->needs)) {
+            printf("test_kernels: SKIP %s (transposing load): this CPU lacks its instructions\n", (*it)->name);
+            skips++;
+            continue;
+        }
+        long bad = 0;
+        for (int a = 0; a < ND; a++)
+            for (int b = 0; b < ND; b++) {
+                const int64_t rows = dims[a], cols = dims[b];
+                for (int i = 0; i < CAP * LDD; i++) dst[i] = tu_bits_f32(0x7FBADBADu);
+                (*it)->bf16_t(src, LDS, dst, LDD, rows, cols);
+                for (int64_t c = 0; c < CAP; c++)
+                    for (int64_t r = 0; r < LDD; r++) {
+                        uint32_t want = c < cols && r < rows ? (uint32_t)src[r * LDS + c] << 16 : 0x7FBADBADu;
+                        bad += tu_f32_bits(dst[c * LDD + r]) != want;
+                    }
+                TU_CHECK(bad == 0, "%s: transposing load of [%lld, %lld]: %ld elements wrong or touched", (*it)->name,
+                         (long long)rows, (long long)cols, bad);
+                if (bad) break;
+            }
+        printf("test_kernels: %-40s BF16 -> FP32 transposing load on %d shapes: %s\n", (*it)->name, ND * ND,
+               bad ? "FAIL" : "ok");
+    }
+}
+
 /* ---- 4. selection ---- */
 static void test_selection(void) {
     mxfp8_info in;
@@ -464,6 +501,7 @@ int main(void) {
     }
     test_every_kernel();
     test_to_bf16();
+    test_bf16_t();
     test_mxcsr();
     test_selection();
     if (skips) printf("test_kernels: %d sections skipped for absent CPU features\n", skips);

@@ -14,6 +14,9 @@ int64_t mxfp8i_quantize_panel__avx512(const mxfp8i_qpanel *p);
 int64_t mxfp8i_dequantize_panel__avx512(const mxfp8i_dqpanel *p);
 void mxfp8i_to_bf16__avx512(const float *src, int64_t ld_src, uint16_t *dst, int64_t ld_dst, int64_t rows,
                             int64_t n);
+/** The transposing BF16 -> FP32 load in 16 x 16 register tiles (transpose_avx512.c). */
+void mxfp8i_bf16_t__avx512(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
+                           int64_t cols);
 extern const mxfp8i_qkernel mxfp8i_mx_quant__avx512;
 
 /** The AVX-512F FMA microkernel on F32 panels, 8 x 32 register tile (gemm_f32_avx512.c). */

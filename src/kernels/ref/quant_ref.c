@@ -134,5 +134,10 @@ void mxfp8i_to_bf16__ref(const float *src, int64_t ld_src, uint16_t *dst, int64_
         for (int64_t j = 0; j < n; j++) dst[r * ld_dst + j] = mxfp8i_fp32_to_bf16(src[r * ld_src + j]);
 }
 
+void mxfp8i_bf16_t__ref(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols) {
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = 0; r < rows; r++) dst[c * ld_dst + r] = mxfp8i_bf16_to_fp32(src[r * ld_src + c]);
+}
+
 const mxfp8i_qkernel mxfp8i_mx_quant__ref = {"mx_quant_panel__ref", "scalar", 0, 0, mxfp8i_quantize_panel__ref,
-                                             mxfp8i_dequantize_panel__ref, mxfp8i_to_bf16__ref};
+                                             mxfp8i_dequantize_panel__ref, mxfp8i_to_bf16__ref, mxfp8i_bf16_t__ref};

@@ -5,6 +5,7 @@
  * and scatters (positions always in order), so every result is independent of the thread count.
  */
 #include "bwd.h"
+#include "../../kernels/registry.h"
 
 /* Element (n, i, q) of an [N, I, B] checkpoint / (n, j, i, q) of [N, 2, I, B] / (n, q, h) of [N, B, H]. */
 static inline float ck3(const mxfp8_tensor *t, int64_t n, int64_t x, int64_t y) {
@@ -33,6 +34,7 @@ static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
 
 /* A checkpoint's [I] x [L] block (positions innermost, strides si, sq) into d[q][i], read in 16-row blocks of i. */
 static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq, int64_t I, int64_t L, float *d, int nt) {
+    const mxfp8i_bf16_t_fn bf16_t = mxfp8i_kernels_get()->quant->bf16_t;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t i0 = 0; i0 < I; i0 += 16) {
         const int64_t i1 = i0 + 16 < I ? i0 + 16 : I;
@@ -40,6 +42,8 @@ static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq,
             const float *src = (const float *)t->data + base;
             for (int64_t q = 0; q < L; q++)
                 for (int64_t i = i0; i < i1; i++) d[q * I + i] = src[i * si + q * sq];
+        } else if (t->dtype == MXFP8_DTYPE_BF16 && sq == 1) { /* the registry's transposing load */
+            bf16_t((const uint16_t *)t->data + base + i0 * si, si, d + i0, I, i1 - i0, L);
         } else if (t->dtype == MXFP8_DTYPE_BF16) {
             const uint16_t *src = (const uint16_t *)t->data + base;
             for (int64_t q = 0; q < L; q++)
