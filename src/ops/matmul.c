@@ -273,11 +273,13 @@ static mxfp8_status check_bwd_args(const char *fn, const mxfp8_matmul_bwd_args *
 static mxfp8_status check_bwd_shapes(const char *fn, const mxfp8_matmul_bwd_args *args, int64_t M, int64_t N,
                                      int64_t K) {
     const mxfp8_tensor *t[3] = {&args->output_grad, &args->weights, &args->input_activation};
+    static const char *const nm[3] = {"output_grad", "weights", "input_activation"};
     const int64_t want[3][2] = {{M, N}, {N, K}, {M, K}};
     const int sw[3] = {args->output_grad_is_swizzled, args->weights_is_swizzled, args->input_is_swizzled};
     int fits = 1;
     for (int i = 0; i < 3; i++) {
         if (!t[i]->data || t[i]->ndim != 2 || t[i]->dtype == MXFP8_DTYPE_U32 || sw[i]) return MXFP8_OK;
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, nm[i], t[i])); /* extents, overflow: their own errors */
         fits &= t[i]->shape[0] == want[i][0] && t[i]->shape[1] == want[i][1];
     }
     if (fits) return MXFP8_OK;
