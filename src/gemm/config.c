@@ -76,5 +76,10 @@ void mxfp8i_gemm_resolve(const mxfp8_matmul_config *in, const mxfp8i_ukernel *uk
         int64_t want = mxfp8i_ceil_div(mxfp8i_ceil_div(dim, nthreads), tile);
         if (want < 1) want = 1;
         if (*tib > want) *tib = want;
+        /* a default tile longer than a thread's share would leave threads without a block (N = 256 on 2 threads
+         * with 256-wide tiles): shrink it to the share, in whole register tiles */
+        const int64_t share = mxfp8i_round_up(mxfp8i_ceil_div(dim, nthreads), out->lnc_2_shard_rhs ? uk->nr : uk->mr);
+        int64_t *t = out->lnc_2_shard_rhs ? &out->tile_n : &out->tile_m;
+        if ((out->lnc_2_shard_rhs ? in->tile_n : in->tile_m) <= 0 && *t > share) *t = share;
     }
 }

@@ -101,8 +101,13 @@ void mxfp8i_moe_store_staged(const mxfp8_tensor *t, const void *stage, int64_t n
     const int64_t per = t->shape[0] ? mxfp8_tensor_numel(t) / t->shape[0] : 0, n = ne * per;
     const size_t es = mxfp8_dtype_size(t->dtype);
     if (n == 0) return;
-    if (mxfp8i_is_contiguous(t)) {
-        memcpy(t->data, stage, (size_t)n * es);
+    if (mxfp8i_is_contiguous(t)) { /* all experts but the last: large (E = 64: 100 MB of BF16), so both threads copy */
+        const int nt = mxfp8i_moe_nt((double)n);
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int c = 0; c < nt; c++) {
+            const size_t k0 = (size_t)(n * c / nt), k1 = (size_t)(n * (c + 1) / nt);
+            memcpy((char *)t->data + k0 * es, (const char *)stage + k0 * es, (k1 - k0) * es);
+        }
         return;
     }
     for (int64_t k = 0; k < n; k++)
