@@ -87,8 +87,8 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
     mxfp8i_moe_store_staged(&grads->gate_up_proj_weight_grad, w->sw1, E - 1);
     mxfp8i_moe_store_staged(&grads->down_proj_weight_grad, w->sw2, E - 1);
     /* the last expert's FP32 pair, straight into the outputs */
-    mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w->dw1, c->skip_grad_initialization, NULL);
-    mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w->dw2, c->skip_grad_initialization, NULL);
+    mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w->dw1, c->skip_grad_initialization, NULL, 0);
+    mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w->dw2, c->skip_grad_initialization, NULL, 0);
     if (c->bias) {
         mxfp8i_moe_store_flat_d(&grads->gate_and_up_proj_bias_grad, w->db1, c->skip_grad_initialization);
         mxfp8i_moe_store_flat_d(&grads->down_proj_bias_grad, w->db2, c->skip_grad_initialization);
@@ -100,17 +100,17 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
 static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2)); /* later experts find them zeroed by the staging */
+    memset(w->dw2, 0, sizeof(float) * (size_t)(I * H));
     for (int64_t e = 0; e < p->E; e++) {
-        memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2));
-        memset(w->dw2, 0, sizeof(float) * (size_t)(I * H));
         for (int64_t n = 0; n < p->N; n++) {
             const int64_t L = p->expert[n] == e ? mxfp8i_moe_block_len(p, n) : 0;
             if (L > 0) MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_bwd_block(w, n, e, L));
         }
         if (e == p->E - 1) break;
         const int skip = p->cfg.skip_grad_initialization;
-        mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1);
-        mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2);
+        mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1, 1);
+        mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2, 1);
     }
     return MXFP8_OK;
 }

@@ -30,8 +30,9 @@ mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64
 /* store.c */
 /** Round expert e's FP32 accumulator (per = elements of one expert) into the staging copy of a weight gradient (a
  *  row-major buffer of the output's dtype and shape, whose element e*per + k is the expert's element k), or with
- *  stage NULL straight into the output view. */
-void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, const float *acc, int add, void *stage);
+ *  stage NULL straight into the output view; clear != 0 leaves the accumulator zeroed for the next expert. */
+void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, float *acc, int add, void *stage,
+                             int clear);
 /** Copy experts [0, ne) of a staging buffer (row-major, the view's dtype) into the view. */
 void mxfp8i_moe_store_staged(const mxfp8_tensor *t, const void *stage, int64_t ne);
 

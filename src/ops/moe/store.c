@@ -69,8 +69,11 @@ static int64_t sub_off(const mxfp8_tensor *t, int64_t e, int64_t k) {
 /* Round expert e's FP32 accumulator (per = elements of one expert) into the staging copy of a weight gradient (a
  * row-major buffer of the output's dtype and shape, whose element e*per + k is the expert's element k), or with
  * stage NULL straight into the output view. add != 0: the output's given value + acc (one FP32 addition), exactly
- * as mxfp8i_moe_store_flat_f would round it. */
-void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, const float *acc, int add, void *stage) {
+ * as mxfp8i_moe_store_flat_f would round it. clear != 0: acc is left zeroed for the next expert (each piece right
+ * after it is read, while it is in cache). */
+void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, float *acc, int add, void *stage,
+                             int clear) {
+    enum { PIECE = 8192 }; /* 32 KiB of accumulators */
     mxfp8_tensor sv = *t;
     const int cont = mxfp8i_is_contiguous(t), direct = stage == NULL;
     if (!direct) sv.data = stage;
@@ -79,10 +82,12 @@ void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, cons
         uint16_t *d = (uint16_t *)sv.data + e * per;
         mxfp8i_to_bf16_fn to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int c = 0; c < nt; c++) {
-            const int64_t k0 = per * c / nt, k1 = per * (c + 1) / nt;
-            to_bf16(acc + k0, 0, d + k0, 0, 1, k1 - k0);
-        }
+        for (int c = 0; c < nt; c++)
+            for (int64_t k0 = per * c / nt, k1 = per * (c + 1) / nt; k0 < k1; k0 += PIECE) {
+                const int64_t n = k1 - k0 < PIECE ? k1 - k0 : PIECE;
+                to_bf16(acc + k0, 0, d + k0, 0, 1, n);
+                if (clear) memset(acc + k0, 0, (size_t)n * sizeof(float));
+            }
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -93,6 +98,7 @@ void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, cons
             if (add) v = (float)mxfp8i_moe_ld(t, off) + v;
             if (t->dtype == MXFP8_DTYPE_BF16) ((uint16_t *)sv.data)[so] = mxfp8i_fp32_to_bf16(v);
             else mxfp8i_moe_st(&sv, so, (double)v);
+            if (clear) acc[k] = 0.0f;
         }
 }
 
