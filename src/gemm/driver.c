@@ -120,13 +120,27 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
  * pack_panel gives one by one. Column-geometry operands that pack from BF16 values are quantized PACK_GROUP
  * panels at a time into the thread's scratch, then each panel is packed from its slice; if a value of the group
  * is not exact in BF16 each panel goes through pack_panel. */
+/* Whether pack_panels quantizes the operand's panels PACK_GROUP at a time (columns geometry, on the fly, 1x32). */
+static int pack_grouped(const gemm_ctx *x, const mxfp8i_gop *op) {
+    const mxfp8i_ukernel *uk = x->uk;
+    return uk->panel != MXFP8I_PANEL_F32 && uk->pack_q && !op->prequant && !op->swizzled &&
+           x->cfg->quant_scheme == MXFP8_GROUP_1X32 && op->s0 == 1 && op->s1 > 1;
+}
+
+/* How many consecutive panels of np a thread packs at a time when nt threads share them round-robin: PACK_GROUP for
+ * grouped operands (fewer when that would leave a thread without panels), else 1. Speed only. */
+static int64_t pack_step(const gemm_ctx *x, const mxfp8i_gop *op, int64_t np, int nt) {
+    if (!pack_grouped(x, op)) return 1;
+    const int64_t share = mxfp8i_ceil_div(np, nt);
+    return share < 1 ? 1 : share < PACK_GROUP ? share : PACK_GROUP;
+}
+
 static void pack_panels(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t p0, int64_t p1,
                         char *dst, int64_t stride) {
     const mxfp8_matmul_config *cfg = x->cfg;
     const mxfp8i_ukernel *uk = x->uk;
     const int w = is_b ? uk->nr : uk->mr;
-    const int grouped = uk->panel != MXFP8I_PANEL_F32 && uk->pack_q && !op->prequant && !op->swizzled &&
-                        cfg->quant_scheme == MXFP8_GROUP_1X32 && op->s0 == 1 && op->s1 > 1;
+    const int grouped = pack_grouped(x, op);
     for (int64_t p = p0; p < p1;) {
         const int64_t n = p1 - p < PACK_GROUP ? p1 - p : PACK_GROUP;
         const int64_t r0 = p * w, rows = op->R - r0 < n * w ? op->R - r0 : n * w;
@@ -254,16 +268,16 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
             if (p1 > npb) p1 = npb;
             if (p0 < p1) pack_panels(x, tid, x->b, 1, p0, p1, x->Bp + p0 * x->pb_stride, x->pb_stride);
         } else {
-            for (int64_t p = tid * PACK_GROUP; p < npb; p += nt * PACK_GROUP)
-                pack_panels(x, tid, x->b, 1, p, p + PACK_GROUP < npb ? p + PACK_GROUP : npb,
-                            x->Bp + p * x->pb_stride, x->pb_stride);
+            const int64_t g = pack_step(x, x->b, npb, nt);
+            for (int64_t p = tid * g; p < npb; p += nt * g)
+                pack_panels(x, tid, x->b, 1, p, p + g < npb ? p + g : npb, x->Bp + p * x->pb_stride, x->pb_stride);
         }
     }
     if (x->Ap) {
         int64_t npa = mxfp8i_ceil_div(x->M, uk->mr);
-        for (int64_t p = tid * PACK_GROUP; p < npa; p += nt * PACK_GROUP)
-            pack_panels(x, tid, x->a, 0, p, p + PACK_GROUP < npa ? p + PACK_GROUP : npa, x->Ap + p * x->pa_stride,
-                        x->pa_stride);
+        const int64_t g = pack_step(x, x->a, npa, nt);
+        for (int64_t p = tid * g; p < npa; p += nt * g)
+            pack_panels(x, tid, x->a, 0, p, p + g < npa ? p + g : npa, x->Ap + p * x->pa_stride, x->pa_stride);
     }
 #ifdef _OPENMP
     if (nt > 1 && !own_b) {
@@ -291,9 +305,10 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
             int64_t np = mxfp8i_ceil_div(m1 - m0, uk->mr);
             char *buf = x->ash[mb & 1];
             const int64_t pm = m0 / uk->mr;
-            for (int64_t p = tid * PACK_GROUP; p < np; p += nt * PACK_GROUP)
-                pack_panels(x, tid, x->a, 0, pm + p, pm + (p + PACK_GROUP < np ? p + PACK_GROUP : np),
-                            buf + p * x->pa_stride, x->pa_stride);
+            const int64_t g = pack_step(x, x->a, np, nt);
+            for (int64_t p = tid * g; p < np; p += nt * g)
+                pack_panels(x, tid, x->a, 0, pm + p, pm + (p + g < np ? p + g : np), buf + p * x->pa_stride,
+                            x->pa_stride);
 #ifdef _OPENMP
             if (nt > 1) {
 #pragma omp barrier
