@@ -27,6 +27,10 @@ static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
             memset(w->dyb + q * H, 0, (size_t)H * sizeof(float));
             continue;
         }
+        if (q + 1 < L && tok[q + 1] >= 0) {
+            mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
+            mxfp8i_moe_prefetch_row(&p->dY, tok[q + 1], H);
+        }
         mxfp8i_moe_row_f32(&p->X, tok[q], H, w->xb + q * H);
         mxfp8i_moe_row_f32(&p->dY, tok[q], H, w->dyb + q * H);
     }
@@ -222,6 +226,8 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_
             if (tok[q] < 0) continue;
             float *dst = w->dx + tok[q] * H;
             const float *src = w->dxb + q * H;
+            if (q + 1 < L && tok[q + 1] >= 0)
+                mxfp8i_moe_prefetch(w->dx + tok[q + 1] * H + h0, (size_t)(h1 - h0) * sizeof(float), 1);
             for (int64_t h = h0; h < h1; h++) dst[h] += src[h];
         }
     }

@@ -113,6 +113,7 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
         aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
+        if (q + 1 < L && tok[q + 1] >= 0) mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
         if (tok[q] >= 0) mxfp8i_moe_row_f32(&p->X, tok[q], H, xb + q * H);
         else memset(xb + q * H, 0, (size_t)H * sizeof(float));
     }
@@ -147,6 +148,8 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
             }
             const float a = aq[q];
             float *dst = w->acc + tok[q] * H;
+            if (q + 1 < L && tok[q + 1] >= 0)
+                mxfp8i_moe_prefetch(w->acc + tok[q + 1] * H + h0, (size_t)(h1 - h0) * sizeof(float), 1);
             for (int64_t h = h0; h < h1; h++) {
                 float d = dq[h] + b2[h];
                 dq[h] = d;

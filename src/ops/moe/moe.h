@@ -83,6 +83,21 @@ static inline void mxfp8i_moe_row_f32(const mxfp8_tensor *t, int64_t r, int64_t 
         for (int64_t h = 0; h < n; h++) out[h] = mxfp8i_load_f32(t->data, t->dtype, base + h * s1);
     }
 }
+/** Ask for the bytes [p, p + bytes) ahead of their use (the rows that gathers and scatters reach at random token
+ *  ids: a whole row from memory would otherwise stall; speed only). */
+static inline void mxfp8i_moe_prefetch(const void *p, size_t bytes, int for_write) {
+    const char *c = (const char *)p;
+    for (size_t o = 0; o < bytes; o += 64) {
+        if (for_write) __builtin_prefetch(c + o, 1, 3);
+        else __builtin_prefetch(c + o, 0, 3);
+    }
+}
+/** mxfp8i_moe_prefetch of row r of a 2-D view (unit-stride rows only; others are left to the hardware). */
+static inline void mxfp8i_moe_prefetch_row(const mxfp8_tensor *t, int64_t r, int64_t n) {
+    if (t->strides[1] == 1)
+        mxfp8i_moe_prefetch((const char *)t->data + (size_t)(r * t->strides[0]) * mxfp8_dtype_size(t->dtype),
+                            (size_t)n * mxfp8_dtype_size(t->dtype), 0);
+}
 /** Affinity a[t*E + e] as float. */
 static inline float mxfp8i_moe_aff(const mxfp8i_moe *p, int64_t t, int64_t e) {
     return mxfp8i_load_f32(p->a.data, p->a.dtype, mxfp8i_moe_vec_off(&p->a, t * p->E + e));
