@@ -132,9 +132,10 @@ int cmd_quantize(int argc, char **argv) {
     int64_t axis = -1;
     mxfp8_quant_params qp = mxfp8_quant_params_default();
     const char *fs = cli_val(&cl, "fmt");
-    if (fs && (!strcmp(fs, "float8_e4m3fn") || !strcmp(fs, "float8_e5m2")))
-        return cli_error(cmd, "--fmt must be e4m3 or e5m2, got '%s' (it spells that format %s)", fs,
-                         fs[8] == '4' ? "e4m3" : "e5m2");
+    static const char *const f8_names[] = {"float8_e4m3fn", "float8_e5m2"}; /* --float8-dtype's spelling */
+    for (int i = 0; fs && i < 2; i++)
+        if (!strcmp(fs, f8_names[i]))
+            return cli_error(cmd, "--fmt must be e4m3 or e5m2, got '%s' (it spells that format %s)", fs, fmts[i]);
     if (cli_choice(cmd, "fmt", fs, fmts, 2, &fmt) ||
         cli_int(cmd, "axis", cli_val(&cl, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
         cli_scale_rule(cmd, cli_val(&cl, "scale-rule"), &qp.rule) ||

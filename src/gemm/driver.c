@@ -116,10 +116,6 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
  * over PACK_GROUP * w columns reads each source row PACK_GROUP times longer, instead of w values per row. */
 #define PACK_GROUP 4
 
-/* Panels [p0, p1) of op (panel p holds rows [p w, p w + w)), panel p at dst + (p - p0) * stride: the panels
- * pack_panel gives one by one. Column-geometry operands that pack from BF16 values are quantized PACK_GROUP
- * panels at a time into the thread's scratch, then each panel is packed from its slice; if a value of the group
- * is not exact in BF16 each panel goes through pack_panel. */
 /* Whether pack_panels quantizes the operand's panels PACK_GROUP at a time (columns geometry, on the fly, 1x32). */
 static int pack_grouped(const gemm_ctx *x, const mxfp8i_gop *op) {
     const mxfp8i_ukernel *uk = x->uk;
@@ -135,6 +131,10 @@ static int64_t pack_step(const gemm_ctx *x, const mxfp8i_gop *op, int64_t np, in
     return share < 1 ? 1 : share < PACK_GROUP ? share : PACK_GROUP;
 }
 
+/* Panels [p0, p1) of op (panel p holds rows [p w, p w + w)), panel p at dst + (p - p0) * stride: the panels
+ * pack_panel gives one by one. Column-geometry operands that pack from BF16 values are quantized PACK_GROUP
+ * panels at a time into the thread's scratch, then each panel is packed from its slice; if a value of the group
+ * is not exact in BF16 each panel goes through pack_panel. */
 static void pack_panels(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t p0, int64_t p1,
                         char *dst, int64_t stride) {
     const mxfp8_matmul_config *cfg = x->cfg;

@@ -87,8 +87,9 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
     mxfp8i_moe_store_staged(&grads->gate_up_proj_weight_grad, w->sw1, E - 1);
     mxfp8i_moe_store_staged(&grads->down_proj_weight_grad, w->sw2, E - 1);
     /* the last expert's FP32 pair, straight into the outputs */
-    mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w->dw1, c->skip_grad_initialization, NULL, 0);
-    mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w->dw2, c->skip_grad_initialization, NULL, 0);
+    const int skip = c->skip_grad_initialization;
+    mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w->dw1, skip, NULL, 0);
+    mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w->dw2, skip, NULL, 0);
     if (c->bias) {
         mxfp8i_moe_store_flat_d(&grads->gate_and_up_proj_bias_grad, w->db1, c->skip_grad_initialization);
         mxfp8i_moe_store_flat_d(&grads->down_proj_bias_grad, w->db2, c->skip_grad_initialization);

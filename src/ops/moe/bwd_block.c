@@ -16,21 +16,14 @@ static inline float ck4(const mxfp8_tensor *t, int64_t n, int64_t j, int64_t i, 
                            n * t->strides[0] + j * t->strides[1] + i * t->strides[2] + q * t->strides[3]);
 }
 
-/* Whether the block's X rows are kept as BF16 (a BF16 input with unit-stride rows: the same values, so the same
- * quantization; half the bytes, and the packer's BF16 lanes). X_blk enters GEMMs only. */
-static int x_bf16(const mxfp8i_moe *p) { return p->X.dtype == MXFP8_DTYPE_BF16 && p->X.strides[1] == 1; }
-
-/* X and dY rows of the block's tokens (padding rows zero); X as BF16 when x_bf16, else FP32. */
+/* X and dY rows of the block's tokens (padding rows zero); X in mxfp8i_moe_xb_dtype, dY in FP32. */
 static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H;
-    const int xb16 = x_bf16(p);
-    const size_t xes = xb16 ? sizeof(uint16_t) : sizeof(float);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
-        char *xrow = (char *)w->xb + (size_t)(q * H) * xes;
+        mxfp8i_moe_x_row(&p->X, tok[q], H, w->xb, q);
         if (tok[q] < 0) {
-            memset(xrow, 0, (size_t)H * xes);
             memset(w->dyb + q * H, 0, (size_t)H * sizeof(float));
             continue;
         }
@@ -38,8 +31,6 @@ static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
             mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
             mxfp8i_moe_prefetch_row(&p->dY, tok[q + 1], H);
         }
-        if (xb16) memcpy(xrow, (const uint16_t *)p->X.data + tok[q] * p->X.strides[0], (size_t)H * xes);
-        else mxfp8i_moe_row_f32(&p->X, tok[q], H, (float *)xrow);
         mxfp8i_moe_row_f32(&p->dY, tok[q], H, w->dyb + q * H);
     }
 }
@@ -78,7 +69,7 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
                        *ck_D = &a->down_proj_act_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     if (!ck_gu->data) { /* the forward's GEMM 1: GU = X_blk @ W1[e], contraction H */
-        mxfp8i_gop A = mxfp8i_gop_hp(w->xb, x_bf16(p) ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32, L, H, H, 1);
+        mxfp8i_gop A = mxfp8i_gop_hp(w->xb, mxfp8i_moe_xb_dtype(&p->X), L, H, H, 1);
         mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
         mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
         MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, w->gu, I2));
@@ -248,7 +239,7 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_
 static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
-    mxfp8i_gop A = mxfp8i_gop_hp(w->xb, x_bf16(p) ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32, H, L, 1, H);
+    mxfp8i_gop A = mxfp8i_gop_hp(w->xb, mxfp8i_moe_xb_dtype(&p->X), H, L, 1, H);
     mxfp8i_gop B = mxfp8i_gop_hp(w->dgu, MXFP8_DTYPE_F32, I2, L, 1, I2);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P3_X, n, H, 1, H);
     mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P3_DGU, n, I2, 1, I2);

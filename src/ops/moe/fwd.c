@@ -109,21 +109,15 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     const int nt = mxfp8i_moe_nt((double)L * (double)(H + I2)); /* elementwise work of this block */
     mxfp8i_moe_load_b1(p, e, w->b1);
     mxfp8i_moe_load_b2(p, e, w->b2);
-    /* gather X rows (padding rows zero) and the affinities of the positions; BF16 rows with unit stride stay BF16
-     * (the same values, so the same quantization; half the bytes, and the packer's BF16 lanes) */
-    const int xb16 = p->X.dtype == MXFP8_DTYPE_BF16 && p->X.strides[1] == 1;
-    const size_t xes = xb16 ? sizeof(uint16_t) : sizeof(float);
+    /* gather X rows (padding rows zero; BF16 kept as BF16) and the affinities of the positions */
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t q = 0; q < L; q++) {
         aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
         if (q + 1 < L && tok[q + 1] >= 0) mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
-        char *row = (char *)xb + (size_t)(q * H) * xes;
-        if (tok[q] < 0) memset(row, 0, (size_t)H * xes);
-        else if (xb16) memcpy(row, (const uint16_t *)p->X.data + tok[q] * p->X.strides[0], (size_t)H * xes);
-        else mxfp8i_moe_row_f32(&p->X, tok[q], H, (float *)row);
+        mxfp8i_moe_x_row(&p->X, tok[q], H, xb, q);
     }
     /* GEMM 1: GU = X_blk @ W1[e], contraction H (W1[e]'s packed panels kept in keyed slot 0) */
-    mxfp8i_gop A = mxfp8i_gop_hp(xb, xb16 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32, L, H, H, 1);
+    mxfp8i_gop A = mxfp8i_gop_hp(xb, mxfp8i_moe_xb_dtype(&p->X), L, H, H, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
     mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data);

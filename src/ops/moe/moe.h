@@ -83,6 +83,21 @@ static inline void mxfp8i_moe_row_f32(const mxfp8_tensor *t, int64_t r, int64_t 
         for (int64_t h = 0; h < n; h++) out[h] = mxfp8i_load_f32(t->data, t->dtype, base + h * s1);
     }
 }
+/** The dtype of a block's X buffer: BF16 for a BF16 input with unit-stride rows (the same values, so the same
+ *  quantization; half the bytes, and the packer's BF16 lanes), else F32. X_blk enters GEMMs only. */
+static inline mxfp8_dtype mxfp8i_moe_xb_dtype(const mxfp8_tensor *X) {
+    return X->dtype == MXFP8_DTYPE_BF16 && X->strides[1] == 1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
+}
+/** Row q of a block's X buffer (rows of H elements of mxfp8i_moe_xb_dtype(X)): token row t of X, or zeros for
+ *  t < 0 (padding). */
+static inline void mxfp8i_moe_x_row(const mxfp8_tensor *X, int64_t t, int64_t H, void *buf, int64_t q) {
+    const int b16 = mxfp8i_moe_xb_dtype(X) == MXFP8_DTYPE_BF16;
+    const size_t es = b16 ? sizeof(uint16_t) : sizeof(float);
+    char *row = (char *)buf + (size_t)(q * H) * es;
+    if (t < 0) memset(row, 0, (size_t)H * es);
+    else if (b16) memcpy(row, (const uint16_t *)X->data + t * X->strides[0], (size_t)H * es);
+    else mxfp8i_moe_row_f32(X, t, H, (float *)row);
+}
 /** Ask for the bytes [p, p + bytes) ahead of their use (the rows that gathers and scatters reach at random token
  *  ids: a whole row from memory would otherwise stall; speed only). */
 static inline void mxfp8i_moe_prefetch(const void *p, size_t bytes, int for_write) {
