@@ -7,27 +7,9 @@
  * Output: {"mxfp8_tensor": {"size": 112, "align": 8, "fields": [["data", 0, 8], ...]}, ...}
  */
 #define MXFP8_REFERENCE_API
-#include <stdalign.h>
-#include <stddef.h>
-#include <stdio.h>
 
 #include "mxfp8.h"
-
-static int first_struct = 1, first_field;
-
-#define BEGIN(S)                                                                                                       \
-    do {                                                                                                               \
-        printf("%s\n  \"%s\": {\"size\": %zu, \"align\": %zu, \"fields\": [", first_struct ? "{" : ",", #S,         \
-               sizeof(S), alignof(S));                                                                                  \
-        first_struct = 0;                                                                                              \
-        first_field = 1;                                                                                               \
-    } while (0)
-#define F(S, f)                                                                                                        \
-    do {                                                                                                               \
-        printf("%s[\"%s\", %zu, %zu]", first_field ? "" : ", ", #f, offsetof(S, f), sizeof(((S *)0)->f));            \
-        first_field = 0;                                                                                               \
-    } while (0)
-#define END(S) printf("]}")
+#include "struct_layout.h"
 
 int main(void) {
     BEGIN(mxfp8_tensor);

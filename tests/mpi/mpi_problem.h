@@ -16,6 +16,22 @@
 #include "mxfp8_mpi.h"
 #include "testutil.h"
 
+/* The MPI tests' check: counts, and prints the first 20 failures with this rank's number (each rank checks its own
+ * slice; main reduces g_fail over the ranks). */
+static int g_rank, g_size;
+static long g_fail, g_checks;
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        g_checks++;                                                                                                    \
+        if (!(cond)) {                                                                                                 \
+            if (g_fail++ < 20) {                                                                                       \
+                fprintf(stderr, "FAIL rank %d %s:%d: ", g_rank, __FILE__, __LINE__);                                  \
+                fprintf(stderr, __VA_ARGS__);                                                                          \
+                fputc('\n', stderr);                                                                                   \
+            }                                                                                                          \
+        }                                                                                                              \
+    } while (0)
+
 typedef struct tcase {
     const char *name;
     int64_t H, I, E, K, B;

@@ -4,27 +4,8 @@
  * tests/python/test_struct_layout.py compares mxfp8.mpi's ctypes mirrors with it and checks the tables below against
  * the header. Makes no MPI call. Not a ctest (it checks nothing by itself).
  */
-#include <stdalign.h>
-#include <stddef.h>
-#include <stdio.h>
-
 #include "mxfp8_mpi.h"
-
-static int first_struct = 1, first_field;
-
-#define BEGIN(S)                                                                                                       \
-    do {                                                                                                               \
-        printf("%s\n  \"%s\": {\"size\": %zu, \"align\": %zu, \"fields\": [", first_struct ? "{" : ",", #S,         \
-               sizeof(S), alignof(S));                                                                                  \
-        first_struct = 0;                                                                                              \
-        first_field = 1;                                                                                               \
-    } while (0)
-#define F(S, f)                                                                                                        \
-    do {                                                                                                               \
-        printf("%s[\"%s\", %zu, %zu]", first_field ? "" : ", ", #f, offsetof(S, f), sizeof(((S *)0)->f));            \
-        first_field = 0;                                                                                               \
-    } while (0)
-#define END(S) printf("]}")
+#include "../c/struct_layout.h"
 
 int main(void) {
     BEGIN(mxfp8_mpi_moe_stats);

@@ -7,20 +7,6 @@
  */
 #include "mpi_problem.h"
 
-static int g_rank, g_size;
-static long g_fail, g_checks;
-#define CHECK(cond, ...)                                                                                               \
-    do {                                                                                                               \
-        g_checks++;                                                                                                    \
-        if (!(cond)) {                                                                                                 \
-            if (g_fail++ < 20) {                                                                                       \
-                fprintf(stderr, "FAIL rank %d %s:%d: ", g_rank, __FILE__, __LINE__);                                  \
-                fprintf(stderr, __VA_ARGS__);                                                                          \
-                fputc('\n', stderr);                                                                                   \
-            }                                                                                                          \
-        }                                                                                                              \
-    } while (0)
-
 #define LIMIT_SECONDS 20.0
 
 static const tcase k_case = {"faults", 64, 32, 6, 2, 8, 0, MXFP8_DTYPE_BF16, MXFP8_DTYPE_BF16, MXFP8_DTYPE_BF16,

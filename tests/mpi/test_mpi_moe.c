@@ -11,20 +11,6 @@
  */
 #include "mpi_problem.h"
 
-static int g_rank, g_size;
-static long g_fail, g_checks;
-#define CHECK(cond, ...)                                                                                               \
-    do {                                                                                                               \
-        g_checks++;                                                                                                    \
-        if (!(cond)) {                                                                                                 \
-            if (g_fail++ < 20) {                                                                                       \
-                fprintf(stderr, "FAIL rank %d %s:%d: ", g_rank, __FILE__, __LINE__);                                  \
-                fprintf(stderr, __VA_ARGS__);                                                                          \
-                fputc('\n', stderr);                                                                                   \
-            }                                                                                                          \
-        }                                                                                                              \
-    } while (0)
-
 #define F32 MXFP8_DTYPE_F32
 #define BF16 MXFP8_DTYPE_BF16
 #define F16 MXFP8_DTYPE_F16
