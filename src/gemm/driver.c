@@ -423,6 +423,28 @@ static void run_threads(const gemm_ctx *x) {
     mxfp8i_fenv_leave(csr);
 }
 
+/* The plan shared by a GEMM and its reservation: x (kernel, dimensions, blocking, thread split) with its resolved
+ * config in *cfg (config NULL = defaults; 1 thread unless run_with_lnc2) and the buffer sizes z. False on a size
+ * overflow. */
+static bool prepare(gemm_ctx *x, mxfp8_matmul_config *cfg, gemm_sizes *z, const mxfp8_matmul_config *config,
+                    int64_t M, int64_t N, int64_t K, int num_threads) {
+    mxfp8_matmul_config defaults;
+    if (!config) {
+        mxfp8_matmul_config_init(&defaults);
+        config = &defaults;
+    }
+    const int nt = num_threads < 1 || !config->run_with_lnc2 ? 1 : num_threads;
+    memset(x, 0, sizeof *x);
+    x->uk = mxfp8i_gemm_ukernel();
+    mxfp8i_gemm_resolve(config, x->uk, M, N, K, nt, cfg);
+    x->cfg = cfg;
+    x->M = M;
+    x->N = N;
+    x->K = K;
+    plan(x, cfg, nt);
+    return buffer_sizes(x, z) && thread_layout(x, z);
+}
+
 static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                                 int accumulate, const mxfp8_tensor *c, int num_threads);
 
@@ -449,29 +471,15 @@ static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const 
         mxfp8i_fenv_leave(csr);
         return MXFP8_OK;
     }
-    mxfp8_matmul_config defaults, cfg;
-    if (!config) {
-        mxfp8_matmul_config_init(&defaults);
-        config = &defaults;
-    }
-    int nt = num_threads < 1 ? 1 : num_threads;
-    if (!config->run_with_lnc2) nt = 1;
+    mxfp8_matmul_config cfg;
     gemm_ctx x;
-    memset(&x, 0, sizeof x);
-    x.uk = mxfp8i_gemm_ukernel();
+    gemm_sizes z;
+    if (!prepare(&x, &cfg, &z, config, M, N, K, num_threads)) return MXFP8_ERR_OUT_OF_MEMORY;
     x.to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
-    mxfp8i_gemm_resolve(config, x.uk, M, N, K, nt, &cfg);
     x.a = a;
     x.b = b;
-    x.cfg = &cfg;
     x.accumulate = accumulate;
     x.c = c;
-    x.M = M;
-    x.N = N;
-    x.K = K;
-    plan(&x, &cfg, nt);
-    gemm_sizes z;
-    if (!buffer_sizes(&x, &z) || !thread_layout(&x, &z)) return MXFP8_ERR_OUT_OF_MEMORY;
     if (!get_buffers(&x, &z, kslot, bkey)) return MXFP8_ERR_OUT_OF_MEMORY;
     run_threads(&x);
     if (kslot >= 0) mxfp8i_ws_keyed_done(kslot, bkey, x.uk);
@@ -481,22 +489,9 @@ static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const 
 mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_matmul_config *config, int num_threads,
                                  int keyed_slot) {
     if (M <= 0 || N <= 0 || K <= 0) return MXFP8_OK;
-    mxfp8_matmul_config defaults, cfg;
-    if (!config) {
-        mxfp8_matmul_config_init(&defaults);
-        config = &defaults;
-    }
-    int nt = num_threads < 1 || !config->run_with_lnc2 ? 1 : num_threads;
+    mxfp8_matmul_config cfg;
     gemm_ctx x;
-    memset(&x, 0, sizeof x);
-    x.uk = mxfp8i_gemm_ukernel();
-    mxfp8i_gemm_resolve(config, x.uk, M, N, K, nt, &cfg);
-    x.cfg = &cfg;
-    x.M = M;
-    x.N = N;
-    x.K = K;
-    plan(&x, &cfg, nt);
     gemm_sizes z;
-    if (!buffer_sizes(&x, &z) || !thread_layout(&x, &z)) return MXFP8_ERR_OUT_OF_MEMORY;
+    if (!prepare(&x, &cfg, &z, config, M, N, K, num_threads)) return MXFP8_ERR_OUT_OF_MEMORY;
     return get_buffers(&x, &z, keyed_slot, 0) ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }
