@@ -367,7 +367,7 @@ static void usage(FILE *f) {
 }
 
 int cmd_bench_moe_ep(int argc, char **argv) {
-    int init = 0, own = 0, reps = 3, quick = 0, wires = 1;
+    int reps = 3, quick = 0, wires = 1;
     int64_t threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -388,14 +388,7 @@ int cmd_bench_moe_ep(int argc, char **argv) {
         return CLI_USAGE;
     }
     if (quick && reps > 2) reps = 2;
-    MPI_Initialized(&init);
-    if (!init) {
-        int provided;
-        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-        own = 1;
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_P);
+    const int own = moe_ep_mpi_begin(&argc, &argv, &g_rank, &g_P);
     mxfp8_info info;
     mxfp8_get_info(&info);
     const int cores = info.num_threads; /* rank 0's single-process run uses them all */

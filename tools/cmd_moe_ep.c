@@ -416,15 +416,7 @@ out:
 }
 
 int cmd_moe_bwd_ep(int argc, char **argv) {
-    int init = 0, own = 0;
-    MPI_Initialized(&init);
-    if (!init) {
-        int provided;
-        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-        own = 1;
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_P);
+    const int own = moe_ep_mpi_begin(&argc, &argv, &g_rank, &g_P);
     run R;
     memset(&R, 0, sizeof R);
     local L;

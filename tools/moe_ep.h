@@ -1,6 +1,6 @@
 /*
  * moe_ep.h -- the MoE problem of `mxfp8 moe-bwd --expert-parallel` (tools/cmd_moe_ep.c) and the helpers it shares
- * with `mxfp8 bench moe --expert-parallel` (tools/bench_moe_ep.c). Built when CMake finds MPI (MXFP8_HAVE_MPI).
+ * with `mxfp8 bench moe --expert-parallel` (bench/bench_moe_ep.c). Built when CMake finds MPI (MXFP8_HAVE_MPI).
  *
  * The problem is the GATHERED one (every rank holds all of it; each takes its slice): generated exactly as
  * `mxfp8 moe-bwd` generates its default problem (same options, same seed, same values), or read from a bundle.
@@ -33,6 +33,10 @@ int moe_ep_generate(moe_ep_problem *p, int64_t H, int64_t T, int64_t E, int64_t 
 /** A bundle (the names of `mxfp8 moe-bwd --inputs`); block_size 0 = from the bundle. */
 int moe_ep_load(moe_ep_problem *p, const char *path, int64_t block_size, char *err, size_t errlen);
 void moe_ep_free(moe_ep_problem *p);
+
+/** MPI for a command: initialized here (MPI_THREAD_FUNNELED) unless the caller already did; *rank and *size of
+ *  MPI_COMM_WORLD. Returns 1 when this call initialized MPI (the command then calls MPI_Finalize), else 0. */
+int moe_ep_mpi_begin(int *argc, char ***argv, int *rank, int *size);
 
 /** Threads per rank when the user set none: the cores the library sees, shared by the ranks of this node. */
 void moe_ep_default_threads(MPI_Comm comm);

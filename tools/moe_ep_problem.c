@@ -257,6 +257,19 @@ void moe_ep_free(moe_ep_problem *p) {
     memset(p, 0, sizeof *p);
 }
 
+int moe_ep_mpi_begin(int *argc, char ***argv, int *rank, int *size) {
+    int init = 0, own = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+        int provided;
+        MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        own = 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, size);
+    return own;
+}
+
 void moe_ep_default_threads(MPI_Comm comm) {
     const char *a = getenv("MXFP8_NUM_THREADS"), *b = getenv("OMP_NUM_THREADS");
     if ((a && *a) || (b && *b)) return;
