@@ -2,7 +2,10 @@
 and BlockwiseMoE (a top-k routed Mixture-of-Experts feed-forward layer whose experts run through the mxfp8 MoE op).
 """
 
+import logging
 import math
+import sys
+import warnings
 
 import torch
 from torch import nn
@@ -12,6 +15,8 @@ from .ops import _autocast, linear
 from .recipes import get_recipe
 
 __all__ = ["MXFP8Linear", "convert_to_mxfp8", "BlockwiseMoE"]
+
+_log = logging.getLogger("mxfp8.torch")
 
 
 class MXFP8Linear(nn.Linear):
@@ -44,31 +49,102 @@ class MXFP8Linear(nn.Linear):
         return new
 
 
-def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None):
-    """Swap every torch.nn.Linear of `model` (exactly that class: subclasses with their own forward are left alone)
-    for an MXFP8Linear sharing its parameters, in place, as torchao's convert_to_float8_training does.
+def _is_router(parent, name, child):
+    """A router or gate of a MoE layer (kept in its own precision by convert_to_mxfp8 unless asked): BlockwiseMoE's
+    router, and the layers transformers' MoE models name "router", "gate" or "*_gate" (Qwen2-MoE's
+    shared_expert_gate); transformers 5's own routers are *TopKRouter modules with raw parameters, no nn.Linear."""
+    return (isinstance(parent, BlockwiseMoE) and name == "router") or name in ("router", "gate") or \
+        name.endswith("_gate")
 
-    recipe: a name in mxfp8.torch.RECIPES or an MXFP8Recipe. filter_fn(module, fqn) -> bool: convert only the
-    layers it accepts (fqn is the module's fully qualified name, e.g. "layers.0.attn.qkv"); None converts all.
-    Returns `model` (or the new module when `model` itself is an nn.Linear)."""
+
+def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None, *, quantize_routers=False, experts=True,
+                     block_size=None, return_summary=False):
+    """Convert `model` to MXFP8 training in place, as torchao's convert_to_float8_training does: every torch.nn.Linear
+    (exactly that class: subclasses with their own forward are left alone) becomes an MXFP8Linear sharing its
+    parameters, and the experts of a Hugging Face transformers (5.x) MoE model run through mxfp8.torch.moe (the
+    "mxfp8" experts implementation of mxfp8.torch.hf, reading the fused expert parameters in place).
+
+    recipe: a name in mxfp8.torch.RECIPES or an MXFP8Recipe (linear layers and experts). filter_fn(module, fqn) ->
+    bool: convert only the layers / experts modules it accepts (fqn is the module's fully qualified name, e.g.
+    "layers.0.attn.qkv"); None converts all. quantize_routers: also convert the routers and gates of MoE layers
+    (BlockwiseMoE.router, nn.Linear layers named "router", "gate" or "*_gate"); False by default, because MXFP8
+    routers change the top-k choice of a few percent of the tokens. experts: convert transformers' experts modules
+    (an unsupported one, or a model whose experts cannot all be converted, is left in torch with a UserWarning
+    naming the reason). block_size: the experts' block size (mxfp8.torch.hf.DEFAULT_BLOCK_SIZE when None).
+    state_dict keys and values are unchanged: checkpoints load into the converted and the unconverted model alike.
+
+    Returns `model` (or the new module when `model` itself is an nn.Linear); with return_summary=True the pair
+    (model, summary), summary a dict {"linear": [fqn...], "experts": [fqn...], "kept": {fqn: reason}}. The summary
+    is also logged at INFO level on the logger "mxfp8.torch"."""
     r = get_recipe(recipe)
+    summary = {"linear": [], "experts": [], "kept": {}}
 
-    def wanted(mod, fqn):
-        return type(mod) is nn.Linear and (filter_fn is None or filter_fn(mod, fqn))
+    def accepted(mod, fqn):
+        return filter_fn is None or filter_fn(mod, fqn)
 
-    if wanted(model, ""):
-        return MXFP8Linear.from_linear(model, r)
+    def finish(result):
+        _log.info("convert_to_mxfp8: %d linear layers and %d experts modules in MXFP8 (recipe %s); kept in "
+                  "torch: %s", len(summary["linear"]), len(summary["experts"]), r.name,
+                  ", ".join(f"{k} ({v})" for k, v in summary["kept"].items()) or "none")
+        return (result, summary) if return_summary else result
+
+    if type(model) is nn.Linear and accepted(model, ""):
+        summary["linear"].append("")
+        return finish(MXFP8Linear.from_linear(model, r))
 
     def swap(module, prefix):
         for name, child in list(module.named_children()):
             fqn = f"{prefix}.{name}" if prefix else name
-            if wanted(child, fqn):
-                setattr(module, name, MXFP8Linear.from_linear(child, r))
+            if type(child) is nn.Linear:
+                if _is_router(module, name, child) and not quantize_routers:
+                    summary["kept"][fqn] = "router / gate (quantize_routers=False)"
+                elif accepted(child, fqn):
+                    setattr(module, name, MXFP8Linear.from_linear(child, r))
+                    summary["linear"].append(fqn)
+                else:
+                    summary["kept"][fqn] = "filter_fn"
             else:
                 swap(child, fqn)
 
     swap(model, "")
-    return model
+    if experts and "transformers" in sys.modules:
+        _convert_hf_experts(model, r, filter_fn, block_size, summary)
+    return finish(model)
+
+
+def _convert_hf_experts(model, recipe, filter_fn, block_size, summary):
+    """Select the "mxfp8" experts implementation of a transformers model when all its experts modules support it
+    (mxfp8.torch.hf), configured with `recipe` / `block_size`; record what was done in `summary`."""
+    from . import hf
+
+    found = [(fqn, m) for fqn, m in model.named_modules() if hf.is_experts_module(m)]
+    if not found:
+        return
+    problems = {}
+    for fqn, m in found:
+        if filter_fn is not None and not filter_fn(m, fqn):
+            problems[fqn] = "filter_fn"
+            continue
+        try:
+            hf.check_experts(m)
+        except ValueError as e:
+            problems[fqn] = str(e)
+    if problems:
+        # one experts implementation per model config: a partial conversion is not possible
+        for fqn, _ in found:
+            summary["kept"][fqn] = problems.get(fqn, "another experts module of the model cannot be converted")
+        warnings.warn("convert_to_mxfp8: the MoE experts stay in torch: " +
+                      "; ".join(f"{k}: {v}" for k, v in problems.items()), UserWarning, stacklevel=3)
+        return
+    for fqn, m in found:
+        m.mxfp8_recipe = recipe
+        m.mxfp8_block_size = hf.DEFAULT_BLOCK_SIZE if block_size is None else block_size
+        summary["experts"].append(fqn)
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(hf.IMPLEMENTATION)
+    else:  # a bare transformers module (e.g. one MoE block): the config each experts module dispatches on
+        for _, m in found:
+            m.config._experts_implementation = hf.IMPLEMENTATION
 
 
 class BlockwiseMoE(nn.Module):
