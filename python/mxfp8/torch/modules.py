@@ -103,6 +103,8 @@ def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None, *, quantize_routers=
                     summary["linear"].append(fqn)
                 else:
                     summary["kept"][fqn] = "filter_fn"
+            elif type(child).__name__.lower().endswith("router") and "transformers" in type(child).__module__:
+                summary["kept"][fqn] = "router of a transformers MoE block (raw parameters, computed in torch)"
             else:
                 swap(child, fqn)
 
