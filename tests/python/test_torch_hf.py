@@ -406,3 +406,111 @@ def test_views_share_storage():
         if b1 is not None:
             assert np.array_equal(b1[:, 0].detach().double().numpy(), bg)
             assert np.array_equal(b1[:, 1].detach().double().numpy(), bu)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# BlockwiseMoE router variants and shared experts, with transformers' routers / blocks as the reference
+# ---------------------------------------------------------------------------------------------------------------
+def _same_choice(w, ids, w_ref, ids_ref):
+    """ids equal as sets per row (bitwise), weights matched by id to FP32 rounding."""
+    o, o_ref = torch.sort(ids, dim=-1), torch.sort(ids_ref.long(), dim=-1)
+    assert torch.equal(o.values, o_ref.values)
+    torch.testing.assert_close(w.float().gather(1, o.indices), w_ref.float().gather(1, o_ref.indices),
+                               rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_sigmoid_group_limited_router_matches_deepseek_v3(norm):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    cfg = transformers.DeepseekV3Config(hidden_size=H, n_routed_experts=8, num_experts_per_tok=3, n_group=4,
+                                        topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=norm)
+    ref = DeepseekV3TopkRouter(cfg)
+    g = torch.Generator().manual_seed(21)
+    with torch.no_grad():
+        ref.weight.normal_(0, 0.2, generator=g)
+        ref.e_score_correction_bias.normal_(0, 0.05, generator=g)
+    moe = mt.BlockwiseMoE(H, I, 8, 3, score_func="sigmoid", renormalize=norm, score_correction_bias=True,
+                          n_group=4, topk_group=2, routed_scaling_factor=2.5, output_router_logits=True)
+    with torch.no_grad():
+        moe.router.weight.copy_(ref.weight)
+        moe.e_score_correction_bias.copy_(ref.e_score_correction_bias)
+    x = torch.randn(64, H, generator=g)
+    logits_ref, w_ref, ids_ref = ref(x)
+    ids, w = moe.route_tokens(x)
+    _same_choice(w, ids, w_ref, ids_ref)
+    # the correction bias changed some choices (else the test would not see it), without entering the weights
+    plain = mt.routing.select_experts(logits_ref, 3, score_func="sigmoid", renormalize=norm, n_group=4,
+                                      topk_group=2, routed_scaling_factor=2.5)[1]
+    assert not torch.equal(torch.sort(plain, -1).values, torch.sort(ids, -1).values)
+    out, logits = moe(x)
+    torch.testing.assert_close(logits, logits_ref, rtol=1e-6, atol=1e-6)
+
+
+def test_router_bias_matches_gpt_oss():
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+
+    cfg = transformers.GptOssConfig(hidden_size=H, num_local_experts=E, num_experts_per_tok=K)
+    ref = GptOssTopKRouter(cfg)
+    g = torch.Generator().manual_seed(22)
+    with torch.no_grad():
+        ref.weight.normal_(0, 0.2, generator=g)
+        ref.bias.normal_(0, 0.5, generator=g)
+    moe = mt.BlockwiseMoE(H, I, E, K, router_bias=True)
+    with torch.no_grad():
+        moe.router.weight.copy_(ref.weight)
+        moe.router.bias.copy_(ref.bias)
+    x = torch.randn(64, H, generator=g)
+    _, w_ref, ids_ref = ref(x)
+    ids, w = moe.route_tokens(x)
+    _same_choice(w, ids, w_ref, ids_ref)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_softmax_router_and_shared_experts_match_qwen2_moe(norm):
+    """Qwen2-MoE's block (softmax router, renormalized or not, a shared expert with its sigmoid gate) and a
+    BlockwiseMoE with the same weights: the same routing, outputs at the MXFP8 error, router logits for the
+    auxiliary loss."""
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    cfg = tiny_config("qwen2_moe", norm_topk_prob=norm)
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(23)
+    block = Qwen2MoeSparseMoeBlock(cfg)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.1)
+    moe = mt.BlockwiseMoE(H, I, E, K, renormalize=norm, num_shared_experts=1, shared_intermediate_size=2 * I,
+                          shared_expert_gate=True, output_router_logits=True, recipe="mxfp8", block_size=BS)
+    gu = block.experts.gate_up_proj.detach()
+    with torch.no_grad():
+        moe.load_mixtral_weights(block.gate.weight, gu[:, :I], gu[:, I:], block.experts.down_proj)
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            getattr(moe.shared_experts, n).weight.copy_(getattr(block.shared_expert, n).weight)
+        moe.shared_expert_gate.weight.copy_(block.shared_expert_gate.weight)
+    x = torch.randn(2, 12, H, generator=torch.Generator().manual_seed(24))
+    flat = x.reshape(-1, H)
+    logits_ref, w_ref, ids_ref = block.gate(flat)
+    ids, w = moe.route_tokens(flat)
+    _same_choice(w, ids, w_ref, ids_ref)
+    y, logits = moe(x)
+    torch.testing.assert_close(logits, logits_ref, rtol=1e-6, atol=1e-6)
+    y_ref = block(x)
+    assert cosine(y.detach(), y_ref.detach()) >= 0.99
+    # without the shared expert the outputs would differ visibly: the test sees it
+    assert cosine(y.detach() - moe.shared_experts(flat).reshape(y.shape).detach(), y_ref.detach()) < 0.99
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    want = load_balancing_loss_func((logits_ref,), E, K)
+    assert float(mt.load_balancing_loss(logits, E, K)) == pytest.approx(float(want), rel=1e-6)
+
+
+def test_router_variant_errors():
+    with pytest.raises(ValueError, match="score_func"):
+        mt.BlockwiseMoE(H, I, E, K, score_func="tanh")
+    with pytest.raises(ValueError, match="n_group"):
+        mt.BlockwiseMoE(H, I, 6, K, n_group=4)
+    with pytest.raises(ValueError, match="topk_group"):
+        mt.BlockwiseMoE(H, I, 8, 3, n_group=4, topk_group=1)
+    with pytest.raises(ValueError, match="shared_expert_gate"):
+        mt.BlockwiseMoE(H, I, E, K, shared_expert_gate=True)
+    assert mt.BlockwiseMoE(H, I, E, K, activation="quick_gelu").activation == "swish"

@@ -13,6 +13,7 @@ from torch import nn
 from .moe_ops import clamp_list, moe, numerics_lists, route, topk_softmax
 from .ops import _autocast, linear
 from .recipes import get_recipe
+from .routing import select_experts
 
 __all__ = ["MXFP8Linear", "convert_to_mxfp8", "BlockwiseMoE"]
 
@@ -149,6 +150,27 @@ def _convert_hf_experts(model, recipe, filter_fn, block_size, summary):
             m.config._experts_implementation = hf.IMPLEMENTATION
 
 
+_ACTIVATION_ALIASES = {"quick_gelu": "swish"}  # transformers' name of x * sigmoid(1.702 x), the NKI "swish"
+_TORCH_ACT = {"silu": torch.nn.functional.silu, "swish": lambda g: g * torch.sigmoid(1.702 * g),
+              "squared_relu": lambda g: torch.relu(g) ** 2}
+
+
+class _GatedMLP(nn.Module):
+    """Shared experts: down_proj(act(gate_proj(x)) * up_proj(x)) with nn.Linear layers (no bias), as transformers'
+    Qwen2-MoE / DeepSeek-V3 shared expert MLP (convert_to_mxfp8 makes them MXFP8Linear)."""
+
+    def __init__(self, hidden_size, intermediate_size, activation, device=None, dtype=None):
+        super().__init__()
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+        self.activation = activation
+
+    def forward(self, x):
+        return self.down_proj(_TORCH_ACT[self.activation](self.gate_proj(x)) * self.up_proj(x))
+
+
 class BlockwiseMoE(nn.Module):
     """Top-k routed Mixture-of-Experts feed-forward layer with gated (SwiGLU-style) experts in MXFP8.
 
@@ -173,7 +195,21 @@ class BlockwiseMoE(nn.Module):
         down_proj_weight[e] = w2[e].T;              router.weight = gate.weight
     (load_mixtral_weights does exactly this; mxfp8.from_mixtral / mxfp8.to_mixtral map numpy arrays both ways).
 
-    activation: "silu" (default), "swish" (x * sigmoid(1.702 x)), "squared_relu" or "gpt_oss_swiglu" (gpt-oss's
+    Router variants (mxfp8.torch.routing.select_experts; the defaults are Mixtral's router above, through
+    topk_softmax): score_func "softmax" or "sigmoid" (DeepSeek-V3); renormalize on or off; router_bias=True gives
+    router a bias (gpt-oss: with softmax and renormalize, the softmax over the top-k logits);
+    score_correction_bias=True adds the FP32 buffer e_score_correction_bias [E] to the scores for the choice only
+    (DeepSeek-V3; it is a buffer, set by the training loop, no gradient); n_group / topk_group: group-limited top-k
+    (the experts in n_group groups of consecutive ids, only the topk_group groups with the largest sum of their two
+    best scores eligible); routed_scaling_factor multiplies the final weights. Shared experts (Qwen2-MoE,
+    DeepSeek-V3): num_shared_experts >= 1 adds shared_experts, a gated MLP of nn.Linear layers gate_proj / up_proj
+    [num_shared_experts * shared_intermediate_size (default intermediate_size), H] and down_proj, the same
+    activation, run on every token and added to the output; shared_expert_gate=True scales it by
+    sigmoid(shared_expert_gate(x)) (nn.Linear(H, 1), Qwen2-MoE). output_router_logits=True: forward returns
+    (output, router_logits [T, E]) for the auxiliary loss (mxfp8.torch.load_balancing_loss).
+
+    activation: "silu" (default), "swish" (x * sigmoid(1.702 x), the NKI name; transformers calls it "quick_gelu",
+    also accepted here -- transformers' own "swish" is SiLU, "silu" here), "squared_relu" or "gpt_oss_swiglu" (gpt-oss's
     clamped SwiGLU, (u + 1) g sigmoid(swiglu_alpha g) with g <= swiglu_limit, |u| <= swiglu_limit; defaults 1.702
     and 7). stochastic_rounding, rounding_seed: see mxfp8.torch.moe (set module.rounding_seed anew each step for
     independent rounding). clamp_limits: mxfp8.ClampLimits
@@ -185,7 +221,9 @@ class BlockwiseMoE(nn.Module):
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, block_size=128, activation="silu",
                  bias=False, clamp_limits=None, affinity_option="affinity_on_i", recipe="nki", renormalize=True,
                  device=None, dtype=None, swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=None,
-                 rounding_seed=0):
+                 rounding_seed=0, score_func="softmax", router_bias=False, score_correction_bias=False, n_group=1,
+                 topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0, shared_intermediate_size=None,
+                 shared_expert_gate=False, output_router_logits=False):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts = {num_experts}, got {top_k}")
@@ -193,7 +231,11 @@ class BlockwiseMoE(nn.Module):
             raise ValueError(f"block_size: expected >= 1, got {block_size}")
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k, self.block_size = num_experts, top_k, block_size
+        activation = _ACTIVATION_ALIASES.get(activation.strip().lower(), activation) \
+            if isinstance(activation, str) else activation
         self.activation, self.affinity_option, self.renormalize = activation, affinity_option, renormalize
+        self.score_func, self.n_group, self.topk_group = score_func, n_group, topk_group
+        self.routed_scaling_factor, self.output_router_logits = float(routed_scaling_factor), output_router_logits
         self.clamp_limits = clamp_limits
         clamp_list(clamp_limits)  # validate now, not at the first forward
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
@@ -202,7 +244,23 @@ class BlockwiseMoE(nn.Module):
         self.recipe = get_recipe(recipe)
         kw = dict(device=device, dtype=dtype)
         E, H, I = num_experts, hidden_size, intermediate_size
-        self.router = nn.Linear(H, E, bias=False, **kw)
+        self.router = nn.Linear(H, E, bias=router_bias, **kw)
+        if score_correction_bias:
+            self.register_buffer("e_score_correction_bias", torch.zeros(E, device=device, dtype=torch.float32))
+        else:
+            self.e_score_correction_bias = None
+        # check the router options now, not at the first forward
+        select_experts(torch.zeros(1, E), top_k, score_func=score_func, n_group=n_group, topk_group=topk_group)
+        if num_shared_experts:
+            if activation not in _TORCH_ACT:
+                raise ValueError(f"shared experts: activation {activation!r} is not one of {', '.join(_TORCH_ACT)}")
+            si = (shared_intermediate_size or intermediate_size) * num_shared_experts
+            self.shared_experts = _GatedMLP(H, si, activation, **kw)
+            self.shared_expert_gate = nn.Linear(H, 1, bias=False, **kw) if shared_expert_gate else None
+        else:
+            if shared_expert_gate:
+                raise ValueError("shared_expert_gate: needs num_shared_experts >= 1")
+            self.shared_experts = self.shared_expert_gate = None
         self.gate_up_proj_weight = nn.Parameter(torch.empty(E, H, 2, I, **kw))
         self.down_proj_weight = nn.Parameter(torch.empty(E, I, H, **kw))
         if bias:
@@ -217,6 +275,11 @@ class BlockwiseMoE(nn.Module):
         """nn.Linear's initialization per expert projection: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = H
         for the gate/up projection (weight and bias) and I for the down projection; the router as nn.Linear."""
         self.router.reset_parameters()
+        for m in (self.shared_experts, self.shared_expert_gate):
+            if m is not None:
+                for lin in m.modules():
+                    if isinstance(lin, nn.Linear):
+                        lin.reset_parameters()
         bh, bi = 1 / math.sqrt(self.hidden_size), 1 / math.sqrt(self.intermediate_size)
         nn.init.uniform_(self.gate_up_proj_weight, -bh, bh)
         nn.init.uniform_(self.down_proj_weight, -bi, bi)
@@ -226,8 +289,17 @@ class BlockwiseMoE(nn.Module):
 
     def route_tokens(self, x):
         """(topk_ids [T, top_k] int64, topk_weights [T, top_k] float32) of tokens x [T, H]."""
-        w, ids = topk_softmax(self.router(x), self.top_k, self.renormalize)
-        return ids, w
+        return self._route(self.router(x))[:2]
+
+    def _route(self, logits):
+        if (self.score_func == "softmax" and self.e_score_correction_bias is None and self.n_group == 1
+                and self.routed_scaling_factor == 1.0):
+            w, ids = topk_softmax(logits, self.top_k, self.renormalize)
+        else:
+            w, ids = select_experts(logits, self.top_k, score_func=self.score_func, renormalize=self.renormalize,
+                                    score_correction_bias=self.e_score_correction_bias, n_group=self.n_group,
+                                    topk_group=self.topk_group, routed_scaling_factor=self.routed_scaling_factor)
+        return ids, w, logits
 
     def forward(self, hidden_states):
         shape = hidden_states.shape
@@ -235,14 +307,20 @@ class BlockwiseMoE(nn.Module):
             raise ValueError(f"hidden_states: last dimension must be hidden_size = {self.hidden_size}, got shape "
                              f"{tuple(shape)}")
         x = _autocast(hidden_states.reshape(-1, self.hidden_size))
-        ids, w = self.route_tokens(x)
+        ids, w, logits = self._route(self.router(x))
         tp, be, a = route(ids, w, self.num_experts, self.block_size)
         out = moe(x, a, self.gate_up_proj_weight, self.down_proj_weight, tp, be, self.block_size,
                   gate_and_up_proj_bias=self.gate_and_up_proj_bias, down_proj_bias=self.down_proj_bias,
                   activation=self.activation, clamp_limits=self.clamp_limits, affinity_option=self.affinity_option,
                   recipe=self.recipe, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
                   stochastic_rounding=self.stochastic_rounding, rounding_seed=self.rounding_seed)
-        return out.reshape(shape[:-1] + (self.hidden_size,))
+        if self.shared_experts is not None:
+            sh = self.shared_experts(x)
+            if self.shared_expert_gate is not None:
+                sh = torch.sigmoid(self.shared_expert_gate(x)) * sh
+            out = out + sh.to(out.dtype)
+        out = out.reshape(shape[:-1] + (self.hidden_size,))
+        return (out, logits) if self.output_router_logits else out
 
     @torch.no_grad()
     def load_mixtral_weights(self, router_weight, w1, w3, w2):
