@@ -320,7 +320,85 @@ class BlockwiseMoE(nn.Module):
                 sh = torch.sigmoid(self.shared_expert_gate(x)) * sh
             out = out + sh.to(out.dtype)
         out = out.reshape(shape[:-1] + (self.hidden_size,))
+        if getattr(self, "_returns_router_scores", False):  # built from gpt-oss's GptOssMLP: what it returns
+            return out, w
         return (out, logits) if self.output_router_logits else out
+
+    @classmethod
+    def from_hf(cls, block, recipe="mxfp8", block_size=128):
+        """A BlockwiseMoE equivalent to the Hugging Face transformers (5.x) MoE block `block` (weights copied): the
+        sparse MoE blocks of Mixtral, Qwen2-MoE (with its shared expert and sigmoid gate), Qwen3-MoE, OLMoE,
+        DeepSeek-V3 (sigmoid router, score-correction bias, group-limited top-k, routed scaling factor, shared
+        experts) and gpt-oss's GptOssMLP (router bias, clamped SwiGLU, expert biases; forward then returns
+        (output, router_scores) as GptOssMLP does). Its forward returns what the block's returns, so it can replace
+        the block in a model (transformers' output_router_logits recording needs its own router modules: keep the
+        block and use model.set_experts_implementation("mxfp8") for that). ValueError naming the class for any
+        other block. to_hf writes the weights back."""
+        from . import hf
+
+        name = type(block).__name__
+        experts = getattr(block, "experts", None)
+        router = getattr(block, "gate", None) or getattr(block, "router", None)
+        if experts is None or router is None or not hf.is_experts_module(experts):
+            raise ValueError(f"from_hf: {name} is not a supported transformers MoE block (expected one with "
+                             f".experts and .gate or .router)")
+        act = hf.check_experts(experts)
+        w1, w2, b1, b2 = hf.experts_views(experts)
+        E, H, _, I = w1.shape
+        kw = dict(activation=act, bias=b1 is not None, recipe=recipe, block_size=block_size,
+                  device=w1.device, dtype=w1.dtype)
+        if act == "gpt_oss_swiglu":
+            kw.update(swiglu_alpha=float(experts.alpha), swiglu_limit=float(experts.limit))
+        rname = type(router).__name__
+        if rname == "DeepseekV3TopkRouter":
+            kw.update(score_func="sigmoid", score_correction_bias=True, n_group=router.num_group,
+                      topk_group=router.topk_group, routed_scaling_factor=router.routed_scaling_factor,
+                      renormalize=router.norm_topk_prob)
+        elif rname == "GptOssTopKRouter":
+            kw.update(router_bias=True, renormalize=True)
+        elif rname in ("MixtralTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"):
+            kw.update(renormalize=getattr(router, "norm_topk_prob", True))
+        else:
+            raise ValueError(f"from_hf: the router {rname} of {name} is not supported")
+        shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+        if shared is not None:
+            kw.update(num_shared_experts=1, shared_intermediate_size=shared.gate_proj.out_features,
+                      shared_expert_gate=getattr(block, "shared_expert_gate", None) is not None)
+        new = cls(H, I, E, router.top_k, **kw)
+        new._returns_router_scores = name == "GptOssMLP"
+        new._hf_copy(block, to_hf=False)
+        new.train(block.training)
+        return new
+
+    def to_hf(self, block):
+        """Write this module's weights back into the transformers MoE block `block` (of the class and shapes it was
+        built from with from_hf), in place; returns block."""
+        self._hf_copy(block, to_hf=True)
+        return block
+
+    @torch.no_grad()
+    def _hf_copy(self, block, to_hf):
+        from . import hf
+
+        w1, w2, b1, b2 = hf.experts_views(block.experts)
+        router = getattr(block, "gate", None) or getattr(block, "router", None)
+        pairs = [(w1, self.gate_up_proj_weight), (w2, self.down_proj_weight), (router.weight, self.router.weight)]
+        if b1 is not None:
+            pairs += [(b1, self.gate_and_up_proj_bias), (b2, self.down_proj_bias)]
+        if getattr(router, "bias", None) is not None:
+            pairs.append((router.bias, self.router.bias))
+        if getattr(router, "e_score_correction_bias", None) is not None:
+            pairs.append((router.e_score_correction_bias, self.e_score_correction_bias))
+        shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+        if shared is not None:
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                pairs.append((getattr(shared, n).weight, getattr(self.shared_experts, n).weight))
+            if getattr(block, "shared_expert_gate", None) is not None:
+                pairs.append((block.shared_expert_gate.weight, self.shared_expert_gate.weight))
+        for theirs, ours in pairs:
+            if tuple(theirs.shape) != tuple(ours.shape):
+                raise ValueError(f"to_hf / from_hf: shape {tuple(ours.shape)} does not match {tuple(theirs.shape)}")
+            (theirs if to_hf else ours).copy_(ours if to_hf else theirs)
 
     @torch.no_grad()
     def load_mixtral_weights(self, router_weight, w1, w3, w2):
