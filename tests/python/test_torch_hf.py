@@ -501,7 +501,7 @@ def test_softmax_router_and_shared_experts_match_qwen2_moe(norm):
     assert cosine(y.detach() - moe.shared_experts(flat).reshape(y.shape).detach(), y_ref.detach()) < 0.99
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
     want = load_balancing_loss_func((logits_ref,), E, K)
-    assert float(mt.load_balancing_loss(logits, E, K)) == pytest.approx(float(want), rel=1e-6)
+    assert mt.load_balancing_loss(logits, E, K).item() == pytest.approx(want.item(), rel=1e-6)
 
 
 def test_router_variant_errors():
