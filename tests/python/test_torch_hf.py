@@ -313,7 +313,7 @@ def test_moe_block_alone(family):
         assert cosine(p1[n], p0[n]) >= 0.99, n
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_batch_elements_are_independent(family):
     model = tiny_model(family)
     mt.convert_to_mxfp8(model, block_size=BS)
