@@ -546,3 +546,13 @@ def test_from_hf_replaces_the_block_and_to_hf_writes_back(family):
 def test_from_hf_rejects_other_blocks():
     with pytest.raises(ValueError, match="Linear is not a supported transformers MoE block"):
         mt.BlockwiseMoE.from_hf(torch.nn.Linear(4, 4))
+
+
+def test_filter_fn_declines_experts_without_a_warning():
+    model = tiny_model("olmoe")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, summary = mt.convert_to_mxfp8(model, filter_fn=lambda m, fqn: not fqn.endswith("experts"),
+                                         return_summary=True)
+    assert not summary["experts"] and summary["kept"]["model.layers.0.mlp.experts"] == "filter_fn"
+    assert model.config._experts_implementation == "eager" and summary["linear"]

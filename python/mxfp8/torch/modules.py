@@ -136,8 +136,9 @@ def _convert_hf_experts(model, recipe, filter_fn, block_size, summary):
         # one experts implementation per model config: a partial conversion is not possible
         for fqn, _ in found:
             summary["kept"][fqn] = problems.get(fqn, "another experts module of the model cannot be converted")
-        warnings.warn("convert_to_mxfp8: the MoE experts stay in torch: " +
-                      "; ".join(f"{k}: {v}" for k, v in problems.items()), UserWarning, stacklevel=3)
+        if any(v != "filter_fn" for v in problems.values()):  # not when filter_fn alone declined them
+            warnings.warn("convert_to_mxfp8: the MoE experts stay in torch: " +
+                          "; ".join(f"{k}: {v}" for k, v in problems.items()), UserWarning, stacklevel=3)
         return
     for fqn, m in found:
         m.mxfp8_recipe = recipe
