@@ -89,8 +89,9 @@ pip_stamp base numpy ml_dtypes scikit-build-core
 if [ "$TEST" = 1 ]; then
   # safetensors: the reference implementation, used by tests/python/test_cli.py to cross-check the CLI's
   # reader/writer. matplotlib: `mxfp8 bench --plot`, `mxfp8 quantize --plot` and the training example's plot; tqdm:
-  # the example's progress bar.
-  pip_stamp test pytest safetensors matplotlib tqdm
+  # the example's progress bar. transformers (5.x): mxfp8.torch.hf, its tests and examples/finetune_hf_moe.py;
+  # transformers does not require torch, so pip leaves the system-wide torch the only one.
+  pip_stamp test pytest safetensors matplotlib tqdm "transformers>=5,<6"
   "$VENV/bin/python" -c 'import torch' || { echo "setup: $VENV does not see torch" >&2; exit 1; }
 fi
 # mpi4py for mxfp8.mpi and its tests, compiled against the Open MPI above (--no-binary: a prebuilt wheel may carry

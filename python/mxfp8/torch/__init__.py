@@ -16,7 +16,13 @@ views: data_ptr and strides, any strides the library accepts):
                                                                      expert_affinities_masked)
     moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
         block_to_expert, block_size, ...)                        -> output (the blockwise MoE layer)
-Modules: MXFP8Linear, convert_to_mxfp8, BlockwiseMoE. Recipes: RECIPES ("nki", "mxfp8", "ocp"), MXFP8Recipe.
+    load_balancing_loss(router_logits, num_experts, top_k, attention_mask=None) -> the auxiliary MoE loss
+                                                                     (transformers' formula)
+    select_experts(router_logits, top_k, score_func=, renormalize=, score_correction_bias=, n_group=, topk_group=,
+                   routed_scaling_factor=)                       -> (topk_weights, topk_ids): router variants
+Modules: MXFP8Linear, convert_to_mxfp8, BlockwiseMoE. Hugging Face transformers: ``import mxfp8.torch.hf`` registers
+the "mxfp8" experts implementation (model.set_experts_implementation("mxfp8")); convert_to_mxfp8 uses it.
+Recipes: RECIPES ("nki", "mxfp8", "ocp"), MXFP8Recipe.
 Statistics: ``with collect_stats(model) as stats:`` records the quantization statistics of every layer during a
 training step (mxfp8.torch.stats).
 The registered ops live in torch.ops.mxfp8 (quantize, dequantize, linear, linear_backward, topk_softmax,
@@ -35,7 +41,10 @@ from .modules import BlockwiseMoE, MXFP8Linear, convert_to_mxfp8  # noqa: F401
 from .moe_ops import moe, route, topk_softmax  # noqa: F401
 from .ops import dequantize, linear, linear_backward, quantize  # noqa: F401
 from .recipes import RECIPES, MXFP8Recipe, get_recipe  # noqa: F401
+from . import routing  # noqa: F401
+from .routing import load_balancing_loss, select_experts  # noqa: F401
 from .stats import collect_stats  # noqa: F401
 
 __all__ = ["quantize", "dequantize", "linear", "linear_backward", "topk_softmax", "route", "moe", "MXFP8Linear",
-           "convert_to_mxfp8", "BlockwiseMoE", "RECIPES", "MXFP8Recipe", "get_recipe", "collect_stats"]
+           "convert_to_mxfp8", "BlockwiseMoE", "RECIPES", "MXFP8Recipe", "get_recipe", "collect_stats",
+           "load_balancing_loss", "select_experts"]

@@ -2,7 +2,10 @@
 and BlockwiseMoE (a top-k routed Mixture-of-Experts feed-forward layer whose experts run through the mxfp8 MoE op).
 """
 
+import logging
 import math
+import sys
+import warnings
 
 import torch
 from torch import nn
@@ -10,8 +13,11 @@ from torch import nn
 from .moe_ops import clamp_list, moe, numerics_lists, route, topk_softmax
 from .ops import _autocast, linear
 from .recipes import get_recipe
+from .routing import select_experts
 
 __all__ = ["MXFP8Linear", "convert_to_mxfp8", "BlockwiseMoE"]
+
+_log = logging.getLogger("mxfp8.torch")
 
 
 class MXFP8Linear(nn.Linear):
@@ -44,31 +50,126 @@ class MXFP8Linear(nn.Linear):
         return new
 
 
-def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None):
-    """Swap every torch.nn.Linear of `model` (exactly that class: subclasses with their own forward are left alone)
-    for an MXFP8Linear sharing its parameters, in place, as torchao's convert_to_float8_training does.
+def _is_router(parent, name, child):
+    """A router or gate of a MoE layer (kept in its own precision by convert_to_mxfp8 unless asked): BlockwiseMoE's
+    router, and the layers transformers' MoE models name "router", "gate" or "*_gate" (Qwen2-MoE's
+    shared_expert_gate); transformers 5's own routers are *TopKRouter modules with raw parameters, no nn.Linear."""
+    return (isinstance(parent, BlockwiseMoE) and name == "router") or name in ("router", "gate") or \
+        name.endswith("_gate")
 
-    recipe: a name in mxfp8.torch.RECIPES or an MXFP8Recipe. filter_fn(module, fqn) -> bool: convert only the
-    layers it accepts (fqn is the module's fully qualified name, e.g. "layers.0.attn.qkv"); None converts all.
-    Returns `model` (or the new module when `model` itself is an nn.Linear)."""
+
+def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None, *, quantize_routers=False, experts=True,
+                     block_size=None, return_summary=False):
+    """Convert `model` to MXFP8 training in place, as torchao's convert_to_float8_training does: every torch.nn.Linear
+    (exactly that class: subclasses with their own forward are left alone) becomes an MXFP8Linear sharing its
+    parameters, and the experts of a Hugging Face transformers (5.x) MoE model run through mxfp8.torch.moe (the
+    "mxfp8" experts implementation of mxfp8.torch.hf, reading the fused expert parameters in place).
+
+    recipe: a name in mxfp8.torch.RECIPES or an MXFP8Recipe (linear layers and experts). filter_fn(module, fqn) ->
+    bool: convert only the layers / experts modules it accepts (fqn is the module's fully qualified name, e.g.
+    "layers.0.attn.qkv"); None converts all. quantize_routers: also convert the routers and gates of MoE layers
+    (BlockwiseMoE.router, nn.Linear layers named "router", "gate" or "*_gate"); False by default, because MXFP8
+    routers change the top-k choice of a few percent of the tokens. experts: convert transformers' experts modules
+    (an unsupported one, or a model whose experts cannot all be converted, is left in torch with a UserWarning
+    naming the reason). block_size: the experts' block size (mxfp8.torch.hf.DEFAULT_BLOCK_SIZE when None).
+    state_dict keys and values are unchanged: checkpoints load into the converted and the unconverted model alike.
+
+    Returns `model` (or the new module when `model` itself is an nn.Linear); with return_summary=True the pair
+    (model, summary), summary a dict {"linear": [fqn...], "experts": [fqn...], "kept": {fqn: reason}}. The summary
+    is also logged at INFO level on the logger "mxfp8.torch"."""
     r = get_recipe(recipe)
+    summary = {"linear": [], "experts": [], "kept": {}}
 
-    def wanted(mod, fqn):
-        return type(mod) is nn.Linear and (filter_fn is None or filter_fn(mod, fqn))
+    def accepted(mod, fqn):
+        return filter_fn is None or filter_fn(mod, fqn)
 
-    if wanted(model, ""):
-        return MXFP8Linear.from_linear(model, r)
+    def finish(result):
+        _log.info("convert_to_mxfp8: %d linear layers and %d experts modules in MXFP8 (recipe %s); kept in "
+                  "torch: %s", len(summary["linear"]), len(summary["experts"]), r.name,
+                  ", ".join(f"{k} ({v})" for k, v in summary["kept"].items()) or "none")
+        return (result, summary) if return_summary else result
+
+    if type(model) is nn.Linear and accepted(model, ""):
+        summary["linear"].append("")
+        return finish(MXFP8Linear.from_linear(model, r))
 
     def swap(module, prefix):
         for name, child in list(module.named_children()):
             fqn = f"{prefix}.{name}" if prefix else name
-            if wanted(child, fqn):
-                setattr(module, name, MXFP8Linear.from_linear(child, r))
+            if type(child) is nn.Linear:
+                if _is_router(module, name, child) and not quantize_routers:
+                    summary["kept"][fqn] = "router / gate (quantize_routers=False)"
+                elif accepted(child, fqn):
+                    setattr(module, name, MXFP8Linear.from_linear(child, r))
+                    summary["linear"].append(fqn)
+                else:
+                    summary["kept"][fqn] = "filter_fn"
+            elif type(child).__name__.lower().endswith("router") and "transformers" in type(child).__module__:
+                summary["kept"][fqn] = "router of a transformers MoE block (raw parameters, computed in torch)"
             else:
                 swap(child, fqn)
 
     swap(model, "")
-    return model
+    if experts and "transformers" in sys.modules:
+        _convert_hf_experts(model, r, filter_fn, block_size, summary)
+    return finish(model)
+
+
+def _convert_hf_experts(model, recipe, filter_fn, block_size, summary):
+    """Select the "mxfp8" experts implementation of a transformers model when all its experts modules support it
+    (mxfp8.torch.hf), configured with `recipe` / `block_size`; record what was done in `summary`."""
+    from . import hf
+
+    found = [(fqn, m) for fqn, m in model.named_modules() if hf.is_experts_module(m)]
+    if not found:
+        return
+    problems = {}
+    for fqn, m in found:
+        if filter_fn is not None and not filter_fn(m, fqn):
+            problems[fqn] = "filter_fn"
+            continue
+        try:
+            hf.check_experts(m)
+        except ValueError as e:
+            problems[fqn] = str(e)
+    if problems:
+        # one experts implementation per model config: a partial conversion is not possible
+        for fqn, _ in found:
+            summary["kept"][fqn] = problems.get(fqn, "another experts module of the model cannot be converted")
+        if any(v != "filter_fn" for v in problems.values()):  # not when filter_fn alone declined them
+            warnings.warn("convert_to_mxfp8: the MoE experts stay in torch: " +
+                          "; ".join(f"{k}: {v}" for k, v in problems.items()), UserWarning, stacklevel=3)
+        return
+    for fqn, m in found:
+        m.mxfp8_recipe = recipe
+        m.mxfp8_block_size = hf.DEFAULT_BLOCK_SIZE if block_size is None else block_size
+        summary["experts"].append(fqn)
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(hf.IMPLEMENTATION)
+    else:  # a bare transformers module (e.g. one MoE block): the config each experts module dispatches on
+        for _, m in found:
+            m.config._experts_implementation = hf.IMPLEMENTATION
+
+
+_ACTIVATION_ALIASES = {"quick_gelu": "swish"}  # transformers' name of x * sigmoid(1.702 x), the NKI "swish"
+_TORCH_ACT = {"silu": torch.nn.functional.silu, "swish": lambda g: g * torch.sigmoid(1.702 * g),
+              "squared_relu": lambda g: torch.relu(g) ** 2}
+
+
+class _GatedMLP(nn.Module):
+    """Shared experts: down_proj(act(gate_proj(x)) * up_proj(x)) with nn.Linear layers (no bias), as transformers'
+    Qwen2-MoE / DeepSeek-V3 shared expert MLP (convert_to_mxfp8 makes them MXFP8Linear)."""
+
+    def __init__(self, hidden_size, intermediate_size, activation, device=None, dtype=None):
+        super().__init__()
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+        self.activation = activation
+
+    def forward(self, x):
+        return self.down_proj(_TORCH_ACT[self.activation](self.gate_proj(x)) * self.up_proj(x))
 
 
 class BlockwiseMoE(nn.Module):
@@ -95,7 +196,21 @@ class BlockwiseMoE(nn.Module):
         down_proj_weight[e] = w2[e].T;              router.weight = gate.weight
     (load_mixtral_weights does exactly this; mxfp8.from_mixtral / mxfp8.to_mixtral map numpy arrays both ways).
 
-    activation: "silu" (default), "swish" (x * sigmoid(1.702 x)), "squared_relu" or "gpt_oss_swiglu" (gpt-oss's
+    Router variants (mxfp8.torch.routing.select_experts; the defaults are Mixtral's router above, through
+    topk_softmax): score_func "softmax" or "sigmoid" (DeepSeek-V3); renormalize on or off; router_bias=True gives
+    router a bias (gpt-oss: with softmax and renormalize, the softmax over the top-k logits);
+    score_correction_bias=True adds the FP32 buffer e_score_correction_bias [E] to the scores for the choice only
+    (DeepSeek-V3; it is a buffer, set by the training loop, no gradient); n_group / topk_group: group-limited top-k
+    (the experts in n_group groups of consecutive ids, only the topk_group groups with the largest sum of their two
+    best scores eligible); routed_scaling_factor multiplies the final weights. Shared experts (Qwen2-MoE,
+    DeepSeek-V3): num_shared_experts >= 1 adds shared_experts, a gated MLP of nn.Linear layers gate_proj / up_proj
+    [num_shared_experts * shared_intermediate_size (default intermediate_size), H] and down_proj, the same
+    activation, run on every token and added to the output; shared_expert_gate=True scales it by
+    sigmoid(shared_expert_gate(x)) (nn.Linear(H, 1), Qwen2-MoE). output_router_logits=True: forward returns
+    (output, router_logits [T, E]) for the auxiliary loss (mxfp8.torch.load_balancing_loss).
+
+    activation: "silu" (default), "swish" (x * sigmoid(1.702 x), the NKI name; transformers calls it "quick_gelu",
+    also accepted here -- transformers' own "swish" is SiLU, "silu" here), "squared_relu" or "gpt_oss_swiglu" (gpt-oss's
     clamped SwiGLU, (u + 1) g sigmoid(swiglu_alpha g) with g <= swiglu_limit, |u| <= swiglu_limit; defaults 1.702
     and 7). stochastic_rounding, rounding_seed: see mxfp8.torch.moe (set module.rounding_seed anew each step for
     independent rounding). clamp_limits: mxfp8.ClampLimits
@@ -107,7 +222,9 @@ class BlockwiseMoE(nn.Module):
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, block_size=128, activation="silu",
                  bias=False, clamp_limits=None, affinity_option="affinity_on_i", recipe="nki", renormalize=True,
                  device=None, dtype=None, swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=None,
-                 rounding_seed=0):
+                 rounding_seed=0, score_func="softmax", router_bias=False, score_correction_bias=False, n_group=1,
+                 topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0, shared_intermediate_size=None,
+                 shared_expert_gate=False, output_router_logits=False):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts = {num_experts}, got {top_k}")
@@ -115,7 +232,11 @@ class BlockwiseMoE(nn.Module):
             raise ValueError(f"block_size: expected >= 1, got {block_size}")
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.top_k, self.block_size = num_experts, top_k, block_size
+        activation = _ACTIVATION_ALIASES.get(activation.strip().lower(), activation) \
+            if isinstance(activation, str) else activation
         self.activation, self.affinity_option, self.renormalize = activation, affinity_option, renormalize
+        self.score_func, self.n_group, self.topk_group = score_func, n_group, topk_group
+        self.routed_scaling_factor, self.output_router_logits = float(routed_scaling_factor), output_router_logits
         self.clamp_limits = clamp_limits
         clamp_list(clamp_limits)  # validate now, not at the first forward
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
@@ -124,7 +245,23 @@ class BlockwiseMoE(nn.Module):
         self.recipe = get_recipe(recipe)
         kw = dict(device=device, dtype=dtype)
         E, H, I = num_experts, hidden_size, intermediate_size
-        self.router = nn.Linear(H, E, bias=False, **kw)
+        self.router = nn.Linear(H, E, bias=router_bias, **kw)
+        if score_correction_bias:
+            self.register_buffer("e_score_correction_bias", torch.zeros(E, device=device, dtype=torch.float32))
+        else:
+            self.e_score_correction_bias = None
+        # check the router options now, not at the first forward
+        select_experts(torch.zeros(1, E), top_k, score_func=score_func, n_group=n_group, topk_group=topk_group)
+        if num_shared_experts:
+            if activation not in _TORCH_ACT:
+                raise ValueError(f"shared experts: activation {activation!r} is not one of {', '.join(_TORCH_ACT)}")
+            si = (shared_intermediate_size or intermediate_size) * num_shared_experts
+            self.shared_experts = _GatedMLP(H, si, activation, **kw)
+            self.shared_expert_gate = nn.Linear(H, 1, bias=False, **kw) if shared_expert_gate else None
+        else:
+            if shared_expert_gate:
+                raise ValueError("shared_expert_gate: needs num_shared_experts >= 1")
+            self.shared_experts = self.shared_expert_gate = None
         self.gate_up_proj_weight = nn.Parameter(torch.empty(E, H, 2, I, **kw))
         self.down_proj_weight = nn.Parameter(torch.empty(E, I, H, **kw))
         if bias:
@@ -139,6 +276,11 @@ class BlockwiseMoE(nn.Module):
         """nn.Linear's initialization per expert projection: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = H
         for the gate/up projection (weight and bias) and I for the down projection; the router as nn.Linear."""
         self.router.reset_parameters()
+        for m in (self.shared_experts, self.shared_expert_gate):
+            if m is not None:
+                for lin in m.modules():
+                    if isinstance(lin, nn.Linear):
+                        lin.reset_parameters()
         bh, bi = 1 / math.sqrt(self.hidden_size), 1 / math.sqrt(self.intermediate_size)
         nn.init.uniform_(self.gate_up_proj_weight, -bh, bh)
         nn.init.uniform_(self.down_proj_weight, -bi, bi)
@@ -148,8 +290,17 @@ class BlockwiseMoE(nn.Module):
 
     def route_tokens(self, x):
         """(topk_ids [T, top_k] int64, topk_weights [T, top_k] float32) of tokens x [T, H]."""
-        w, ids = topk_softmax(self.router(x), self.top_k, self.renormalize)
-        return ids, w
+        return self._route(self.router(x))[:2]
+
+    def _route(self, logits):
+        if (self.score_func == "softmax" and self.e_score_correction_bias is None and self.n_group == 1
+                and self.routed_scaling_factor == 1.0):
+            w, ids = topk_softmax(logits, self.top_k, self.renormalize)
+        else:
+            w, ids = select_experts(logits, self.top_k, score_func=self.score_func, renormalize=self.renormalize,
+                                    score_correction_bias=self.e_score_correction_bias, n_group=self.n_group,
+                                    topk_group=self.topk_group, routed_scaling_factor=self.routed_scaling_factor)
+        return ids, w, logits
 
     def forward(self, hidden_states):
         shape = hidden_states.shape
@@ -157,14 +308,98 @@ class BlockwiseMoE(nn.Module):
             raise ValueError(f"hidden_states: last dimension must be hidden_size = {self.hidden_size}, got shape "
                              f"{tuple(shape)}")
         x = _autocast(hidden_states.reshape(-1, self.hidden_size))
-        ids, w = self.route_tokens(x)
+        ids, w, logits = self._route(self.router(x))
         tp, be, a = route(ids, w, self.num_experts, self.block_size)
         out = moe(x, a, self.gate_up_proj_weight, self.down_proj_weight, tp, be, self.block_size,
                   gate_and_up_proj_bias=self.gate_and_up_proj_bias, down_proj_bias=self.down_proj_bias,
                   activation=self.activation, clamp_limits=self.clamp_limits, affinity_option=self.affinity_option,
                   recipe=self.recipe, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
                   stochastic_rounding=self.stochastic_rounding, rounding_seed=self.rounding_seed)
-        return out.reshape(shape[:-1] + (self.hidden_size,))
+        if self.shared_experts is not None:
+            sh = self.shared_experts(x)
+            if self.shared_expert_gate is not None:
+                sh = torch.sigmoid(self.shared_expert_gate(x)) * sh
+            out = out + sh.to(out.dtype)
+        out = out.reshape(shape[:-1] + (self.hidden_size,))
+        if getattr(self, "_returns_router_scores", False):  # built from gpt-oss's GptOssMLP: what it returns
+            return out, w
+        return (out, logits) if self.output_router_logits else out
+
+    @classmethod
+    def from_hf(cls, block, recipe="mxfp8", block_size=128):
+        """A BlockwiseMoE equivalent to the Hugging Face transformers (5.x) MoE block `block` (weights copied): the
+        sparse MoE blocks of Mixtral, Qwen2-MoE (with its shared expert and sigmoid gate), Qwen3-MoE, OLMoE,
+        DeepSeek-V3 (sigmoid router, score-correction bias, group-limited top-k, routed scaling factor, shared
+        experts) and gpt-oss's GptOssMLP (router bias, clamped SwiGLU, expert biases; forward then returns
+        (output, router_scores) as GptOssMLP does). Its forward returns what the block's returns, so it can replace
+        the block in a model (transformers' output_router_logits recording needs its own router modules: keep the
+        block and use model.set_experts_implementation("mxfp8") for that). ValueError naming the class for any
+        other block. to_hf writes the weights back."""
+        from . import hf
+
+        name = type(block).__name__
+        experts = getattr(block, "experts", None)
+        router = getattr(block, "gate", None) or getattr(block, "router", None)
+        if experts is None or router is None or not hf.is_experts_module(experts):
+            raise ValueError(f"from_hf: {name} is not a supported transformers MoE block (expected one with "
+                             f".experts and .gate or .router)")
+        act = hf.check_experts(experts)
+        w1, w2, b1, b2 = hf.experts_views(experts)
+        E, H, _, I = w1.shape
+        kw = dict(activation=act, bias=b1 is not None, recipe=recipe, block_size=block_size,
+                  device=w1.device, dtype=w1.dtype)
+        if act == "gpt_oss_swiglu":
+            kw.update(swiglu_alpha=float(experts.alpha), swiglu_limit=float(experts.limit))
+        rname = type(router).__name__
+        if rname == "DeepseekV3TopkRouter":
+            kw.update(score_func="sigmoid", score_correction_bias=True, n_group=router.num_group,
+                      topk_group=router.topk_group, routed_scaling_factor=router.routed_scaling_factor,
+                      renormalize=router.norm_topk_prob)
+        elif rname == "GptOssTopKRouter":
+            kw.update(router_bias=True, renormalize=True)
+        elif rname in ("MixtralTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"):
+            kw.update(renormalize=getattr(router, "norm_topk_prob", True))
+        else:
+            raise ValueError(f"from_hf: the router {rname} of {name} is not supported")
+        shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+        if shared is not None:
+            kw.update(num_shared_experts=1, shared_intermediate_size=shared.gate_proj.out_features,
+                      shared_expert_gate=getattr(block, "shared_expert_gate", None) is not None)
+        new = cls(H, I, E, router.top_k, **kw)
+        new._returns_router_scores = name == "GptOssMLP"
+        new._hf_copy(block, to_hf=False)
+        new.train(block.training)
+        return new
+
+    def to_hf(self, block):
+        """Write this module's weights back into the transformers MoE block `block` (of the class and shapes it was
+        built from with from_hf), in place; returns block."""
+        self._hf_copy(block, to_hf=True)
+        return block
+
+    @torch.no_grad()
+    def _hf_copy(self, block, to_hf):
+        from . import hf
+
+        w1, w2, b1, b2 = hf.experts_views(block.experts)
+        router = getattr(block, "gate", None) or getattr(block, "router", None)
+        pairs = [(w1, self.gate_up_proj_weight), (w2, self.down_proj_weight), (router.weight, self.router.weight)]
+        if b1 is not None:
+            pairs += [(b1, self.gate_and_up_proj_bias), (b2, self.down_proj_bias)]
+        if getattr(router, "bias", None) is not None:
+            pairs.append((router.bias, self.router.bias))
+        if getattr(router, "e_score_correction_bias", None) is not None:
+            pairs.append((router.e_score_correction_bias, self.e_score_correction_bias))
+        shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+        if shared is not None:
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                pairs.append((getattr(shared, n).weight, getattr(self.shared_experts, n).weight))
+            if getattr(block, "shared_expert_gate", None) is not None:
+                pairs.append((block.shared_expert_gate.weight, self.shared_expert_gate.weight))
+        for theirs, ours in pairs:
+            if tuple(theirs.shape) != tuple(ours.shape):
+                raise ValueError(f"to_hf / from_hf: shape {tuple(ours.shape)} does not match {tuple(theirs.shape)}")
+            (theirs if to_hf else ours).copy_(ours if to_hf else theirs)
 
     @torch.no_grad()
     def load_mixtral_weights(self, router_weight, w1, w3, w2):
