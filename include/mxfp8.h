@@ -560,6 +560,23 @@ MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
 MXFP8_API mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
                                              mxfp8_tensor *weight_grad);
 
+/** Bias gradient of a linear layer Y = X @ W^T + b: bias_grad[n] = sum over m of output_grad[m, n] (torch's
+ *  `grad_output.sum(0)`), accumulated in FP32 in one fixed order and rounded once (RNE) to bias_grad's dtype.
+ *  The matmul_mxfp8_backward page has no bias; this is the gradient a layer with a bias adds to it. No quantization:
+ *  the bias gradient is not a GEMM.
+ *  output_grad: dY [M, N], F32, BF16 or F16, any strides (flatten the leading axes of [..., N] into M).
+ *  bias_grad:   [N], F32, BF16 or F16, elements distinct, not overlapping output_grad.
+ *  Order, per column n: the rows in chunks of 32 (rows 32c .. 32c + 31, the last chunk shorter), each chunk summed
+ *  row after row from +0 in FP32; then the chunk sums combined pairwise, S(c0, k) = S(c0, h) + S(c0 + h, k - h)
+ *  with h the largest power of two below k (S of one chunk is that chunk's sum). So the error is at most about
+ *  (31 + log2(M / 32)) FP32 roundings of the sum of |dY| (in practice far less), and the bits depend only on
+ *  output_grad's values: the same for any thread count and strides. M = 0 gives zeros. IEEE defaults inside
+ *  (no FTZ/DAZ whatever the caller's MXCSR).
+ *  Errors: NULL_POINTER, DTYPE, SHAPE_MISMATCH (rank != 2 / 1, bias_grad's length != N), SIZE_OVERFLOW,
+ *  BAD_STRIDES (bias_grad's elements overlap), ALIASING (bias_grad overlaps output_grad); nothing is written then.
+ *  Threads: blocks of 128 columns are split between mxfp8_set_num_threads threads. */
+MXFP8_API mxfp8_status mxfp8_bias_grad(const mxfp8_tensor *output_grad, mxfp8_tensor *bias_grad);
+
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Blockwise MoE [NKI-E]                                                                                          */

@@ -427,6 +427,7 @@ _SIGNATURES = {
     "mxfp8_matmul": (_I, [_P, _P, _P, _P]),
     "mxfp8_matmul_bwd_args_init": (None, [_P]),
     "mxfp8_matmul_backward": (_I, [_P, _P, _P]),
+    "mxfp8_bias_grad": (_I, [_P, _P]),
     "mxfp8_gemm_golden_unquantized": (_I, [_P, _P, _I, _P]),
     "mxfp8_gemm_golden_quantized": (_I, [_P, _P, _P, _P]),
     "mxfp8_compare": (_I, [_P, _P, ctypes.c_double, ctypes.c_double, _P]),

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["MatmulMxfp8KernelConfig", "matmul_mxfp8", "matmul_mxfp8_backward", "matmul_golden_unquantized",
+__all__ = ["MatmulMxfp8KernelConfig", "matmul_mxfp8", "matmul_mxfp8_backward", "bias_grad", "matmul_golden_unquantized",
            "matmul_golden_quantized", "matmul_mxfp8_backward_golden", "compare_nki", "BWD_QUANTIZATIONS"]
 
 LOOP_ORDERS = {"mnk": 0, "mkn": 1, "nmk": 2, "nkm": 3, "kmn": 4, "knm": 5}
@@ -484,6 +484,24 @@ def matmul_golden_quantized(a, b, float8_dtype="float8_e5m2", scale_rule="nki", 
     va, vb, vc = _lib.view(A), _lib.view(B), _lib.view(c)
     _lib.call("mxfp8_gemm_golden_quantized", ctypes.byref(va), ctypes.byref(vb), ctypes.byref(p), ctypes.byref(vc))
     return c
+
+
+def bias_grad(output_grad, output_dtype="float32"):
+    """Bias gradient of a linear layer Y = X @ W^T + b: ``output_grad.sum(0)`` accumulated in FP32 in one fixed
+    order (rows in chunks of 32 summed in turn, the chunk sums combined pairwise) and rounded once to
+    `output_dtype`; the same bits for any thread count.
+
+    output_grad: dY [M, N] (array-like; float32, bfloat16 or float16; float64 is rounded to float32 first).
+    output_dtype: "float32" (default), "bfloat16" or "float16", or a numpy dtype. Returns an [N] array.
+    Raises MXFP8Error (shape, dtype) as the C library's mxfp8_bias_grad.
+    """
+    dy = _lib.as_array(output_grad, (_lib.F32, _lib.BF16, _lib.F16), "output_grad")
+    if dy.ndim != 2:
+        raise ValueError(f"output_grad: expected a 2-D [M, N] array, got shape {dy.shape}")
+    out = _lib.empty((dy.shape[1],), _lib.parse_out_dtype(output_dtype, "output_dtype"))
+    _lib.call("mxfp8_bias_grad", ctypes.byref(_lib.view(dy, name="output_grad")),
+              ctypes.byref(_lib.view(out, name="bias_grad")))
+    return out
 
 
 def matmul_mxfp8_backward_golden(output_grad, weights, input_activation, quantized=False,

@@ -99,3 +99,33 @@ def pack_x4(codes):
 def swizzle(cf):
     """NKI swizzle of a [C, F] array (C % 128 == 0) into [C/4, 4F]."""
     return mx_oracle.swizzle_nki(cf)
+
+
+def bias_grad(dy, out_dtype=np.float32):
+    """The bias gradient sum_m dY[m, n] in the order the library documents, written from that text: per column,
+    rows in chunks of 32 summed row after row from +0 in float32, then S(c0, k) = S(c0, h) + S(c0 + h, k - h) over
+    the chunk sums with h the largest power of two below k; rounded once to out_dtype. Recursive (the library
+    keeps a stack), vectorized over columns with numpy float32 arithmetic (one rounding per addition)."""
+    dy = np.asarray(dy, dtype=np.float32)
+    M, N = dy.shape
+    chunks = []
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _bias_grad_tree(dy, M, N, out_dtype)
+
+
+def _bias_grad_tree(dy, M, N, out_dtype):
+    chunks = []
+    for m0 in range(0, M, 32):
+        acc = np.zeros(N, dtype=np.float32)
+        for m in range(m0, min(m0 + 32, M)):
+            acc = (acc + dy[m]).astype(np.float32)
+        chunks.append(acc)
+
+    def tree(c0, k):
+        if k == 1:
+            return chunks[c0]
+        h = 1 << ((k - 1).bit_length() - 1)  # the largest power of two below k
+        return (tree(c0, h) + tree(c0 + h, k - h)).astype(np.float32)
+
+    total = tree(0, len(chunks)) if chunks else np.zeros(N, dtype=np.float32)
+    return total.astype(out_dtype)

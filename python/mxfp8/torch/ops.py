@@ -29,6 +29,7 @@ they check devices, dtypes and ranks with errors naming the parameter, map recip
 int64 ids once.
 """
 
+import ctypes
 import math
 from typing import Optional
 
@@ -232,8 +233,12 @@ def _linear_backward_impl(grad_output, input, weight, elem_dtype, scale_rule, gr
 
 
 def _bias_grad(grad_output, bias_dtype):
-    """sum of dY over every row, accumulated in FP64 and rounded once to the bias dtype."""
-    return _rows(grad_output, grad_output.shape[-1]).sum(0, dtype=torch.float64).to(bias_dtype)
+    """sum of dY over every row (mxfp8_bias_grad: FP32 in one fixed order, rounded once to the bias dtype)."""
+    dy2 = _rows(grad_output, grad_output.shape[-1])
+    gb = torch.empty((dy2.shape[1],), dtype=bias_dtype)
+    vdy, vgb = B.view(dy2, "grad_output"), B.view(gb, "grad_bias")
+    B.invoke("mxfp8_bias_grad", ctypes.byref(vdy), ctypes.byref(vgb))
+    return gb
 
 
 @_lib.custom_op("mxfp8::linear_backward", mutates_args=())
@@ -309,8 +314,8 @@ def linear(input, weight, bias=None, recipe="mxfp8", *, out=None):
     input [..., in_features], weight [out_features, in_features], bias [out_features] or None: CPU tensors of
     float32 / bfloat16 / float16 (dtypes may differ), any strides. The forward quantizes input and weight along
     in_features; the backward (autograd) runs matmul_mxfp8_backward: dX = dY @ W (dY, W quantized along
-    out_features), dW = dY^T @ X (dY, X quantized along the rows); the bias gradient is the FP64 sum of dY, rounded
-    once. Element dtype and scale rule come from `recipe` (a name in RECIPES or an MXFP8Recipe; linear_dtype).
+    out_features), dW = dY^T @ X (dY, X quantized along the rows); the bias gradient is the sum of dY over the
+    rows in FP32 in one fixed order (mxfp8.bias_grad), rounded once. Element dtype and scale rule come from `recipe` (a name in RECIPES or an MXFP8Recipe; linear_dtype).
     Each GEMM accumulates in FP32 and rounds once: y has input's dtype (under CPU autocast, the autocast dtype),
     the bias is added in FP32 before that rounding; gradients have the dtypes of input and weight.
     out: optional tensor [..., out_features] (viewable as 2-D) written in place and returned, not differentiable.
