@@ -12,6 +12,8 @@ def load_balancing_loss(router_logits, num_experts, top_k, attention_mask=None):
     top_k experts of each row, f_e = (rows choosing e) / rows and P_e = mean of p[:, e] over the rows (of all the
     layers together; rows weighted by attention_mask [batch, seq] when given), loss = E * sum_e f_e * P_e.
     router_logits: a tensor [rows, E] or a tuple / list of them (one per layer, as outputs.router_logits).
+    num_experts: E, the number of experts (the logits' last extent). top_k: the experts each row chooses.
+    attention_mask: None, or [batch, seq] of 0/1 (rows = batch * seq of each layer's logits).
     Returns a 0-d float32 tensor (0 for None or an empty sequence, as transformers)."""
     if router_logits is None:
         return 0
