@@ -946,9 +946,12 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
 
 /** Golden references (FP64, scalar, slow: for tests and the NKI criteria of `mxfp8 moe-bwd`).
  *  Same args as mxfp8_moe_forward / mxfp8_moe_backward (same validation and errors); outputs/grads are F64 or F32
- *  views (rounded once from FP64). Everything is computed in FP64 from the inputs (exactly widened); checkpoints in
- *  args are ignored (the golden recomputes every intermediate itself; for AFFINITY_ON_H, D = a*dY and the down
- *  projection output come from its own forward). Flags (accumulate_hidden_states_grad, skip_grad_initialization,
+ *  views (rounded once from FP64). Everything is computed in FP64 from the inputs (exactly widened). The backward
+ *  golden takes the checkpoints in args exactly as mxfp8_moe_backward does (any accepted dtype, widened exactly):
+ *  g and u from gate_up_proj_act_checkpoint_T, act(g) from gate_act_checkpoint_T, act(g)*u from
+ *  intermediate_checkpoint_T, the Phase 4 operand from scaled_intermediate_checkpoint_T, D from
+ *  down_proj_act_checkpoint and the down projection from down_proj_output_checkpoint; what is absent it recomputes
+ *  in FP64 from the inputs, so it judges the backward on the values the backward was given. Flags (accumulate_hidden_states_grad, skip_grad_initialization,
  *  num_valid_tokens, clamps, biases, activation, affinity option) have the same meaning as in the kernels.
  *  quantized = 0: the unquantized layer (pre-quantized weights enter as their exact dequantized values).
  *  quantized = 1: every GEMM operand is MX-quantized along that GEMM's contraction axis (1x32 groups,

@@ -266,3 +266,76 @@ def test_plot_without_matplotlib(tmp_path, rng):
                 "--plot", tmp_path / "s.png")
     assert_clean_error(r, "quantize", tmp_path, ["fake", "python", "x.npy"])
     assert "matplotlib" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verdicts of bundles that carry checkpoints: the reference takes what the kernel took
+# ---------------------------------------------------------------------------------------------------------------
+CK_CASE = ["--H", "128", "--T", "128", "--I", "64", "--E", "4", "--B", "32", "--topk", "2"]
+CK_DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
+
+
+def _unquantized_checkpoints(t, on_h):
+    """Every checkpoint of the bundle's layer (SiLU, no bias) from the unquantized forward in FP64, as another stack
+    would hand them over: g, u = X W1 (no MXFP8), act = g sigmoid(g), inter = act u, the scaled intermediate a inter,
+    D = a dY (AFFINITY_ON_H) and the down projection inter W2. Layouts of the NKI page: [N, 2, I, B], [N, I, B],
+    [N, B, H]; padding positions 0."""
+    x = t["hidden_states"].astype(np.float64)
+    w1 = t["gate_up_proj_weight"].astype(np.float64)
+    w2 = t["down_proj_weight"].astype(np.float64)
+    dy = t["output_hidden_states_grad"].astype(np.float64)
+    aff = t["expert_affinities_masked"].astype(np.float64).reshape(-1)
+    b2e = t["block_to_expert"].reshape(-1)
+    T, H = x.shape
+    E, _, _, I = w1.shape
+    N = b2e.size
+    B = t["token_position_to_id"].size // N
+    tok = t["token_position_to_id"].reshape(N, B)
+    gu = np.zeros((N, 2, I, B))
+    act, inter, s = (np.zeros((N, I, B)) for _ in range(3))
+    d, down = np.zeros((N, B, H)), np.zeros((N, B, H))
+    for n in range(N):
+        e = b2e[n]
+        for p in range(B):
+            tk = tok[n, p]
+            if tk < 0 or tk >= T:
+                continue
+            a = aff[tk * E + e]
+            g, u = x[tk] @ w1[e][:, 0, :], x[tk] @ w1[e][:, 1, :]
+            ac = g / (1.0 + np.exp(-g))
+            gu[n, 0, :, p], gu[n, 1, :, p] = g, u
+            act[n, :, p], inter[n, :, p], s[n, :, p] = ac, ac * u, a * ac * u
+            d[n, p], down[n, p] = a * dy[tk], (ac * u) @ w2[e]
+    ck = {"gate_up_proj_act_checkpoint_T": gu, "gate_act_checkpoint_T": act, "intermediate_checkpoint_T": inter}
+    if on_h:
+        ck.update(down_proj_act_checkpoint=d, down_proj_output_checkpoint=down)
+    else:
+        ck["scaled_intermediate_checkpoint_T"] = s
+    return ck
+
+
+@pytest.mark.parametrize("dtype", sorted(CK_DTYPES))
+@pytest.mark.parametrize("which", ["gate_up", "all_on_i", "all_on_h"])
+def test_bundle_checkpoints_judged_on_what_the_kernel_took(tmp_path, dtype, which):
+    """A bundle with checkpoints from another forward (here the unquantized one, in each accepted dtype): the
+    kernel uses them, so the quantized reference must too. The right answer judges PASS; the same run with one
+    gradient perturbed after the kernel judges FAIL on that gradient."""
+    on_h = which == "all_on_h"
+    aff = ["--affinity", "on_h"] if on_h else []
+    r = run("moe-bwd", *CK_CASE, *aff, "--quiet", "--no-check", "--save-inputs", tmp_path / "b.safetensors")
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = st_load(tmp_path / "b.safetensors")
+    ck = _unquantized_checkpoints(t, on_h)
+    if which == "gate_up":
+        ck = {"gate_up_proj_act_checkpoint_T": ck["gate_up_proj_act_checkpoint_T"]}
+    t.update({k: v.astype(CK_DTYPES[dtype]) for k, v in ck.items()})
+    st_save(tmp_path / "ck.safetensors", t)
+    args = ["moe-bwd", "--inputs", tmp_path / "ck.safetensors", *aff, "--quiet", "--repeat", "1"]
+    r = run(*args)
+    assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+    assert set(verdict_rows(r.stdout).values()) == {"PASS"}
+    grad = "gate_up_proj_weight_grad"
+    r = run_env({"MXFP8_CLI_TEST_CORRUPT": grad}, *args)
+    assert r.returncode == 1 and "verdict: FAIL" in r.stdout, r.stdout + r.stderr
+    rows = verdict_rows(r.stdout)
+    assert rows[grad] == "FAIL" and all(v == "PASS" for k, v in rows.items() if k != grad), rows
