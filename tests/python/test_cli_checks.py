@@ -33,6 +33,8 @@ def verdict_rows(stdout):
     table = stdout.split("the kernel against the quantized FP64 reference")[1].split("allowed:")[0]
     rows = {}
     for line in table.strip().splitlines()[2:]:
+        if line.startswith(" "):  # a note under a row (non-finite elements)
+            continue
         f = line.split()
         rows[f[0]] = f[-1]
     return rows
@@ -83,6 +85,8 @@ def test_matmul_verdict_within_the_fp32_bound(extra):
     r = run("matmul-bwd", "--M", "96", "--N", "160", "--K", "72", "--repeat", "1", *extra, check_rc=0)
     table = r.stdout.split("the kernel against the quantized FP64 reference")[1].split("allowed:")[0]
     for line in table.strip().splitlines()[2:]:
+        if line.startswith(" "):
+            continue
         ratio = float(line.split()[-2])
         assert 0 <= ratio <= 1, line
     assert "gamma_n = n 2^-24" in r.stdout
@@ -339,3 +343,29 @@ def test_bundle_checkpoints_judged_on_what_the_kernel_took(tmp_path, dtype, whic
     assert r.returncode == 1 and "verdict: FAIL" in r.stdout, r.stdout + r.stderr
     rows = verdict_rows(r.stdout)
     assert rows[grad] == "FAIL" and all(v == "PASS" for k, v in rows.items() if k != grad), rows
+
+
+def test_nan_inputs_verdict_says_where_the_nans_are(tmp_path):
+    """A NaN in output_grad poisons its MX group (OCP: the scale becomes NaN): dY[3, 5] quantized along N spoils
+    row 3 of input_grad (K = 64 values), quantized along M it spoils row 5 of weight_grad (64 values). The verdict
+    says that the reference has those NaNs and that the kernel has them at the same places, and its error columns
+    stay finite (over the finite elements)."""
+    rng = np.random.default_rng(7)
+    dy, w, x = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3))
+    dy[3, 5] = np.nan
+    st_save(tmp_path / "nan.safetensors", {"output_grad": dy, "weights": w, "input_activation": x})
+    r = run("matmul-bwd", "--inputs", tmp_path / "nan.safetensors", "--repeat", "1", "--quiet", "--output-dtype",
+            "f32", "--output", tmp_path / "g.safetensors")
+    assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+    g = st_load(tmp_path / "g.safetensors")
+    assert np.isnan(g["input_grad"][3]).all() and np.isnan(g["input_grad"]).sum() == 64
+    assert np.isnan(g["weight_grad"][5]).all() and np.isnan(g["weight_grad"]).sum() == 64
+    table = r.stdout.split("the kernel against the quantized FP64 reference")[1].split("allowed:")[0]
+    assert table.count("64 NaN values in the reference; the kernel has NaN at the same places (they match)") == 2
+    for line in table.strip().splitlines()[2:]:
+        if not line.startswith(" "):
+            assert "nan" not in line.split()[2:4], line
+    # NaN where the reference has none: the verdict fails and says so
+    r = run_env({"MXFP8_CLI_TEST_CORRUPT": "weight_grad"}, "matmul-bwd", "--inputs", tmp_path / "nan.safetensors",
+                "--repeat", "1", "--quiet")
+    assert r.returncode == 1 and verdict_rows(r.stdout)["weight_grad"] == "FAIL", r.stdout
