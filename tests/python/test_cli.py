@@ -179,6 +179,66 @@ def test_dequantize_wrapx_needs_group(tmp_path, rng):
     np.testing.assert_array_equal(np.load(tmp_path / "dq.npy"), want)
 
 
+
+def st_metadata(path):
+    b = open(path, "rb").read()
+    return json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]]).get("__metadata__", {})
+
+
+@pytest.mark.parametrize("fmt,rule,group,axis", [("e4m3", "nki", "wrapx", 1), ("e5m2", "rceil", "1x32", 0),
+                                                 ("e4m3", "ocp", "1x32", 1)])
+def test_quantized_files_describe_themselves(tmp_path, rng, fmt, rule, group, axis):
+    """quantize records how it quantized; dequantize and diff take that by default (the oracle's values), refuse a
+    flag that contradicts it (exit 2, nothing written), and accept one that agrees. The same codes without the
+    metadata (another stack's file) are read with the flags."""
+    x = spread(rng, (128, 256))
+    np.save(tmp_path / "x.npy", x)
+    q = tmp_path / "q.safetensors"
+    run("quantize", tmp_path / "x.npy", "-o", q, "--fmt", fmt, "--scale-rule", rule, "--group", group, "--axis",
+        axis - 2, check_rc=0)
+    assert st_metadata(q) == {"producer": "mxfp8", "mx.format": fmt, "mx.scale_rule": rule, "mx.group": group,
+                              "mx.axis": str(axis), "mx.scale_layout": "compact", "mx.rounding": "nearest"}
+    codes, scales = mx_oracle.quantize(x, fmt=fmt, axis=axis, rule=rule, group=group)
+    want = mx_oracle.dequantize(codes, scales, fmt=fmt, axis=axis, group=group)
+    run("dequantize", q, "-o", tmp_path / "dq.npy", check_rc=0)
+    np.testing.assert_array_equal(np.load(tmp_path / "dq.npy"), want)
+    run("dequantize", q, "-o", tmp_path / "dq2.npy", "--group", group, "--axis", axis, check_rc=0)
+    np.testing.assert_array_equal(np.load(tmp_path / "dq2.npy"), want)
+    other = "1x32" if group == "wrapx" else "wrapx"
+    for flags, words in [(["--group", other], f"--group {other} contradicts"),
+                         (["--axis", 1 - axis], f"--axis {1 - axis} contradicts")]:
+        r = run("dequantize", q, "-o", tmp_path / "bad.npy", *flags)
+        assert r.returncode == 2 and words in r.stderr and "its metadata" in r.stderr, r.stderr
+        assert not (tmp_path / "bad.npy").exists()
+        r = run("diff", tmp_path / "x.npy", q, *flags)
+        assert r.returncode == 2 and words in r.stderr, r.stderr
+    r = run("diff", tmp_path / "x.npy", q, "--fmt", "e5m2" if fmt == "e4m3" else "e4m3")
+    assert r.returncode == 2 and "contradicts" in r.stderr, r.stderr
+    r = run("diff", tmp_path / "x.npy", q, check_rc=0)
+    assert f"profile: {rule}" in r.stdout and "bitwise equal" in r.stdout, r.stdout
+    # another stack's file: the same tensors, no metadata -- the flags decide
+    t = st_load(q)
+    bare = tmp_path / "bare.safetensors"
+    st_save(bare, t)
+    assert st_metadata(bare) == {}
+    run("dequantize", bare, "-o", tmp_path / "dq3.npy", "--group", group, "--axis", axis, check_rc=0)
+    np.testing.assert_array_equal(np.load(tmp_path / "dq3.npy"), want)
+
+
+def test_metadata_that_contradicts_the_codes_is_an_error(tmp_path, rng):
+    x = spread(rng, (4, 64))
+    codes, scales = mx_oracle.quantize(x, fmt="e4m3", axis=1)
+    d = tmp_path / "d.safetensors"
+    meta = '{"mx.format":"e5m2"}'
+    blob = st_bytes({"data": codes.view(ml_dtypes.float8_e4m3fn), "scales": scales})
+    h = json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]])
+    h["__metadata__"] = json.loads(meta)
+    open(d, "wb").write(st_bytes({"data": codes.view(ml_dtypes.float8_e4m3fn), "scales": scales},
+                                 header_override=json.dumps(h)))
+    r = run("dequantize", d, "-o", tmp_path / "o.npy")
+    assert r.returncode == 2 and "metadata says format e5m2 but 'data' holds F8_E4M3 codes" in r.stderr, r.stderr
+    assert not (tmp_path / "o.npy").exists()
+
 # ---------------------------------------------------------------------------------------------------------------
 # malformed inputs: exit 2, one clear line, no output file
 # ---------------------------------------------------------------------------------------------------------------

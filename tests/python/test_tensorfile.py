@@ -14,6 +14,7 @@ import pytest
 import safetensors
 import safetensors.numpy
 
+import mx_oracle
 import mxfp8
 from build_paths import CLI, require
 
@@ -272,3 +273,31 @@ def test_every_cut_of_a_valid_file(tmp_path, name, blob, cut, msg):
     assert not (tmp_path / "o.safetensors").exists()
     with pytest.raises(ValueError, match=r"truncated|past the end"):  # the Python reader refuses every cut too
         mxfp8.load(path)
+
+
+def test_saved_quantized_files_describe_themselves(tmp_path, rng):
+    """mxfp8.save with mxfp8.quantization_metadata: mxfp8.load returns the description, and the CLI's dequantize
+    takes its group scheme and axis (wrapX along axis 0 here; dequantizing with the CLI's defaults, 1x32 along the
+    axis where the shapes differ, would be wrong) and refuses a contradicting --group."""
+    require(CLI)
+    x = rng.standard_normal((256, 64)).astype(np.float32)
+    data, scales = mxfp8.quantize(x, fmt="e5m2", axis=0, group="wrapx", scale_rule="ocp")
+    meta = mxfp8.quantization_metadata(x.ndim, fmt="e5m2", axis=-2, group="wrapX", scale_rule="OCP")
+    assert meta == {"mx.format": "e5m2", "mx.scale_rule": "ocp", "mx.group": "wrapx", "mx.axis": "0",
+                    "mx.scale_layout": "compact", "mx.rounding": "nearest"}
+    mxfp8.save(tmp_path / "q.safetensors", {"data": data, "scales": scales}, metadata=meta)
+    t, m = mxfp8.load(tmp_path / "q.safetensors", with_metadata=True)
+    assert m == {"producer": "mxfp8", **meta}
+    r = subprocess.run([CLI, "dequantize", tmp_path / "q.safetensors", "-o", tmp_path / "d.npy"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    want = mx_oracle.dequantize(*mx_oracle.quantize(x, fmt="e5m2", axis=0, rule="ocp", group="wrapx"), fmt="e5m2",
+                                axis=0, group="wrapx")
+    np.testing.assert_array_equal(np.load(tmp_path / "d.npy"), want)
+    r = subprocess.run([CLI, "dequantize", tmp_path / "q.safetensors", "-o", tmp_path / "e.npy", "--group", "1x32"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "contradicts" in r.stderr and not (tmp_path / "e.npy").exists(), r.stderr
+    with pytest.raises(ValueError, match="group"):
+        mxfp8.quantization_metadata(2, group="wrap")
+    with pytest.raises(ValueError, match="axis"):
+        mxfp8.quantization_metadata(2, axis=2)
