@@ -818,3 +818,21 @@ def test_small_cli_nits(tmp_path, rng):
         assert "threads:        4096" in r.stdout and "clamped to 4096" in r.stdout, r.stdout
         r = _run_env({"MXFP8_NUM_THREADS": "3"}, "info")
         assert "threads:        3  (MXFP8_NUM_THREADS=3)" in r.stdout, r.stdout
+
+
+def test_console_entry_point_starts_without_importing_mxfp8():
+    """The `mxfp8` console command (mxfp8_cli:main) finds the tool without importing mxfp8 -- which loads numpy,
+    ml_dtypes and the library, about half a second a call -- and runs it with the same arguments and exit status."""
+    import mxfp8
+    import sys as _sys
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(mxfp8.__file__))))
+    code = ("import sys, mxfp8_cli; exe = mxfp8_cli.executable(); "
+            "print(exe is not None and os.path.isfile(exe), 'numpy' in sys.modules, 'mxfp8' in sys.modules)")
+    r = subprocess.run([_sys.executable, "-c", "import os; " + code], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.split() == ["True", "False", "False"], r.stdout + r.stderr
+    r = subprocess.run([_sys.executable, "-c", "import mxfp8_cli, sys; sys.exit(mxfp8_cli.main(['info', '--nope']))"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "mxfp8 info: error" in r.stderr, r.stderr
+    r = subprocess.run([_sys.executable, "-m", "mxfp8", "info"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("mxfp8 "), r.stderr
