@@ -858,7 +858,12 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  * of it before returning. With a workspace, its memory is kept for the next call: a call whose problem is no larger
  * in any buffer than an earlier one on the same workspace allocates nothing. Either way a call that cannot get its
  * memory returns MXFP8_ERR_OUT_OF_MEMORY with no output written (every buffer, including those of its inner GEMMs,
- * is obtained before the first store). A workspace serves one call at a time: it may be shared between threads,
+ * is obtained before the first store). What OUT_OF_MEMORY can promise depends on the system: it is returned when an
+ * allocation itself fails (address space, a ulimit, a strict overcommit policy). On a system that overcommits memory
+ * (Linux by default) an allocation larger than the free memory usually succeeds, and the shortage shows only when
+ * its pages are first written: the process then swaps or is killed by the kernel's OOM killer, which no status can
+ * report. A caller that must not get there compares the bounds below (plus its own inputs and outputs) with the
+ * memory available before the call, as the `mxfp8` command does. A workspace serves one call at a time: it may be shared between threads,
  * and a call that finds it in use by another thread's call takes private memory for that call (as with NULL), so
  * sharing is safe but only one per thread is fast. Results never depend on the workspace. The library keeps no
  * pointer to it after a call returns. mxfp8_quantize, mxfp8_dequantize, the layout functions and mxfp8_moe_route

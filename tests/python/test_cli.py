@@ -9,6 +9,7 @@ missing binary or subcommand fails the tests.
 
 import json
 import os
+import re
 import struct
 import subprocess
 
@@ -836,3 +837,22 @@ def test_console_entry_point_starts_without_importing_mxfp8():
     assert r.returncode == 2 and "mxfp8 info: error" in r.stderr, r.stderr
     r = subprocess.run([_sys.executable, "-m", "mxfp8", "info"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("mxfp8 "), r.stderr
+
+
+@pytest.mark.parametrize("args", [["matmul-bwd", "--M", "100000", "--N", "100000", "--K", "100000"],
+                                  ["moe-bwd", "--H", "8192", "--T", "65536", "--E", "64", "--I", "8192", "--topk", "4",
+                                   "--B", "512"]])
+def test_memory_estimate_before_allocating(tmp_path, args):
+    """A problem far larger than the machine's memory is refused at once (exit 2, needed vs available, the flags that
+    help), before anything is allocated; --no-memory-check is a known flag of both commands."""
+    r = subprocess.run([CLI, *args, "--output", tmp_path / "g.safetensors"], capture_output=True, text=True,
+                       timeout=30)
+    m = re.search(r"needs about ([0-9.]+) GB of memory .* but ([0-9.]+) GB are available", r.stderr)
+    assert r.returncode == 2 and m and float(m.group(1)) > float(m.group(2)) > 0, r.stderr
+    assert "--no-check leaves out" in r.stderr and "--no-memory-check" in r.stderr and not r.stdout
+    assert not (tmp_path / "g.safetensors").exists()
+    small = (["matmul-bwd", "--M", "32", "--N", "32", "--K", "32"] if args[0] == "matmul-bwd" else
+             ["moe-bwd", "--H", "32", "--T", "32", "--E", "2", "--I", "32", "--topk", "1", "--B", "16"])
+    r = subprocess.run([CLI, *small, "--repeat", "1", "--quiet", "--no-memory-check"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
