@@ -261,7 +261,8 @@ int cmd_diff(int argc, char **argv) {
     }
     if (fp.have_group) {
         if (group_s && group != fp.group) {
-            mx_meta_conflict(cmd, "group", group_s, pos[1], fp.group == MXFP8_GROUP_WRAPX ? "wrapx groups" : "1x32 groups");
+            mx_meta_conflict(cmd, "group", group_s, pos[1],
+                             fp.group == MXFP8_GROUP_WRAPX ? "wrapx groups" : "1x32 groups");
             goto done;
         }
         group = fp.group;

@@ -94,9 +94,11 @@ static int pick_tensor(const char *cmd, const char *path, tf_set *set, const cha
     return CLI_OK;
 }
 
-/* --stats (and --plot): dequantize the outputs, compute and print the statistics, draw them. */
+/* --stats (and --plot): dequantize the outputs, compute and print the statistics, draw them. A plot that cannot be
+ * drawn (matplotlib was checked before the work) sets *plot_failed after its error line and is not a failure of the
+ * statistics: the quantized tensors are still written. */
 static int report_stats(const char *cmd, const char *path, const tf_tensor *x, const tf_tensor *d, const tf_tensor *s,
-                        int ax, const mxfp8_quant_params *qp, const char *plot) {
+                        int ax, const mxfp8_quant_params *qp, const char *plot, int *plot_failed) {
     char err[TF_ERR_LEN];
     tf_set tmp = {0};
     tf_tensor *deq = tf_add_new(&tmp, "deq", TF_F32, x->ndim, x->shape, err, sizeof err);
@@ -116,8 +118,9 @@ static int report_stats(const char *cmd, const char *path, const tf_tensor *x, c
         cJSON_AddStringToObject(doc, "group", qp->group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32");
         cJSON_AddStringToObject(doc, "fmt", qp->fmt == MXFP8_FMT_E4M3 ? "e4m3" : "e5m2");
         cJSON_AddStringToObject(doc, "rule", rules[qp->rule]);
-        rc = plot ? cli_plot(cmd, "quantize", doc, plot) : CLI_OK;
-        if (plot && rc == CLI_OK) printf("wrote the plot to %s\n", plot);
+        rc = CLI_OK;
+        if (plot && cli_plot(cmd, "quantize", doc, plot) != CLI_OK) *plot_failed = 1;
+        else if (plot) printf("wrote the plot to %s\n", plot);
     }
     cJSON_Delete(doc);
     tf_free(&tmp);
@@ -211,10 +214,12 @@ int cmd_quantize(int argc, char **argv) {
         cli_error(cmd, "%s", err);
         goto done;
     }
-    /* --stats / --plot first: when they fail, no output is left behind (and the plot goes when the save fails) */
-    if (stats && report_stats(cmd, cl.pos[0], x, d, s, ax, &qp, plot)) goto done;
+    /* --stats first: when they fail, no output is left behind (and the plot goes when the save fails); a plot that
+     * could not be drawn leaves the output written, and the exit status says that the plot is missing */
+    int plot_failed = 0;
+    if (stats && report_stats(cmd, cl.pos[0], x, d, s, ax, &qp, plot, &plot_failed)) goto done;
     if (tf_save(out_path, &out, err, sizeof err)) {
-        if (plot) unlink(plot);
+        if (plot && !plot_failed) unlink(plot);
         cli_error(cmd, "%s", err);
         goto done;
     }
@@ -223,7 +228,9 @@ int cmd_quantize(int argc, char **argv) {
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
            tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
            qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
-    rc = CLI_OK;
+    if (plot_failed)
+        fprintf(stderr, "mxfp8 %s: note: %s was written; only the plot %s is missing\n", cmd, out_path, plot);
+    rc = plot_failed ? CLI_USAGE : CLI_OK;
 done:
     tf_free(&in);
     tf_free(&out);
@@ -286,7 +293,8 @@ int cmd_dequantize(int argc, char **argv) {
     mx_file_params fp;
     if (mx_meta_read(cmd, &in, cl.pos[0], d->ndim, d->dtype, &fp)) goto done;
     if (fp.layout && strcmp(fp.layout, "compact")) {
-        cli_error(cmd, "%s: the metadata says scale layout '%s'; dequantize reads compact scales", cl.pos[0], fp.layout);
+        cli_error(cmd, "%s: the metadata says scale layout '%s'; dequantize reads compact scales", cl.pos[0],
+                  fp.layout);
         goto done;
     }
     if (fp.have_group) {

@@ -369,3 +369,46 @@ def test_nan_inputs_verdict_says_where_the_nans_are(tmp_path):
     r = run_env({"MXFP8_CLI_TEST_CORRUPT": "weight_grad"}, "matmul-bwd", "--inputs", tmp_path / "nan.safetensors",
                 "--repeat", "1", "--quiet")
     assert r.returncode == 1 and verdict_rows(r.stdout)["weight_grad"] == "FAIL", r.stdout
+
+
+def _shim_python(tmp_path, matplotlib_source):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "matplotlib.py").write_text(matplotlib_source)
+    shim = tmp_path / "python"
+    shim.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {__import__('sys').executable} \"$@\"\n")
+    shim.chmod(0o755)
+    return shim
+
+
+def test_quantize_output_written_when_the_plot_fails(tmp_path, rng):
+    """matplotlib is there (the check before the work passes) but drawing fails: the quantized tensors are still
+    written, the error says why the plot is missing, exit 2."""
+    shim = _shim_python(tmp_path, "def use(name):\n    raise ValueError('no backend here')\n")
+    np.save(tmp_path / "x.npy", rng.standard_normal((2, 64)).astype(np.float32))
+    r = run_env({"MXFP8_PYTHON": str(shim)}, "quantize", tmp_path / "x.npy", "-o", tmp_path / "q.safetensors",
+                "--plot", tmp_path / "s.png")
+    assert r.returncode == 2 and "drawing" in r.stderr and "no backend here" in r.stderr, r.stderr
+    assert "q.safetensors was written; only the plot" in r.stderr
+    assert (tmp_path / "q.safetensors").exists() and not (tmp_path / "s.png").exists()
+    assert set(st_load(tmp_path / "q.safetensors")) == {"data", "scales"}
+
+
+def test_bench_plot_checks_matplotlib_first(tmp_path):
+    shim = _shim_python(tmp_path, "raise ImportError('matplotlib is not here')\n")
+    r = run_env({"MXFP8_PYTHON": str(shim)}, "bench", "--plot", tmp_path / "b.png")
+    assert r.returncode == 2 and "--plot needs matplotlib" in r.stderr and not r.stdout, r.stdout + r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["fake", "python"]
+
+
+def test_plot_has_the_users_file_mode(tmp_path, rng):
+    pytest.importorskip("matplotlib")
+    np.save(tmp_path / "x.npy", rng.standard_normal((2, 64)).astype(np.float32))
+    old = os.umask(0o022)
+    try:
+        r = run_env({"MXFP8_PYTHON": __import__("sys").executable}, "quantize", tmp_path / "x.npy", "-o",
+                    tmp_path / "q.safetensors", "--plot", tmp_path / "s.png")
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    assert (os.stat(tmp_path / "s.png").st_mode & 0o777) == 0o644

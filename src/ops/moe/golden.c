@@ -3,7 +3,8 @@
  *
  * Contract (include/mxfp8.h, mxfp8_moe_forward_golden / mxfp8_moe_backward_golden): same validation as the
  * kernels, outputs F64 or F32. The forward recomputes every intermediate in FP64 from the inputs; the backward
- * takes the checkpoints it is given exactly as the kernel does (gold_block_ck) and recomputes the rest. quantized = 1 replaces each GEMM operand by its MX quantize-dequantize along that GEMM's
+ * takes the checkpoints it is given exactly as the kernel does (gold_block_ck) and recomputes the rest.
+ * quantized = 1 replaces each GEMM operand by its MX quantize-dequantize along that GEMM's
  * contraction axis (values rounded to FP32 first, the quantizer's input type; mxfp8i_qdq_group_ref, 1x32 groups;
  * along a block's positions the groups start at position 0), then multiplies in FP64. Pre-quantized weights are
  * used as given where their axis matches, re-quantized from their exact values otherwise (as the kernels do).
