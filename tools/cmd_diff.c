@@ -35,7 +35,9 @@ static void help(void) {
            "  --group G          1x32 (default) or wrapx\n"
            "  --tensor NAME      which tensor of a .safetensors INPUT (default: the only one)\n"
            "  --scale-layout L   compact (default), nki-unpacked, nki-packed or swizzle128x4 (2-D INPUT, last axis)\n"
-           "  --examples N       examples printed per class (default 3, at most 4)\n\n"
+           "  --examples N       examples printed per class (default 3, at most 4)\n"
+           "  --threads N        threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
+           "  --quiet            accepted as by every command (diff prints no notes or progress)\n\n"
            "When OTHER describes itself (the safetensors metadata mx.format, mx.group, mx.axis, mx.scale_layout that\n"
            "mxfp8 quantize writes), those are the defaults, and a flag that contradicts them is an error.\n\n"
            "exit status: 0 a profile reproduces OTHER bit for bit, 1 it does not, 2 bad usage or input\n");
@@ -204,7 +206,8 @@ static int report(const mxfp8_diff_result *r, const tf_tensor *x, int ax, int wr
 int cmd_diff(int argc, char **argv) {
     const char *cmd = "diff";
     cli_opt opts[] = {{"fmt", 0, 0, NULL},    {"axis", 0, 0, NULL},         {"group", 0, 0, NULL},
-                      {"tensor", 0, 0, NULL}, {"scale-layout", 0, 0, NULL}, {"examples", 0, 0, NULL}};
+                      {"tensor", 0, 0, NULL}, {"scale-layout", 0, 0, NULL}, {"examples", 0, 0, NULL},
+                      {"threads", 0, 0, NULL}, {"quiet", 'q', 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 2, help);
     if (rc != CLI_CONTINUE) return rc;

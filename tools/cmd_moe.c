@@ -85,7 +85,8 @@ static void help(void) {
         "                        gate_up_weight_scales, down_weight_scales (pre-quantized weights), num_valid_tokens\n"
         "                        (with --single-expert-dense); any other name is an error. Floats BF16, F16 or F32\n"
         "                        (F64 is rounded to F32); integers I32 or I64. Padding id -1, or T (from the ids).\n"
-        "  --block-size B        block size when the bundle does not determine it (topk_ids routing)\n"
+        "  --block-size B        the block size (--B is the same option): the random problem's (default 512),\n"
+        "                        or a bundle's when the bundle does not determine it (topk_ids routing)\n"
         "  --single-expert-dense E = 1 identity routing (the NKI dense mode)\n"
         "  --output FILE         write the gradients under the NKI return names to a .safetensors file:\n"
         "                        hidden_states_grad, expert_affinities_masked_grad, gate_up_proj_weight_grad,\n"
@@ -160,12 +161,15 @@ static int parse(moe_job *j, const cli_cmdline *cl) {
     j->allow_mem = cli_val(cl, "no-memory-check") != NULL;
     j->stats = cli_val(cl, "stats") != NULL;
     if (j->save_path && j->in_path) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
-    static const char *const shape_opts[] = {"H", "T", "E", "B", "topk", "I", "seed"};
-    for (int i = 0; j->in_path && i < 7; i++)
+    static const char *const shape_opts[] = {"H", "T", "E", "topk", "I", "seed"};
+    for (int i = 0; j->in_path && i < 6; i++)
         if (cli_val(cl, shape_opts[i]))
             return cli_error(cmd, "--%s sets the random problem; with --inputs the bundle decides", shape_opts[i]);
-    if (!j->in_path && cli_val(cl, "block-size"))
-        return cli_error(cmd, "--block-size is for --inputs bundles; the random problem's block size is --B");
+    /* --block-size and --B are one option (B: the NKI pages' and the other size flags' spelling) */
+    const char *bs = cli_val(cl, "block-size"), *b = cli_val(cl, "B");
+    if (bs && b && strcmp(bs, b)) return cli_error(cmd, "--B %s and --block-size %s are one option: give one", b, bs);
+    if (bs) j->B = j->block_size;
+    else if (b) j->block_size = j->B;
     if (!j->in_path && j->TOPK > j->E)
         return cli_error(cmd, "--topk %lld is above --E %lld", (long long)j->TOPK, (long long)j->E);
     if (!j->in_path && cfg->single_expert_dense && j->E != 1) return cli_error(cmd, "--single-expert-dense needs --E 1");

@@ -40,7 +40,9 @@ static void help_quantize(void) {
            "  --stats            print what the quantization did: the scale codes' range, saturated, flushed-to-zero\n"
            "                     and subnormal elements, SQNR, the per-group relative error ||x - x_hat|| / ||x||\n"
            "  --plot FILE        --stats, and draw the histograms of the scale codes and of the per-group relative\n"
-           "                     error (.png, .svg or .pdf; needs matplotlib: python3, or $MXFP8_PYTHON)\n\n"
+           "                     error (.png, .svg or .pdf; needs matplotlib: python3, or $MXFP8_PYTHON)\n"
+           "  --threads N        threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
+           "  --quiet            no notes on stderr (as for every command)\n\n"
            "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
 }
 
@@ -54,7 +56,9 @@ static void help_dequantize(void) {
            "  --axis A           the quantization axis; default: the file's (see below), else the axis where the\n"
            "                     scales' shape differs, else -1\n"
            "  --group G          the group scheme used to quantize: 1x32 or wrapx; default: the file's, else 1x32\n"
-           "  --dtype D          output dtype: f32 (default), bf16 or f16\n\n"
+           "  --dtype D          output dtype: f32 (default), bf16 or f16\n"
+           "  --threads N        threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
+           "  --quiet            accepted as by every command (dequantize prints no notes or progress)\n\n"
            "Files written by mxfp8 quantize describe themselves in their safetensors metadata (mx.format,\n"
            "mx.scale_rule, mx.group, mx.axis, mx.scale_layout, mx.rounding): their group scheme and axis are used,\n"
            "and a --group or --axis that contradicts them is an error. Files without that metadata (other stacks)\n"
@@ -132,7 +136,7 @@ int cmd_quantize(int argc, char **argv) {
     cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},   {"axis", 0, 0, NULL},
                       {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL}, {"tensor", 0, 0, NULL},
                       {"stats", 0, 1, NULL},      {"plot", 0, 0, NULL},  {"rounding", 0, 0, NULL},
-                      {"rounding-seed", 0, 0, NULL}};
+                      {"rounding-seed", 0, 0, NULL}, {"threads", 0, 0, NULL}, {"quiet", 'q', 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 1, help_quantize);
     if (rc != CLI_CONTINUE) return rc;
@@ -228,7 +232,7 @@ int cmd_quantize(int argc, char **argv) {
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
            tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
            qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
-    if (plot_failed)
+    if (plot_failed && !cli_val(&cl, "quiet"))
         fprintf(stderr, "mxfp8 %s: note: %s was written; only the plot %s is missing\n", cmd, out_path, plot);
     rc = plot_failed ? CLI_USAGE : CLI_OK;
 done:
@@ -239,7 +243,8 @@ done:
 
 int cmd_dequantize(int argc, char **argv) {
     const char *cmd = "dequantize";
-    cli_opt opts[] = {{"output", 'o', 0, NULL}, {"axis", 0, 0, NULL}, {"group", 0, 0, NULL}, {"dtype", 0, 0, NULL}};
+    cli_opt opts[] = {{"output", 'o', 0, NULL}, {"axis", 0, 0, NULL},    {"group", 0, 0, NULL},
+                      {"dtype", 0, 0, NULL},    {"threads", 0, 0, NULL}, {"quiet", 'q', 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 1, help_dequantize);
     if (rc != CLI_CONTINUE) return rc;

@@ -856,3 +856,40 @@ def test_memory_estimate_before_allocating(tmp_path, args):
     r = subprocess.run([CLI, *small, "--repeat", "1", "--quiet", "--no-memory-check"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_moe_block_size_has_one_name(tmp_path):
+    """--B and --block-size are one option, for the random problem and for bundles alike (old scripts keep working);
+    two different values are an error."""
+    small = ["moe-bwd", "--H", "32", "--T", "32", "--E", "2", "--I", "32", "--topk", "1", "--repeat", "1", "--quiet"]
+    a = run(*small, "--B", "16", "--save-inputs", tmp_path / "b.safetensors", check_rc=0)
+    b = run(*small, "--block-size", "16", check_rc=0)
+    head = [line for line in a.stdout.splitlines() if line.startswith("mxfp8 moe-bwd")]
+    assert head and head == [line for line in b.stdout.splitlines() if line.startswith("mxfp8 moe-bwd")]
+    r = run(*small, "--B", "16", "--block-size", "32")
+    assert r.returncode == 2 and "one option" in r.stderr, r.stderr
+    t = st_load(tmp_path / "b.safetensors")
+    ids = np.zeros((32, 1), np.int32)
+    ids[16:] = 1
+    st_save(tmp_path / "k.safetensors", {k: v for k, v in t.items() if k not in
+                                         ("token_position_to_id", "block_to_expert", "expert_affinities_masked")} |
+            {"topk_ids": ids, "topk_weights": np.ones((32, 1), np.float32)})
+    for flag in ("--B", "--block-size"):
+        r = run("moe-bwd", "--inputs", tmp_path / "k.safetensors", flag, "16", "--repeat", "1", "--quiet")
+        assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_common_flags_accepted_by_every_command(tmp_path, rng):
+    """--quiet and --threads work with every command (scripts may pass them to all)."""
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    common = ["--quiet", "--threads", "1"]
+    run("info", *common, check_rc=0)
+    run("quantize", tmp_path / "x.npy", "-o", tmp_path / "q.safetensors", *common, check_rc=0)
+    run("dequantize", tmp_path / "q.safetensors", "-o", tmp_path / "d.npy", *common, check_rc=0)
+    run("diff", tmp_path / "x.npy", tmp_path / "q.safetensors", *common, check_rc=0)
+    run("matmul-bwd", "--M", "32", "--N", "32", "--K", "32", "--repeat", "1", *common, check_rc=0)
+    run("moe-bwd", "--H", "32", "--T", "32", "--E", "2", "--I", "32", "--topk", "1", "--B", "16", "--repeat", "1",
+        *common, check_rc=0)
+    r = run("bench", *common, "--reps", "0")  # the flags are known: the error is about --reps
+    assert r.returncode == 2 and "reps" in r.stderr and "quiet" not in r.stderr and "threads" not in r.stderr, r.stderr
