@@ -20,6 +20,7 @@ static void help(void) {
            "Rows of matmul and moe are also timed on 1 thread: scaling = time on 1 thread / time on N.\n\n"
            "  --threads N  threads of the calls (default: the library's count)\n"
            "  --json       print one JSON document instead of tables\n"
+           "  --quiet      accepted as by every command (bench prints no progress line)\n"
            "  --quick      skip the largest problems (4096^3, the larger MoE), 2 timed runs (quantize and memcpy\n"
            "               always take the median of at least 5)\n"
            "  --reps N     timed runs per item (default 5; fewer when a run is slow; a run over 8 s is timed once)\n"
@@ -69,7 +70,8 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--expert-parallel")) return cmd_bench_moe_ep(argc, argv);
     cli_opt opts[] = {{"threads", 0, 0, NULL}, {"json", 0, 1, NULL}, {"quick", 0, 1, NULL},
-                      {"reps", 0, 0, NULL},    {"full", 0, 1, NULL},  {"plot", 0, 0, NULL}};
+                      {"reps", 0, 0, NULL},    {"full", 0, 1, NULL},  {"plot", 0, 0, NULL},
+                      {"quiet", 'q', 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 5, help);
     if (rc != CLI_CONTINUE) return rc;

@@ -19,6 +19,10 @@ counts the training steps only (forward, backward, optimizer), not the evaluatio
 Writes DIR/loss.csv (step, train and validation loss of both runs; validation every --eval-every steps),
 DIR/loss.png (the curves) and DIR/summary.json (tokens/s of both runs, final validation losses and their gap).
 
+Needs torch (and mxfp8.torch's other requirements); tqdm (the progress bar) and matplotlib (loss.png) are optional:
+without them the run prints a line every 5% of the steps and writes no loss.png (scripts/setup.sh --test installs
+both into .venv).
+
     python examples/train_moe_lm.py --steps 300 --out out/train_moe_lm
 """
 
@@ -218,6 +222,32 @@ def train(runs, val_batches, a, progress):
     return {r.name: (r.train_losses, r.val_losses, r.tokens_per_s()) for r in runs}
 
 
+def _pyplot():
+    """matplotlib's pyplot (Agg), or None when matplotlib is not installed: it is optional (loss.png only)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+class _Steps:
+    """The progress of the training loop without tqdm: a line every ~5% of the steps (none with --no-progress)."""
+
+    def __init__(self, it, quiet):
+        self.it, self.quiet, self.n, self.step = it, quiet, len(it), 0
+
+    def __iter__(self):
+        for self.step in self.it:
+            yield self.step
+
+    def set_postfix(self, post):
+        if not self.quiet and (self.step % max(1, self.n // 20) == 0 or self.step == self.n):
+            print(f"step {self.step}/{self.n}: " + ", ".join(f"{k} {v}" for k, v in post.items()), flush=True)
+
+
 def write_outputs(a, runs):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -231,9 +261,9 @@ def write_outputs(a, runs):
                 tr, va, _ = runs[n]
                 row += ["" if step == 0 else f"{tr[step - 1]:.6f}", f"{va[step]:.6f}" if step in va else ""]
             w.writerow(row)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
+    if plt is None:  # main() said so at the start
+        return out, ["loss.csv"]
     both = len(names) == 2
     fig, axes = plt.subplots(2 if both else 1, 1, figsize=(8, 6 if both else 4.5), dpi=100, sharex=True,
                              gridspec_kw={"height_ratios": [3, 1]} if both else None, squeeze=False)
@@ -268,7 +298,7 @@ def write_outputs(a, runs):
     axes[-1][0].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(out / "loss.png")
-    return out
+    return out, ["loss.csv", "loss.png"]
 
 
 def parse_args(argv=None):
@@ -310,9 +340,19 @@ def main(argv=None):
     threads = a.threads or os.cpu_count()
     torch.set_num_threads(threads)
     mxfp8.set_num_threads(threads)
-    from tqdm import tqdm
+    try:  # optional: the progress bar
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+        if not a.no_progress:
+            print("train_moe_lm: note: tqdm is not installed (pip install tqdm): a line every 5% of the steps "
+                  "instead of a progress bar", file=sys.stderr)
+    if _pyplot() is None:  # optional: the picture
+        print("train_moe_lm: note: matplotlib is not installed (pip install matplotlib): loss.png will not be "
+              "drawn; loss.csv and summary.json hold the numbers", file=sys.stderr)
+
     def progress(it, **kw):
-        return tqdm(it, disable=a.no_progress, **kw)
+        return tqdm(it, disable=a.no_progress, **kw) if tqdm else _Steps(it, a.no_progress)
     data, val, n_train, n_val = load_corpus()
     print(f"corpus: {len(data) / 1e6:.1f} MB of training bytes ({n_train} files), {len(val) / 1e6:.1f} MB of "
           f"validation bytes ({n_val} files) from {sysconfig.get_paths()['stdlib']}")
@@ -325,7 +365,7 @@ def main(argv=None):
         if sd.keys() != first.keys() or not all(torch.equal(sd[k], first[k]) for k in sd):
             sys.exit("train_moe_lm: the two runs do not start from the same weights")
     runs = train(runs, val_batches, a, progress)
-    out = write_outputs(a, runs)
+    out, written = write_outputs(a, runs)
     summary = {"steps": a.steps, "tokens_per_step": a.batch * a.seq, "recipe": a.recipe, "threads": threads,
                "isa": mxfp8.info()["isa"]}
     for name, (tr, va, tps) in runs.items():
@@ -338,7 +378,7 @@ def main(argv=None):
         print(f"final validation-loss gap (mxfp8 - bf16): {m - b:+.4f} nats/byte ({100 * (m - b) / b:+.2f}%); "
               f"mxfp8 speed {runs['mxfp8'][2] / runs['bf16'][2]:.2f}x bf16")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out / 'loss.csv'}, {out / 'loss.png'}, {out / 'summary.json'}")
+    print("wrote " + ", ".join(str(out / f) for f in written + ["summary.json"]))
     return summary
 
 

@@ -875,7 +875,12 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  * of it before returning. With a workspace, its memory is kept for the next call: a call whose problem is no larger
  * in any buffer than an earlier one on the same workspace allocates nothing. Either way a call that cannot get its
  * memory returns MXFP8_ERR_OUT_OF_MEMORY with no output written (every buffer, including those of its inner GEMMs,
- * is obtained before the first store). A workspace serves one call at a time: it may be shared between threads,
+ * is obtained before the first store). What OUT_OF_MEMORY can promise depends on the system: it is returned when an
+ * allocation itself fails (address space, a ulimit, a strict overcommit policy). On a system that overcommits memory
+ * (Linux by default) an allocation larger than the free memory usually succeeds, and the shortage shows only when
+ * its pages are first written: the process then swaps or is killed by the kernel's OOM killer, which no status can
+ * report. A caller that must not get there compares the bounds below (plus its own inputs and outputs) with the
+ * memory available before the call, as the `mxfp8` command does. A workspace serves one call at a time: it may be shared between threads,
  * and a call that finds it in use by another thread's call takes private memory for that call (as with NULL), so
  * sharing is safe but only one per thread is fast. Results never depend on the workspace. The library keeps no
  * pointer to it after a call returns. mxfp8_quantize, mxfp8_dequantize, the layout functions and mxfp8_moe_route
@@ -963,9 +968,12 @@ MXFP8_API mxfp8_status mxfp8_compare(const mxfp8_tensor *kernel, const mxfp8_ten
 
 /** Golden references (FP64, scalar, slow: for tests and the NKI criteria of `mxfp8 moe-bwd`).
  *  Same args as mxfp8_moe_forward / mxfp8_moe_backward (same validation and errors); outputs/grads are F64 or F32
- *  views (rounded once from FP64). Everything is computed in FP64 from the inputs (exactly widened); checkpoints in
- *  args are ignored (the golden recomputes every intermediate itself; for AFFINITY_ON_H, D = a*dY and the down
- *  projection output come from its own forward). Flags (accumulate_hidden_states_grad, skip_grad_initialization,
+ *  views (rounded once from FP64). Everything is computed in FP64 from the inputs (exactly widened). The backward
+ *  golden takes the checkpoints in args exactly as mxfp8_moe_backward does (any accepted dtype, widened exactly):
+ *  g and u from gate_up_proj_act_checkpoint_T, act(g) from gate_act_checkpoint_T, act(g)*u from
+ *  intermediate_checkpoint_T, the Phase 4 operand from scaled_intermediate_checkpoint_T, D from
+ *  down_proj_act_checkpoint and the down projection from down_proj_output_checkpoint; what is absent it recomputes
+ *  in FP64 from the inputs, so it judges the backward on the values the backward was given. Flags (accumulate_hidden_states_grad, skip_grad_initialization,
  *  num_valid_tokens, clamps, biases, activation, affinity option) have the same meaning as in the kernels.
  *  quantized = 0: the unquantized layer (pre-quantized weights enter as their exact dequantized values).
  *  quantized = 1: every GEMM operand is MX-quantized along that GEMM's contraction axis (1x32 groups,

@@ -65,7 +65,38 @@ int cli_grad_compare(const char *cmd, const char *name, const tf_tensor *kernel,
         (st = mxfp8_compare(&q, &g, crit->atol_frac, crit->rtol, &c->qref_vs_golden)) ||
         (st = mxfp8_compare(&k, &q, 0.0, 0.0, &c->kernel_vs_qref)))
         return cli_lib_error(cmd, "mxfp8_compare", st);
+    const double *qd = qref->data;
+    double maxq = 0, maxe = 0; /* over the elements finite in both */
+    for (int64_t i = 0; i < kernel->numel; i++) {
+        double kv = elem(kernel, i), qv = qd[i];
+        if (isnan(qv)) c->ref_nan++, c->nan_same += isnan(kv) != 0;
+        else if (isinf(qv)) c->ref_inf++, c->inf_same += kv == qv;
+        else if (!isfinite(kv)) c->kernel_only_nonfinite++;
+        else {
+            if (fabs(qv) > maxq) maxq = fabs(qv);
+            if (fabs(kv - qv) > maxe) maxe = fabs(kv - qv);
+        }
+    }
+    if (c->ref_nan || c->ref_inf || c->kernel_only_nonfinite) /* the table's max rel err: finite elements only */
+        c->kernel_vs_qref.max_rel_err = maxq > 0 ? maxe / maxq : maxe == 0 ? 0.0 : INFINITY;
     return CLI_OK;
+}
+
+/* Under a gradient's verdict row: what the reference holds that is not a number, and whether the kernel agrees. */
+static void print_nonfinite(const cli_grad_check *g) {
+    const char *pad = "                               ";
+    if (g->ref_nan)
+        printf("%s%lld NaN values in the reference; the kernel has NaN at %s\n", pad, (long long)g->ref_nan,
+               g->nan_same == g->ref_nan ? "the same places (they match)" : "only some of those places (mismatch)");
+    if (g->ref_inf)
+        printf("%s%lld infinities in the reference; the kernel has %s\n", pad, (long long)g->ref_inf,
+               g->inf_same == g->ref_inf ? "the same ones at the same places (they match)"
+                                         : "other values at some of those places (mismatch)");
+    if (g->kernel_only_nonfinite)
+        printf("%s%lld NaN or infinite values in the kernel's output where the reference is finite\n", pad,
+               (long long)g->kernel_only_nonfinite);
+    if (g->ref_nan || g->ref_inf)
+        printf("%s(max rel err and norm rel err: over the elements finite in both)\n", pad);
 }
 
 static int nki_pass(const cli_nki_criteria *c, const mxfp8_compare_result *r) {
@@ -87,9 +118,11 @@ static void print_tables(const cli_grad_check *g, int n, const cli_nki_criteria 
     printf("\nthe kernel against the quantized FP64 reference (the verdict: no error beyond FP32 accumulation)\n");
     printf("%-30s %-18s %-13s %-13s %-17s %s\n", "gradient", "shape", "max rel err", "norm rel err",
            "worst / allowed", "result");
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         printf("%-30s %-18s %-13.3e %-13.3e %-17.3g %s\n", g[i].name, g[i].shape, g[i].kernel_vs_qref.max_rel_err,
                g[i].norm_err, g[i].ratio, g[i].ratio <= 1 ? "PASS" : "FAIL");
+        print_nonfinite(&g[i]);
+    }
     printf("%s\n", bound_text);
     char cos_h[32], ne_h[32];
     snprintf(cos_h, sizeof cos_h, "cosine (>= %g)", crit->cosine_min);

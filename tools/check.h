@@ -61,9 +61,13 @@ typedef struct cli_grad_check {
     mxfp8_compare_result kernel_vs_qref;   /**< max_rel_err: the table's metric of question 1 */
     double ratio;                          /**< worst error / allowed (cli_bound_ratio) */
     double norm_err;                       /**< ||k - q|| / ||q|| */
+    /* Non-finite elements of the quantized reference and where the kernel agrees (same NaN / same infinity at the
+     * same index), and the kernel's non-finite elements where the reference is finite. */
+    int64_t ref_nan, nan_same, ref_inf, inf_same, kernel_only_nonfinite;
 } cli_grad_check;
 
-/** Compare kernel (a gradient of the command) with golden (F32/F64) and qref (F64): fills *c except ratio. */
+/** Compare kernel (a gradient of the command) with golden (F32/F64) and qref (F64): fills *c except ratio and
+ *  norm_err (cli_bound_ratio), counting the non-finite elements of qref and whether the kernel has them too. */
 int cli_grad_compare(const char *cmd, const char *name, const tf_tensor *kernel, const tf_tensor *golden,
                      const tf_tensor *qref, const cli_nki_criteria *crit, cli_grad_check *c);
 /** Print both tables, the explanation of the allowed error (bound_text), the verdict and the NKI summary.

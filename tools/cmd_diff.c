@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "mx_meta.h"
 #include "io/tensorfile.h"
 
 static void help(void) {
@@ -34,7 +35,11 @@ static void help(void) {
            "  --group G          1x32 (default) or wrapx\n"
            "  --tensor NAME      which tensor of a .safetensors INPUT (default: the only one)\n"
            "  --scale-layout L   compact (default), nki-unpacked, nki-packed or swizzle128x4 (2-D INPUT, last axis)\n"
-           "  --examples N       examples printed per class (default 3, at most 4)\n\n"
+           "  --examples N       examples printed per class (default 3, at most 4)\n"
+           "  --threads N        threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
+           "  --quiet            accepted as by every command (diff prints no notes or progress)\n\n"
+           "When OTHER describes itself (the safetensors metadata mx.format, mx.group, mx.axis, mx.scale_layout that\n"
+           "mxfp8 quantize writes), those are the defaults, and a flag that contradicts them is an error.\n\n"
            "exit status: 0 a profile reproduces OTHER bit for bit, 1 it does not, 2 bad usage or input\n");
 }
 
@@ -201,7 +206,8 @@ static int report(const mxfp8_diff_result *r, const tf_tensor *x, int ax, int wr
 int cmd_diff(int argc, char **argv) {
     const char *cmd = "diff";
     cli_opt opts[] = {{"fmt", 0, 0, NULL},    {"axis", 0, 0, NULL},         {"group", 0, 0, NULL},
-                      {"tensor", 0, 0, NULL}, {"scale-layout", 0, 0, NULL}, {"examples", 0, 0, NULL}};
+                      {"tensor", 0, 0, NULL}, {"scale-layout", 0, 0, NULL}, {"examples", 0, 0, NULL},
+                      {"threads", 0, 0, NULL}, {"quiet", 'q', 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 2, help);
     if (rc != CLI_CONTINUE) return rc;
@@ -212,11 +218,11 @@ int cmd_diff(int argc, char **argv) {
     int fmt = -1, layout = 0;
     int64_t axis = 0, nex = 3;
     mxfp8_group_scheme group = MXFP8_GROUP_1X32;
-    const char *fmt_s = cli_val(&cl, "fmt"), *axis_s = cli_val(&cl, "axis");
+    const char *fmt_s = cli_val(&cl, "fmt"), *axis_s = cli_val(&cl, "axis"), *group_s = cli_val(&cl, "group"),
+               *layout_s = cli_val(&cl, "scale-layout");
     if ((fmt_s && cli_choice(cmd, "fmt", fmt_s, fmts, 2, &fmt)) ||
         cli_int(cmd, "axis", axis_s, -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
-        cli_group(cmd, cli_val(&cl, "group"), &group) ||
-        cli_choice(cmd, "scale-layout", cli_val(&cl, "scale-layout"), layouts, 4, &layout) ||
+        cli_group(cmd, group_s, &group) || cli_choice(cmd, "scale-layout", layout_s, layouts, 4, &layout) ||
         cli_int(cmd, "examples", cli_val(&cl, "examples"), 0, MXFP8_DIFF_EXAMPLES, &nex))
         return CLI_USAGE;
     char err[TF_ERR_LEN], b1[160], b2[160], b3[160];
@@ -245,6 +251,53 @@ int cmd_diff(int argc, char **argv) {
     if (!d0 || !s0) {
         cli_error(cmd, "%s: needs tensors 'data' and 'scales' (as mxfp8 quantize writes them)", pos[1]);
         goto done;
+    }
+    /* OTHER's own description (mxfp8 quantize writes it): the default, and a contradicting flag is an error. */
+    mx_file_params fp;
+    if (mx_meta_read(cmd, &other, pos[1], d0->ndim, d0->dtype, &fp)) goto done;
+    if (fp.have_fmt) {
+        if (fmt >= 0 && fmt != fp.fmt_e5m2) {
+            mx_meta_conflict(cmd, "fmt", fmt_s, pos[1], fmts[fp.fmt_e5m2]);
+            goto done;
+        }
+        fmt = fp.fmt_e5m2;
+    }
+    if (fp.have_group) {
+        if (group_s && group != fp.group) {
+            mx_meta_conflict(cmd, "group", group_s, pos[1],
+                             fp.group == MXFP8_GROUP_WRAPX ? "wrapx groups" : "1x32 groups");
+            goto done;
+        }
+        group = fp.group;
+    }
+    if (fp.layout) {
+        int fl = -1;
+        for (int k = 0; k < 4; k++)
+            if (!strcmp(fp.layout, layouts[k])) fl = k;
+        if (fl < 0) {
+            cli_error(cmd, "%s: the metadata's scale layout '%s' is not one of compact, nki-unpacked, nki-packed, "
+                      "swizzle128x4", pos[1], fp.layout);
+            goto done;
+        }
+        if (layout_s && layout != fl) {
+            mx_meta_conflict(cmd, "scale-layout", layout_s, pos[1], fp.layout);
+            goto done;
+        }
+        layout = fl;
+    }
+    if (fp.have_axis && fp.axis >= x->ndim) {
+        cli_error(cmd, "%s: quantized along axis %d (its metadata), but INPUT is %d-D", pos[1], fp.axis, x->ndim);
+        goto done;
+    }
+    if (fp.have_axis && axis_s && (axis < 0 ? axis + x->ndim : axis) != fp.axis) {
+        char rec[32];
+        snprintf(rec, sizeof rec, "axis %d", fp.axis);
+        mx_meta_conflict(cmd, "axis", axis_s, pos[1], rec);
+        goto done;
+    }
+    if (fp.have_axis && !axis_s) {
+        axis = fp.axis;
+        axis_s = ""; /* as if given: the file's axis, not the shapes', decides */
     }
     if (fmt < 0) {
         if (d0->dtype != TF_F8_E4M3 && d0->dtype != TF_F8_E5M2) {

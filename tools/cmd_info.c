@@ -6,19 +6,20 @@
 #include "cli.h"
 
 static void help(void) {
-    printf("usage: mxfp8 info [--threads N]\n\n"
+    printf("usage: mxfp8 info [--threads N] [--quiet]\n\n"
            "Prints the library version, the CPU features libmxfp8 looks for, the ISA path it chose and why, the\n"
            "kernel of each slot (GEMM, quantize, dequantize) with its self-test result, and the number of threads\n"
            "a call uses.\n\n"
            "options:\n"
            "  --threads N   report as if N threads were requested (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS,\n"
-           "                else all cores)\n\n"
+           "                else all cores)\n"
+           "  --quiet       accepted as by every command (info prints no notes or progress)\n\n"
            "environment: MXFP8_ISA=scalar|avx512|amx forces an ISA path; MXFP8_NUM_THREADS sets the thread count.\n");
 }
 
 int cmd_info(int argc, char **argv) {
     const char *cmd = "info";
-    cli_opt opts[] = {{"threads", 0, 0, NULL}};
+    cli_opt opts[] = {{"threads", 0, 0, NULL}, {"quiet", 'q', 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
     if (rc != CLI_CONTINUE) return rc;

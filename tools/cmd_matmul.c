@@ -23,6 +23,7 @@
 #include "check.h"
 #include "cli.h"
 #include "io/tensorfile.h"
+#include "memcheck.h"
 #include "progress.h"
 
 static const cli_nki_criteria k_crit = {0.2, 1e-3, 0.995, 0.10, "allclose: atol = 0.2 x max|golden|, rtol = 1e-3"};
@@ -60,6 +61,8 @@ static void help(void) {
         "  --repeat R          run the backward R times after one untimed warm-up call and report the best time\n"
         "                      (default 3)\n"
         "  --no-check          skip the golden references (just compute and write)\n"
+        "  --no-memory-check   run even when the memory the problem needs (estimated before allocating) is more\n"
+        "                      than the machine has available\n"
         "  --quiet             no progress line on stderr (shown only when stderr is a terminal)\n"
         "  --save-inputs FILE  write the generated problem (output_grad, weights, input_activation) to a\n"
         "                      .safetensors bundle that --inputs (or the Python API) can read back\n"
@@ -75,7 +78,7 @@ static void help(void) {
 typedef struct mm_job {
     const char *cmd;
     int64_t M, N, K, seed, repeat;
-    int odt, layout, check, quiet, prequant, in_f64, stats;
+    int odt, layout, check, quiet, prequant, in_f64, stats, allow_mem;
     const char *in_path, *out_path, *save_path, *f8;
     mxfp8_matmul_bwd_args args;
     tf_set in, grads, work;
@@ -118,6 +121,7 @@ static int parse(mm_job *j, const cli_cmdline *cl) {
                !j->args.input_rounding; /* the references round to nearest */
     j->stats = cli_val(cl, "stats") != NULL;
     j->quiet = cli_val(cl, "quiet") != NULL;
+    j->allow_mem = cli_val(cl, "no-memory-check") != NULL;
     char err[TF_ERR_LEN];
     if (j->save_path && j->in_path) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
     if (j->save_path && tf_check_writable(j->save_path, 3, err, sizeof err)) return cli_error(cmd, "%s", err);
@@ -205,6 +209,26 @@ static int make_problem(mm_job *j) {
         printf("wrote the problem (output_grad, weights, input_activation) to %s\n", j->save_path);
     }
     return CLI_OK;
+}
+
+/* The memory the run needs beyond what is loaded (the random problem's inputs when !loaded), estimated from the
+ * sizes before anything large is allocated: the gradients, the library's scratch (include/mxfp8.h, Workspace and
+ * memory: the larger GEMM's FP32 B panels and per-thread blocks), and with the check the references' copies (the
+ * transposed operands, FP32 and FP64 goldens, the quantized golden's FP64 operands, the operand norms' scratch). */
+static int memory_check(const mm_job *j, int loaded) {
+    const double M = (double)j->M, N = (double)j->N, K = (double)j->K, MN = M * N, NK = N * K, MK = M * K;
+    const double in_es = loaded ? (double)tf_dtype_size(j->dy->dtype) : 2.0, out_es = j->odt == 2 ? 4.0 : 2.0;
+    mxfp8_info info;
+    mxfp8_get_info(&info);
+    const double P = info.num_threads > 0 ? info.num_threads : 1;
+    double need = (loaded ? 0.0 : 2.0 * (MN + NK + MK)) + out_es * (MK + NK) +
+                  4.0 * (M > N ? M : N) * (K + 32) + P * (4.0 * K * 592 + 4.0 * 512 * 528) + 65536.0;
+    double chk = 0;
+    if (j->check) {
+        const double big = MN > NK ? (MN > MK ? MN : MK) : (NK > MK ? NK : MK);
+        chk = in_es * (MN + NK + MK) + 12.0 * (MK + NK) + 8.0 * (MN + (NK > MK ? NK : MK)) + 5.0 * big;
+    }
+    return cli_mem_check(j->cmd, need + chk, chk, j->allow_mem);
 }
 
 /* One untimed warm-up call (thread start-up and first touch would otherwise dominate a single timed run), then
@@ -386,14 +410,14 @@ int cmd_matmul_bwd(int argc, char **argv) {
                       {"output-dtype", 0, 0, NULL}, {"threads", 0, 0, NULL},    {"seed", 0, 0, NULL},
                       {"repeat", 0, 0, NULL},     {"no-check", 0, 1, NULL},     {"quiet", 'q', 1, NULL},
                       {"save-inputs", 0, 0, NULL}, {"stats", 0, 1, NULL},      {"stochastic-rounding", 0, 0, NULL},
-                      {"rounding-seed", 0, 0, NULL}};
+                      {"rounding-seed", 0, 0, NULL}, {"no-memory-check", 0, 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, j.cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
     if (rc != CLI_CONTINUE || (rc = parse(&j, &cl))) return rc;
     rc = CLI_USAGE;
     char err[TF_ERR_LEN];
     cli_progress_init(j.cmd, !j.quiet);
-    if (j.in_path ? load_bundle(&j) : make_problem(&j)) goto done;
+    if (j.in_path ? load_bundle(&j) || memory_check(&j, 1) : memory_check(&j, 0) || make_problem(&j)) goto done;
     int64_t s_dx[2] = {j.M, j.K}, s_dw[2] = {j.N, j.K};
     if (!(j.dx = tf_add_new(&j.grads, "input_grad", k_odt_tf[j.odt], 2, s_dx, err, sizeof err)) ||
         !(j.dw = tf_add_new(&j.grads, "weight_grad", k_odt_tf[j.odt], 2, s_dw, err, sizeof err))) {

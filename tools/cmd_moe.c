@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "memcheck.h"
 #include "moe_job.h"
 #include "progress.h"
 
@@ -84,12 +85,15 @@ static void help(void) {
         "                        gate_up_weight_scales, down_weight_scales (pre-quantized weights), num_valid_tokens\n"
         "                        (with --single-expert-dense); any other name is an error. Floats BF16, F16 or F32\n"
         "                        (F64 is rounded to F32); integers I32 or I64. Padding id -1, or T (from the ids).\n"
-        "  --block-size B        block size when the bundle does not determine it (topk_ids routing)\n"
+        "  --block-size B        the block size (--B is the same option): the random problem's (default 512),\n"
+        "                        or a bundle's when the bundle does not determine it (topk_ids routing)\n"
         "  --single-expert-dense E = 1 identity routing (the NKI dense mode)\n"
         "  --output FILE         write the gradients under the NKI return names to a .safetensors file:\n"
         "                        hidden_states_grad, expert_affinities_masked_grad, gate_up_proj_weight_grad,\n"
         "                        down_proj_weight_grad (+ gate_and_up_proj_bias_grad, down_proj_bias_grad)\n"
         "  --no-check            skip the golden references (just compute and write)\n"
+        "  --no-memory-check     run even when the memory the problem needs (estimated before allocating) is\n"
+        "                        more than the machine has available\n"
         "  --save-inputs FILE    write the generated problem to a .safetensors bundle (the NKI parameter names,\n"
         "                        explicit routing) that --inputs (or the Python API) can read back\n"
         "  --quiet               no progress line on stderr (shown only when stderr is a terminal)\n"
@@ -154,14 +158,18 @@ static int parse(moe_job *j, const cli_cmdline *cl) {
     j->save_path = cli_val(cl, "save-inputs");
     j->check = cli_val(cl, "no-check") == NULL && !cfg->stochastic_rounding; /* the references round to nearest */
     j->quiet = cli_val(cl, "quiet") != NULL;
+    j->allow_mem = cli_val(cl, "no-memory-check") != NULL;
     j->stats = cli_val(cl, "stats") != NULL;
     if (j->save_path && j->in_path) return cli_error(cmd, "--save-inputs is for the generated problem, not --inputs");
-    static const char *const shape_opts[] = {"H", "T", "E", "B", "topk", "I", "seed"};
-    for (int i = 0; j->in_path && i < 7; i++)
+    static const char *const shape_opts[] = {"H", "T", "E", "topk", "I", "seed"};
+    for (int i = 0; j->in_path && i < 6; i++)
         if (cli_val(cl, shape_opts[i]))
             return cli_error(cmd, "--%s sets the random problem; with --inputs the bundle decides", shape_opts[i]);
-    if (!j->in_path && cli_val(cl, "block-size"))
-        return cli_error(cmd, "--block-size is for --inputs bundles; the random problem's block size is --B");
+    /* --block-size and --B are one option (B: the NKI pages' and the other size flags' spelling) */
+    const char *bs = cli_val(cl, "block-size"), *b = cli_val(cl, "B");
+    if (bs && b && strcmp(bs, b)) return cli_error(cmd, "--B %s and --block-size %s are one option: give one", b, bs);
+    if (bs) j->B = j->block_size;
+    else if (b) j->block_size = j->B;
     if (!j->in_path && j->TOPK > j->E)
         return cli_error(cmd, "--topk %lld is above --E %lld", (long long)j->TOPK, (long long)j->E);
     if (!j->in_path && cfg->single_expert_dense && j->E != 1) return cli_error(cmd, "--single-expert-dense needs --E 1");
@@ -295,11 +303,19 @@ static int check(moe_job *j, int ngr, cli_grad_check *c) {
         *grad_slot(&gg, i) = tf_view(g);
         *grad_slot(&qg, i) = tf_view(q);
     }
+    /* The goldens take what the kernel took: a bundle's checkpoints are inputs of the problem. The random problem's
+     * come from our own MXFP8 forward (bitwise equal to the backward's recomputation), so there the goldens
+     * recompute them: the unquantized one then is the full-precision layer from end to end. */
+    mxfp8_moe_bwd_args ga = j->ba;
+    if (!j->in_path) {
+        memset(&ga.gate_up_proj_act_checkpoint_T, 0, sizeof ga.gate_up_proj_act_checkpoint_T);
+        memset(&ga.down_proj_output_checkpoint, 0, sizeof ga.down_proj_output_checkpoint);
+    }
     mxfp8_status st;
     cli_progress_next();
-    if ((st = mxfp8_moe_backward_golden(&j->ba, &gg, 0))) return cli_lib_error(j->cmd, "mxfp8_moe_backward_golden", st);
+    if ((st = mxfp8_moe_backward_golden(&ga, &gg, 0))) return cli_lib_error(j->cmd, "mxfp8_moe_backward_golden", st);
     cli_progress_next();
-    if ((st = mxfp8_moe_backward_golden(&j->ba, &qg, 1)))
+    if ((st = mxfp8_moe_backward_golden(&ga, &qg, 1)))
         return cli_lib_error(j->cmd, "mxfp8_moe_backward_golden (quantized)", st);
     double u = cli_unit_roundoff(k_gdt_tf[j->gdt]);
     for (int i = 0; i < ngr; i++) {
@@ -337,9 +353,27 @@ static void plan(const moe_job *j, int64_t pairs) {
     cli_progress_add("golden reference, quantized FP64; --no-check skips it", CLI_WORK_GOLDEN, fl);
 }
 
+/* The memory the run needs beyond what is loaded (the random problem's inputs when !loaded), estimated from the
+ * sizes before anything large is allocated: inputs (BF16) and routing, the forward's F32 checkpoints (random
+ * problem), the gradients, the backward's scratch (include/mxfp8.h, Workspace and memory: the FP32 token
+ * accumulator, the staging copies of dW1 / dW2, one expert's FP32 weights and packed panels, the FP64 sums), and
+ * with the check the goldens' F64 gradients and their own FP64 sums, twice (unquantized and quantized). */
+static int memory_check(const moe_job *j, int loaded) {
+    int64_t n_blocks = j->N;
+    if (!loaded && mxfp8_moe_num_blocks(j->T, j->TOPK, j->E, j->B, &n_blocks)) n_blocks = 0;
+    const double T = (double)j->T, H = (double)j->H, E = (double)j->E, I = (double)j->I, NB = (double)n_blocks * j->B;
+    const double gs = j->gdt == 1 ? 4.0 : 2.0, grads = T * H + T * E + 3.0 * E * H * I + (j->cfg.bias ? E * (2 * I + H) : 0);
+    double need = gs * grads + 4.0 * T * H + (E > 1 ? E - 1 : 0) * 3.0 * H * I * gs + 12.0 * H * I +
+                  8.0 * (T * E + 2 * E * I + E * H) + 4.0 * H * (I + 32) + 8.0 * I * (H + 32) + 4.0 * (NB + n_blocks);
+    if (!loaded) need += 2.0 * (2.0 * T * H + 3.0 * E * H * I) + 4.0 * T * E + 4.0 * (2.0 * I * NB + NB * H);
+    const double chk = j->check ? 2.0 * 2.0 * 8.0 * grads : 0.0;
+    return cli_mem_check(j->cmd, need + chk, chk, j->allow_mem);
+}
+
 static int run(moe_job *j) {
     char err[TF_ERR_LEN];
-    if (j->in_path ? moe_load_bundle(j) : moe_make_problem(j)) return CLI_USAGE;
+    if (j->in_path ? moe_load_bundle(j) || memory_check(j, 1) : memory_check(j, 0) || moe_make_problem(j))
+        return CLI_USAGE;
     mxfp8_moe_bwd_args *ba = &j->ba;
     ba->hidden_states = tf_view(j->x);
     ba->expert_affinities_masked = tf_view(j->ea);
@@ -403,7 +437,7 @@ int cmd_moe_bwd(int argc, char **argv) {
         {"block-size", 0, 0, NULL},  {"single-expert-dense", 0, 1, NULL}, {"output", 'o', 0, NULL},
         {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL},    {"save-inputs", 0, 0, NULL},
         {"swiglu-alpha", 0, 0, NULL}, {"swiglu-limit", 0, 0, NULL}, {"stochastic-rounding", 0, 0, NULL},
-        {"rounding-seed", 0, 0, NULL}, {"stats", 0, 1, NULL}};
+        {"rounding-seed", 0, 0, NULL}, {"stats", 0, 1, NULL}, {"no-memory-check", 0, 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, j.cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
     if (rc != CLI_CONTINUE || (rc = parse(&j, &cl))) return rc;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "mx_meta.h"
 #include "io/tensorfile.h"
 #include "plot.h"
 #include "quant_stats.h"
@@ -24,6 +25,9 @@ static void help_quantize(void) {
            "  -o, --output OUT   .safetensors file to write, holding:\n"
            "                       data    F8_E4M3 / F8_E5M2 codes, IN's shape\n"
            "                       scales  U8 E8M0 codes, IN's shape with the axis replaced by ceil(len/32)\n"
+           "                     and, as safetensors metadata, how they were made: mx.format (e4m3|e5m2),\n"
+           "                     mx.scale_rule, mx.group, mx.axis (0-based), mx.scale_layout (compact),\n"
+           "                     mx.rounding (nearest|stochastic); mxfp8 dequantize reads them\n"
            "  --fmt F            element format: e4m3 (default) or e5m2\n"
            "  --axis A           quantization axis (the contraction axis of the consuming GEMM); default -1 (last)\n"
            "  --scale-rule R     nki (default; Trainium quantize_mx: floor(log2 amax) - (emax-1), never saturates),\n"
@@ -36,7 +40,9 @@ static void help_quantize(void) {
            "  --stats            print what the quantization did: the scale codes' range, saturated, flushed-to-zero\n"
            "                     and subnormal elements, SQNR, the per-group relative error ||x - x_hat|| / ||x||\n"
            "  --plot FILE        --stats, and draw the histograms of the scale codes and of the per-group relative\n"
-           "                     error (.png, .svg or .pdf; needs matplotlib: python3, or $MXFP8_PYTHON)\n\n"
+           "                     error (.png, .svg or .pdf; needs matplotlib: python3, or $MXFP8_PYTHON)\n"
+           "  --threads N        threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
+           "  --quiet            no notes on stderr (as for every command)\n\n"
            "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
 }
 
@@ -47,9 +53,16 @@ static void help_dequantize(void) {
            "exact in F32 (rounded to nearest even for BF16/F16). Scale code 255 decodes to NaN.\n\n"
            "  IN                 .safetensors with `data` (F8_E4M3 / F8_E5M2) and `scales` (U8 or F8_E8M0)\n"
            "  -o, --output OUT   .npy (F32/F16 only) or .safetensors (tensor `dequantized`)\n"
-           "  --axis A           the quantization axis; default: the axis where the scales' shape differs, else -1\n"
-           "  --group G          the group scheme used to quantize: 1x32 (default) or wrapx\n"
-           "  --dtype D          output dtype: f32 (default), bf16 or f16\n\n"
+           "  --axis A           the quantization axis; default: the file's (see below), else the axis where the\n"
+           "                     scales' shape differs, else -1\n"
+           "  --group G          the group scheme used to quantize: 1x32 or wrapx; default: the file's, else 1x32\n"
+           "  --dtype D          output dtype: f32 (default), bf16 or f16\n"
+           "  --threads N        threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
+           "  --quiet            accepted as by every command (dequantize prints no notes or progress)\n\n"
+           "Files written by mxfp8 quantize describe themselves in their safetensors metadata (mx.format,\n"
+           "mx.scale_rule, mx.group, mx.axis, mx.scale_layout, mx.rounding): their group scheme and axis are used,\n"
+           "and a --group or --axis that contradicts them is an error. Files without that metadata (other stacks)\n"
+           "are read with the flags.\n\n"
            "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
 }
 
@@ -85,9 +98,11 @@ static int pick_tensor(const char *cmd, const char *path, tf_set *set, const cha
     return CLI_OK;
 }
 
-/* --stats (and --plot): dequantize the outputs, compute and print the statistics, draw them. */
+/* --stats (and --plot): dequantize the outputs, compute and print the statistics, draw them. A plot that cannot be
+ * drawn (matplotlib was checked before the work) sets *plot_failed after its error line and is not a failure of the
+ * statistics: the quantized tensors are still written. */
 static int report_stats(const char *cmd, const char *path, const tf_tensor *x, const tf_tensor *d, const tf_tensor *s,
-                        int ax, const mxfp8_quant_params *qp, const char *plot) {
+                        int ax, const mxfp8_quant_params *qp, const char *plot, int *plot_failed) {
     char err[TF_ERR_LEN];
     tf_set tmp = {0};
     tf_tensor *deq = tf_add_new(&tmp, "deq", TF_F32, x->ndim, x->shape, err, sizeof err);
@@ -107,8 +122,9 @@ static int report_stats(const char *cmd, const char *path, const tf_tensor *x, c
         cJSON_AddStringToObject(doc, "group", qp->group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32");
         cJSON_AddStringToObject(doc, "fmt", qp->fmt == MXFP8_FMT_E4M3 ? "e4m3" : "e5m2");
         cJSON_AddStringToObject(doc, "rule", rules[qp->rule]);
-        rc = plot ? cli_plot(cmd, "quantize", doc, plot) : CLI_OK;
-        if (plot && rc == CLI_OK) printf("wrote the plot to %s\n", plot);
+        rc = CLI_OK;
+        if (plot && cli_plot(cmd, "quantize", doc, plot) != CLI_OK) *plot_failed = 1;
+        else if (plot) printf("wrote the plot to %s\n", plot);
     }
     cJSON_Delete(doc);
     tf_free(&tmp);
@@ -120,7 +136,7 @@ int cmd_quantize(int argc, char **argv) {
     cli_opt opts[] = {{"output", 'o', 0, NULL},     {"fmt", 0, 0, NULL},   {"axis", 0, 0, NULL},
                       {"scale-rule", 0, 0, NULL}, {"group", 0, 0, NULL}, {"tensor", 0, 0, NULL},
                       {"stats", 0, 1, NULL},      {"plot", 0, 0, NULL},  {"rounding", 0, 0, NULL},
-                      {"rounding-seed", 0, 0, NULL}};
+                      {"rounding-seed", 0, 0, NULL}, {"threads", 0, 0, NULL}, {"quiet", 'q', 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 1, help_quantize);
     if (rc != CLI_CONTINUE) return rc;
@@ -198,10 +214,16 @@ int cmd_quantize(int argc, char **argv) {
         cli_lib_error(cmd, "mxfp8_quantize", st);
         goto done;
     }
-    /* --stats / --plot first: when they fail, no output is left behind (and the plot goes when the save fails) */
-    if (stats && report_stats(cmd, cl.pos[0], x, d, s, ax, &qp, plot)) goto done;
+    if (mx_meta_record(&out, ax, &qp, err, sizeof err)) {
+        cli_error(cmd, "%s", err);
+        goto done;
+    }
+    /* --stats first: when they fail, no output is left behind (and the plot goes when the save fails); a plot that
+     * could not be drawn leaves the output written, and the exit status says that the plot is missing */
+    int plot_failed = 0;
+    if (stats && report_stats(cmd, cl.pos[0], x, d, s, ax, &qp, plot, &plot_failed)) goto done;
     if (tf_save(out_path, &out, err, sizeof err)) {
-        if (plot) unlink(plot);
+        if (plot && !plot_failed) unlink(plot);
         cli_error(cmd, "%s", err);
         goto done;
     }
@@ -210,7 +232,9 @@ int cmd_quantize(int argc, char **argv) {
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
            tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
            qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
-    rc = CLI_OK;
+    if (plot_failed && !cli_val(&cl, "quiet"))
+        fprintf(stderr, "mxfp8 %s: note: %s was written; only the plot %s is missing\n", cmd, out_path, plot);
+    rc = plot_failed ? CLI_USAGE : CLI_OK;
 done:
     tf_free(&in);
     tf_free(&out);
@@ -219,7 +243,8 @@ done:
 
 int cmd_dequantize(int argc, char **argv) {
     const char *cmd = "dequantize";
-    cli_opt opts[] = {{"output", 'o', 0, NULL}, {"axis", 0, 0, NULL}, {"group", 0, 0, NULL}, {"dtype", 0, 0, NULL}};
+    cli_opt opts[] = {{"output", 'o', 0, NULL}, {"axis", 0, 0, NULL},    {"group", 0, 0, NULL},
+                      {"dtype", 0, 0, NULL},    {"threads", 0, 0, NULL}, {"quiet", 'q', 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, cmd, argc, argv, opts, CLI_COUNT(opts), 1, help_dequantize);
     if (rc != CLI_CONTINUE) return rc;
@@ -230,7 +255,7 @@ int cmd_dequantize(int argc, char **argv) {
     static const tf_dtype dtv[] = {TF_F32, TF_BF16, TF_F16};
     int dt = 0;
     int64_t axis = 0;
-    int axis_given = cli_val(&cl, "axis") != NULL;
+    int axis_given = cli_val(&cl, "axis") != NULL, group_given = cli_val(&cl, "group") != NULL;
     mxfp8_group_scheme group = MXFP8_GROUP_1X32;
     if (cli_choice(cmd, "dtype", cli_val(&cl, "dtype"), dts, 3, &dt) ||
         cli_int(cmd, "axis", cli_val(&cl, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
@@ -267,6 +292,33 @@ int cmd_dequantize(int argc, char **argv) {
         cli_error(cmd, "%s: 'data' %s and 'scales' %s do not match", cl.pos[0], tf_shape_str(d->ndim, d->shape, sb1, 160),
                   tf_shape_str(s->ndim, s->shape, sb2, 160));
         goto done;
+    }
+    /* The file's description (written by mxfp8 quantize): the default, and a contradicting flag is an error rather
+     * than a silently wrong result. */
+    mx_file_params fp;
+    if (mx_meta_read(cmd, &in, cl.pos[0], d->ndim, d->dtype, &fp)) goto done;
+    if (fp.layout && strcmp(fp.layout, "compact")) {
+        cli_error(cmd, "%s: the metadata says scale layout '%s'; dequantize reads compact scales", cl.pos[0],
+                  fp.layout);
+        goto done;
+    }
+    if (fp.have_group) {
+        if (group_given && fp.group != group) {
+            mx_meta_conflict(cmd, "group", cli_val(&cl, "group"), cl.pos[0],
+                             fp.group == MXFP8_GROUP_WRAPX ? "wrapx groups" : "1x32 groups");
+            goto done;
+        }
+        group = fp.group;
+    }
+    if (fp.have_axis) {
+        if (axis_given && (axis < 0 ? axis + d->ndim : axis) != fp.axis) {
+            char rec[32];
+            snprintf(rec, sizeof rec, "axis %d", fp.axis);
+            mx_meta_conflict(cmd, "axis", cli_val(&cl, "axis"), cl.pos[0], rec);
+            goto done;
+        }
+        axis = fp.axis;
+        axis_given = 1;
     }
     int ax = -1;
     if (axis_given) {

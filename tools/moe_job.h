@@ -15,6 +15,7 @@ typedef struct moe_job {
     int routed_topk;     /**< routing came from top-k ids (random problem or bundle) */
     int x_f64;           /**< the bundle's hidden_states were F64 (rounded to F32) */
     int f8_given;        /**< --float8-dtype was given */
+    int allow_mem;       /**< --no-memory-check */
     const char *in_path, *out_path, *save_path;
     mxfp8_moe_config cfg;
     mxfp8_moe_bwd_args ba;

@@ -62,7 +62,10 @@ static int run_python(const char *python, const char *kind, const char *json_pat
     if (pid < 0) return -1;
     if (pid == 0) {
         if (err_out) dup2(fileno(err_out), 2);
-        if (by_path) execlp(python, python, module, kind, json_path, out, (char *)NULL);
+        if (!json_path) { /* "check": is matplotlib there? */
+            if (by_path) execlp(python, python, module, kind, (char *)NULL);
+            else execlp(python, python, "-m", "mxfp8.plot", kind, (char *)NULL);
+        } else if (by_path) execlp(python, python, module, kind, json_path, out, (char *)NULL);
         else execlp(python, python, "-m", "mxfp8.plot", kind, json_path, out, (char *)NULL);
         _exit(127);
     }
@@ -122,5 +125,15 @@ int cli_plot_check(const char *cmd, const char *out) {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return cli_error(cmd, "--plot %s: directory '%s' does not exist", out, dir);
     if (access(dir, W_OK) != 0) return cli_error(cmd, "--plot %s: directory '%s' is not writable", out, dir);
-    return CLI_OK;
+    /* matplotlib, before the work rather than after it */
+    const char *python = getenv("MXFP8_PYTHON");
+    if (!python || !*python) python = "python3";
+    FILE *err = tmpfile();
+    int rc = run_python(python, "check", NULL, NULL, err);
+    if (err) fclose(err);
+    if (rc == 0) return CLI_OK;
+    if (rc == 3)
+        return cli_error(cmd, "--plot needs matplotlib in %s: pip install matplotlib (or set MXFP8_PYTHON to a "
+                         "Python that has it)", python);
+    return cli_error(cmd, "--plot: cannot run %s (set MXFP8_PYTHON to a Python with matplotlib)", python);
 }

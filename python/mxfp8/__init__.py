@@ -41,6 +41,7 @@ from .quant import (  # noqa: F401
     from_scale_layout,
     info,
     pack_x4,
+    quantization_metadata,
     quantize,
     scale_layout_shape,
     set_num_threads,

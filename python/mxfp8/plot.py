@@ -2,6 +2,7 @@
 
     python -m mxfp8.plot bench RESULTS.json OUT.png      # from `mxfp8 bench --json` (what `mxfp8 bench --plot` runs)
     python -m mxfp8.plot quantize STATS.json OUT.png     # what `mxfp8 quantize --stats --plot` runs
+    python -m mxfp8.plot check                            # is matplotlib there? (the CLI asks before its work)
 
 ``bench``: one bar pair per measured row (matmul backward/forward per (M, K, N), MoE backward/forward per
 problem): libmxfp8's fraction of the machine's peak beside oneDNN's bf16 matmul doing the same GEMMs without
@@ -17,7 +18,7 @@ import os
 import sys
 import tempfile
 
-USAGE = "usage: python -m mxfp8.plot bench|quantize INPUT.json OUTPUT.png"
+USAGE = "usage: python -m mxfp8.plot bench|quantize INPUT.json OUTPUT.png, or python -m mxfp8.plot check"
 NO_MATPLOTLIB = 3
 
 
@@ -107,6 +108,9 @@ def _save(fig, out, plt):
     d = os.path.dirname(os.path.abspath(out))
     fd, tmp = tempfile.mkstemp(prefix=".mxfp8-plot-", suffix=os.path.splitext(out)[1] or ".png", dir=d)
     os.close(fd)
+    umask = os.umask(0)  # mkstemp makes the file 0600; the image gets the user's normal mode, as open() would
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         fig.savefig(tmp, dpi=120)
         os.replace(tmp, out)
@@ -118,6 +122,12 @@ def _save(fig, out, plt):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["check"]:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return NO_MATPLOTLIB
+        return 0
     if len(argv) != 3 or argv[0] not in ("bench", "quantize"):
         print(USAGE, file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ import numpy as np
 from . import _lib
 from ._lib import MXFP8Error  # noqa: F401
 
-__all__ = ["quantize", "dequantize", "scale_layout_shape", "to_scale_layout", "from_scale_layout", "pack_x4",
+__all__ = ["quantize", "dequantize", "quantization_metadata", "scale_layout_shape", "to_scale_layout", "from_scale_layout", "pack_x4",
            "unpack_x4", "swizzle_nki", "unswizzle_nki", "info", "set_num_threads"]
 
 
@@ -305,3 +305,27 @@ def set_num_threads(n):
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"n: expected an int, got {type(n).__name__}")
     _lib.call("mxfp8_set_num_threads", int(n))
+
+
+def _name_of(table, code):
+    return next(k for k, v in table.items() if v == code)
+
+
+def quantization_metadata(ndim, fmt="e4m3", axis=-1, scale_rule="nki", group="1x32", rounding="nearest"):
+    """The safetensors metadata that describes `data` and `scales` made by ``quantize(x, fmt, axis, scale_rule,
+    group, rounding)`` of an ndim-D x: the keys the ``mxfp8 quantize`` command writes, which ``mxfp8 dequantize`` and
+    ``mxfp8 diff`` read (their defaults, and a contradicting flag is an error):
+
+    mx.format "e4m3" | "e5m2", mx.scale_rule "nki" | "ocp" | "rceil", mx.group "1x32" | "wrapx", mx.axis (0-based),
+    mx.scale_layout "compact", mx.rounding "nearest" | "stochastic".
+
+    Write a self-describing file with ``mxfp8.save(path, {"data": data, "scales": scales},
+    metadata=quantization_metadata(x.ndim, ...))``; read it back with ``mxfp8.load(path, with_metadata=True)``.
+    Raises ValueError / TypeError for options quantize would refuse."""
+    if isinstance(ndim, bool) or not isinstance(ndim, (int, np.integer)) or ndim < 1:
+        raise ValueError(f"ndim: expected an int >= 1, got {ndim!r}")
+    return {"mx.format": _lib.FORMAT_NAMES[_lib.parse_format(fmt)],
+            "mx.scale_rule": _name_of(_lib.SCALE_RULES, _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")),
+            "mx.group": _name_of(_lib.GROUPS, _lib.parse(_lib.GROUPS, group, "group")),
+            "mx.axis": str(_norm_axis(axis, int(ndim))), "mx.scale_layout": "compact",
+            "mx.rounding": _name_of(_lib.ROUNDINGS, _lib.parse(_lib.ROUNDINGS, rounding, "rounding"))}

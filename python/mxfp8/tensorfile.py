@@ -231,7 +231,9 @@ def save(path, tensors, metadata=None):
         scales as uint8 codes -- written as U8, as `mxfp8 quantize` does -- or ml_dtypes.float8_e8m0fnu, written as
         F8_E8M0). Non-contiguous and big-endian arrays are written row-major, little-endian.
     metadata : {str: str} or None
-        safetensors "__metadata__" entries (with "producer": "mxfp8"); not allowed for .npy.
+        safetensors "__metadata__" entries (with "producer": "mxfp8"); not allowed for .npy. For quantized
+        tensors, mxfp8.quantization_metadata(...) gives the entries that make the file describe itself to the
+        ``mxfp8 dequantize`` / ``mxfp8 diff`` commands.
 
     Raises
     ------

@@ -39,10 +39,11 @@ def test_wheel_in_a_fresh_venv(tmp_path):
                                                                   if "__pycache__" in p}
     (whl,) = glob.glob(str(dist / "mxfp8-*.whl"))
     names = zipfile.ZipFile(whl).namelist()
-    for f in ("mxfp8/bin/mxfp8", "mxfp8/libmxfp8.so", "mxfp8/plot.py", "mxfp8/__main__.py", "mxfp8/_cli.py"):
+    for f in ("mxfp8/bin/mxfp8", "mxfp8/libmxfp8.so", "mxfp8/plot.py", "mxfp8/__main__.py", "mxfp8/_cli.py",
+              "mxfp8_cli/__init__.py"):
         assert f in names, f
     ep = [n for n in names if n.endswith("entry_points.txt")]
-    assert ep and "mxfp8 = mxfp8._cli:main" in zipfile.ZipFile(whl).read(ep[0]).decode()
+    assert ep and "mxfp8 = mxfp8_cli:main" in zipfile.ZipFile(whl).read(ep[0]).decode()
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv])

@@ -9,6 +9,7 @@ missing binary or subcommand fails the tests.
 
 import json
 import os
+import re
 import struct
 import subprocess
 
@@ -178,6 +179,66 @@ def test_dequantize_wrapx_needs_group(tmp_path, rng):
     want = mx_oracle.dequantize(codes, scales, axis=-1, group="wrapx")
     np.testing.assert_array_equal(np.load(tmp_path / "dq.npy"), want)
 
+
+
+def st_metadata(path):
+    b = open(path, "rb").read()
+    return json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]]).get("__metadata__", {})
+
+
+@pytest.mark.parametrize("fmt,rule,group,axis", [("e4m3", "nki", "wrapx", 1), ("e5m2", "rceil", "1x32", 0),
+                                                 ("e4m3", "ocp", "1x32", 1)])
+def test_quantized_files_describe_themselves(tmp_path, rng, fmt, rule, group, axis):
+    """quantize records how it quantized; dequantize and diff take that by default (the oracle's values), refuse a
+    flag that contradicts it (exit 2, nothing written), and accept one that agrees. The same codes without the
+    metadata (another stack's file) are read with the flags."""
+    x = spread(rng, (128, 256))
+    np.save(tmp_path / "x.npy", x)
+    q = tmp_path / "q.safetensors"
+    run("quantize", tmp_path / "x.npy", "-o", q, "--fmt", fmt, "--scale-rule", rule, "--group", group, "--axis",
+        axis - 2, check_rc=0)
+    assert st_metadata(q) == {"producer": "mxfp8", "mx.format": fmt, "mx.scale_rule": rule, "mx.group": group,
+                              "mx.axis": str(axis), "mx.scale_layout": "compact", "mx.rounding": "nearest"}
+    codes, scales = mx_oracle.quantize(x, fmt=fmt, axis=axis, rule=rule, group=group)
+    want = mx_oracle.dequantize(codes, scales, fmt=fmt, axis=axis, group=group)
+    run("dequantize", q, "-o", tmp_path / "dq.npy", check_rc=0)
+    np.testing.assert_array_equal(np.load(tmp_path / "dq.npy"), want)
+    run("dequantize", q, "-o", tmp_path / "dq2.npy", "--group", group, "--axis", axis, check_rc=0)
+    np.testing.assert_array_equal(np.load(tmp_path / "dq2.npy"), want)
+    other = "1x32" if group == "wrapx" else "wrapx"
+    for flags, words in [(["--group", other], f"--group {other} contradicts"),
+                         (["--axis", 1 - axis], f"--axis {1 - axis} contradicts")]:
+        r = run("dequantize", q, "-o", tmp_path / "bad.npy", *flags)
+        assert r.returncode == 2 and words in r.stderr and "its metadata" in r.stderr, r.stderr
+        assert not (tmp_path / "bad.npy").exists()
+        r = run("diff", tmp_path / "x.npy", q, *flags)
+        assert r.returncode == 2 and words in r.stderr, r.stderr
+    r = run("diff", tmp_path / "x.npy", q, "--fmt", "e5m2" if fmt == "e4m3" else "e4m3")
+    assert r.returncode == 2 and "contradicts" in r.stderr, r.stderr
+    r = run("diff", tmp_path / "x.npy", q, check_rc=0)
+    assert f"profile: {rule}" in r.stdout and "bitwise equal" in r.stdout, r.stdout
+    # another stack's file: the same tensors, no metadata -- the flags decide
+    t = st_load(q)
+    bare = tmp_path / "bare.safetensors"
+    st_save(bare, t)
+    assert st_metadata(bare) == {}
+    run("dequantize", bare, "-o", tmp_path / "dq3.npy", "--group", group, "--axis", axis, check_rc=0)
+    np.testing.assert_array_equal(np.load(tmp_path / "dq3.npy"), want)
+
+
+def test_metadata_that_contradicts_the_codes_is_an_error(tmp_path, rng):
+    x = spread(rng, (4, 64))
+    codes, scales = mx_oracle.quantize(x, fmt="e4m3", axis=1)
+    d = tmp_path / "d.safetensors"
+    meta = '{"mx.format":"e5m2"}'
+    blob = st_bytes({"data": codes.view(ml_dtypes.float8_e4m3fn), "scales": scales})
+    h = json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]])
+    h["__metadata__"] = json.loads(meta)
+    open(d, "wb").write(st_bytes({"data": codes.view(ml_dtypes.float8_e4m3fn), "scales": scales},
+                                 header_override=json.dumps(h)))
+    r = run("dequantize", d, "-o", tmp_path / "o.npy")
+    assert r.returncode == 2 and "metadata says format e5m2 but 'data' holds F8_E4M3 codes" in r.stderr, r.stderr
+    assert not (tmp_path / "o.npy").exists()
 
 # ---------------------------------------------------------------------------------------------------------------
 # malformed inputs: exit 2, one clear line, no output file
@@ -758,3 +819,77 @@ def test_small_cli_nits(tmp_path, rng):
         assert "threads:        4096" in r.stdout and "clamped to 4096" in r.stdout, r.stdout
         r = _run_env({"MXFP8_NUM_THREADS": "3"}, "info")
         assert "threads:        3  (MXFP8_NUM_THREADS=3)" in r.stdout, r.stdout
+
+
+def test_console_entry_point_starts_without_importing_mxfp8():
+    """The `mxfp8` console command (mxfp8_cli:main) finds the tool without importing mxfp8 -- which loads numpy,
+    ml_dtypes and the library, about half a second a call -- and runs it with the same arguments and exit status."""
+    import mxfp8
+    import sys as _sys
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(mxfp8.__file__))))
+    code = ("import sys, mxfp8_cli; exe = mxfp8_cli.executable(); "
+            "print(exe is not None and os.path.isfile(exe), 'numpy' in sys.modules, 'mxfp8' in sys.modules)")
+    r = subprocess.run([_sys.executable, "-c", "import os; " + code], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.split() == ["True", "False", "False"], r.stdout + r.stderr
+    r = subprocess.run([_sys.executable, "-c", "import mxfp8_cli, sys; sys.exit(mxfp8_cli.main(['info', '--nope']))"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "mxfp8 info: error" in r.stderr, r.stderr
+    r = subprocess.run([_sys.executable, "-m", "mxfp8", "info"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("mxfp8 "), r.stderr
+
+
+@pytest.mark.parametrize("args", [["matmul-bwd", "--M", "100000", "--N", "100000", "--K", "100000"],
+                                  ["moe-bwd", "--H", "8192", "--T", "65536", "--E", "64", "--I", "8192", "--topk", "4",
+                                   "--B", "512"]])
+def test_memory_estimate_before_allocating(tmp_path, args):
+    """A problem far larger than the machine's memory is refused at once (exit 2, needed vs available, the flags that
+    help), before anything is allocated; --no-memory-check is a known flag of both commands."""
+    r = subprocess.run([CLI, *args, "--output", tmp_path / "g.safetensors"], capture_output=True, text=True,
+                       timeout=30)
+    m = re.search(r"needs about ([0-9.]+) GB of memory .* but ([0-9.]+) GB are available", r.stderr)
+    assert r.returncode == 2 and m and float(m.group(1)) > float(m.group(2)) > 0, r.stderr
+    assert "--no-check leaves out" in r.stderr and "--no-memory-check" in r.stderr and not r.stdout
+    assert not (tmp_path / "g.safetensors").exists()
+    small = (["matmul-bwd", "--M", "32", "--N", "32", "--K", "32"] if args[0] == "matmul-bwd" else
+             ["moe-bwd", "--H", "32", "--T", "32", "--E", "2", "--I", "32", "--topk", "1", "--B", "16"])
+    r = subprocess.run([CLI, *small, "--repeat", "1", "--quiet", "--no-memory-check"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_moe_block_size_has_one_name(tmp_path):
+    """--B and --block-size are one option, for the random problem and for bundles alike (old scripts keep working);
+    two different values are an error."""
+    small = ["moe-bwd", "--H", "32", "--T", "32", "--E", "2", "--I", "32", "--topk", "1", "--repeat", "1", "--quiet"]
+    a = run(*small, "--B", "16", "--save-inputs", tmp_path / "b.safetensors", check_rc=0)
+    b = run(*small, "--block-size", "16", check_rc=0)
+    head = [line for line in a.stdout.splitlines() if line.startswith("mxfp8 moe-bwd")]
+    assert head and head == [line for line in b.stdout.splitlines() if line.startswith("mxfp8 moe-bwd")]
+    r = run(*small, "--B", "16", "--block-size", "32")
+    assert r.returncode == 2 and "one option" in r.stderr, r.stderr
+    t = st_load(tmp_path / "b.safetensors")
+    ids = np.zeros((32, 1), np.int32)
+    ids[16:] = 1
+    st_save(tmp_path / "k.safetensors", {k: v for k, v in t.items() if k not in
+                                         ("token_position_to_id", "block_to_expert", "expert_affinities_masked")} |
+            {"topk_ids": ids, "topk_weights": np.ones((32, 1), np.float32)})
+    for flag in ("--B", "--block-size"):
+        r = run("moe-bwd", "--inputs", tmp_path / "k.safetensors", flag, "16", "--repeat", "1", "--quiet")
+        assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_common_flags_accepted_by_every_command(tmp_path, rng):
+    """--quiet and --threads work with every command (scripts may pass them to all)."""
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    common = ["--quiet", "--threads", "1"]
+    run("info", *common, check_rc=0)
+    run("quantize", tmp_path / "x.npy", "-o", tmp_path / "q.safetensors", *common, check_rc=0)
+    run("dequantize", tmp_path / "q.safetensors", "-o", tmp_path / "d.npy", *common, check_rc=0)
+    run("diff", tmp_path / "x.npy", tmp_path / "q.safetensors", *common, check_rc=0)
+    run("matmul-bwd", "--M", "32", "--N", "32", "--K", "32", "--repeat", "1", *common, check_rc=0)
+    run("moe-bwd", "--H", "32", "--T", "32", "--E", "2", "--I", "32", "--topk", "1", "--B", "16", "--repeat", "1",
+        *common, check_rc=0)
+    r = run("bench", *common, "--reps", "0")  # the flags are known: the error is about --reps
+    assert r.returncode == 2 and "reps" in r.stderr and "quiet" not in r.stderr and "threads" not in r.stderr, r.stderr

@@ -33,6 +33,8 @@ def verdict_rows(stdout):
     table = stdout.split("the kernel against the quantized FP64 reference")[1].split("allowed:")[0]
     rows = {}
     for line in table.strip().splitlines()[2:]:
+        if line.startswith(" "):  # a note under a row (non-finite elements)
+            continue
         f = line.split()
         rows[f[0]] = f[-1]
     return rows
@@ -83,6 +85,8 @@ def test_matmul_verdict_within_the_fp32_bound(extra):
     r = run("matmul-bwd", "--M", "96", "--N", "160", "--K", "72", "--repeat", "1", *extra, check_rc=0)
     table = r.stdout.split("the kernel against the quantized FP64 reference")[1].split("allowed:")[0]
     for line in table.strip().splitlines()[2:]:
+        if line.startswith(" "):
+            continue
         ratio = float(line.split()[-2])
         assert 0 <= ratio <= 1, line
     assert "gamma_n = n 2^-24" in r.stdout
@@ -266,3 +270,145 @@ def test_plot_without_matplotlib(tmp_path, rng):
                 "--plot", tmp_path / "s.png")
     assert_clean_error(r, "quantize", tmp_path, ["fake", "python", "x.npy"])
     assert "matplotlib" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verdicts of bundles that carry checkpoints: the reference takes what the kernel took
+# ---------------------------------------------------------------------------------------------------------------
+CK_CASE = ["--H", "128", "--T", "128", "--I", "64", "--E", "4", "--B", "32", "--topk", "2"]
+CK_DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
+
+
+def _unquantized_checkpoints(t, on_h):
+    """Every checkpoint of the bundle's layer (SiLU, no bias) from the unquantized forward in FP64, as another stack
+    would hand them over: g, u = X W1 (no MXFP8), act = g sigmoid(g), inter = act u, the scaled intermediate a inter,
+    D = a dY (AFFINITY_ON_H) and the down projection inter W2. Layouts of the NKI page: [N, 2, I, B], [N, I, B],
+    [N, B, H]; padding positions 0."""
+    x = t["hidden_states"].astype(np.float64)
+    w1 = t["gate_up_proj_weight"].astype(np.float64)
+    w2 = t["down_proj_weight"].astype(np.float64)
+    dy = t["output_hidden_states_grad"].astype(np.float64)
+    aff = t["expert_affinities_masked"].astype(np.float64).reshape(-1)
+    b2e = t["block_to_expert"].reshape(-1)
+    T, H = x.shape
+    E, _, _, I = w1.shape
+    N = b2e.size
+    B = t["token_position_to_id"].size // N
+    tok = t["token_position_to_id"].reshape(N, B)
+    gu = np.zeros((N, 2, I, B))
+    act, inter, s = (np.zeros((N, I, B)) for _ in range(3))
+    d, down = np.zeros((N, B, H)), np.zeros((N, B, H))
+    for n in range(N):
+        e = b2e[n]
+        for p in range(B):
+            tk = tok[n, p]
+            if tk < 0 or tk >= T:
+                continue
+            a = aff[tk * E + e]
+            g, u = x[tk] @ w1[e][:, 0, :], x[tk] @ w1[e][:, 1, :]
+            ac = g / (1.0 + np.exp(-g))
+            gu[n, 0, :, p], gu[n, 1, :, p] = g, u
+            act[n, :, p], inter[n, :, p], s[n, :, p] = ac, ac * u, a * ac * u
+            d[n, p], down[n, p] = a * dy[tk], (ac * u) @ w2[e]
+    ck = {"gate_up_proj_act_checkpoint_T": gu, "gate_act_checkpoint_T": act, "intermediate_checkpoint_T": inter}
+    if on_h:
+        ck.update(down_proj_act_checkpoint=d, down_proj_output_checkpoint=down)
+    else:
+        ck["scaled_intermediate_checkpoint_T"] = s
+    return ck
+
+
+@pytest.mark.parametrize("dtype", sorted(CK_DTYPES))
+@pytest.mark.parametrize("which", ["gate_up", "all_on_i", "all_on_h"])
+def test_bundle_checkpoints_judged_on_what_the_kernel_took(tmp_path, dtype, which):
+    """A bundle with checkpoints from another forward (here the unquantized one, in each accepted dtype): the
+    kernel uses them, so the quantized reference must too. The right answer judges PASS; the same run with one
+    gradient perturbed after the kernel judges FAIL on that gradient."""
+    on_h = which == "all_on_h"
+    aff = ["--affinity", "on_h"] if on_h else []
+    r = run("moe-bwd", *CK_CASE, *aff, "--quiet", "--no-check", "--save-inputs", tmp_path / "b.safetensors")
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = st_load(tmp_path / "b.safetensors")
+    ck = _unquantized_checkpoints(t, on_h)
+    if which == "gate_up":
+        ck = {"gate_up_proj_act_checkpoint_T": ck["gate_up_proj_act_checkpoint_T"]}
+    t.update({k: v.astype(CK_DTYPES[dtype]) for k, v in ck.items()})
+    st_save(tmp_path / "ck.safetensors", t)
+    args = ["moe-bwd", "--inputs", tmp_path / "ck.safetensors", *aff, "--quiet", "--repeat", "1"]
+    r = run(*args)
+    assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+    assert set(verdict_rows(r.stdout).values()) == {"PASS"}
+    grad = "gate_up_proj_weight_grad"
+    r = run_env({"MXFP8_CLI_TEST_CORRUPT": grad}, *args)
+    assert r.returncode == 1 and "verdict: FAIL" in r.stdout, r.stdout + r.stderr
+    rows = verdict_rows(r.stdout)
+    assert rows[grad] == "FAIL" and all(v == "PASS" for k, v in rows.items() if k != grad), rows
+
+
+def test_nan_inputs_verdict_says_where_the_nans_are(tmp_path):
+    """A NaN in output_grad poisons its MX group (OCP: the scale becomes NaN): dY[3, 5] quantized along N spoils
+    row 3 of input_grad (K = 64 values), quantized along M it spoils row 5 of weight_grad (64 values). The verdict
+    says that the reference has those NaNs and that the kernel has them at the same places, and its error columns
+    stay finite (over the finite elements)."""
+    rng = np.random.default_rng(7)
+    dy, w, x = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3))
+    dy[3, 5] = np.nan
+    st_save(tmp_path / "nan.safetensors", {"output_grad": dy, "weights": w, "input_activation": x})
+    r = run("matmul-bwd", "--inputs", tmp_path / "nan.safetensors", "--repeat", "1", "--quiet", "--output-dtype",
+            "f32", "--output", tmp_path / "g.safetensors")
+    assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+    g = st_load(tmp_path / "g.safetensors")
+    assert np.isnan(g["input_grad"][3]).all() and np.isnan(g["input_grad"]).sum() == 64
+    assert np.isnan(g["weight_grad"][5]).all() and np.isnan(g["weight_grad"]).sum() == 64
+    table = r.stdout.split("the kernel against the quantized FP64 reference")[1].split("allowed:")[0]
+    assert table.count("64 NaN values in the reference; the kernel has NaN at the same places (they match)") == 2
+    for line in table.strip().splitlines()[2:]:
+        if not line.startswith(" "):
+            assert "nan" not in line.split()[2:4], line
+    # NaN where the reference has none: the verdict fails and says so
+    r = run_env({"MXFP8_CLI_TEST_CORRUPT": "weight_grad"}, "matmul-bwd", "--inputs", tmp_path / "nan.safetensors",
+                "--repeat", "1", "--quiet")
+    assert r.returncode == 1 and verdict_rows(r.stdout)["weight_grad"] == "FAIL", r.stdout
+
+
+def _shim_python(tmp_path, matplotlib_source):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "matplotlib.py").write_text(matplotlib_source)
+    shim = tmp_path / "python"
+    shim.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {__import__('sys').executable} \"$@\"\n")
+    shim.chmod(0o755)
+    return shim
+
+
+def test_quantize_output_written_when_the_plot_fails(tmp_path, rng):
+    """matplotlib is there (the check before the work passes) but drawing fails: the quantized tensors are still
+    written, the error says why the plot is missing, exit 2."""
+    shim = _shim_python(tmp_path, "def use(name):\n    raise ValueError('no backend here')\n")
+    np.save(tmp_path / "x.npy", rng.standard_normal((2, 64)).astype(np.float32))
+    r = run_env({"MXFP8_PYTHON": str(shim)}, "quantize", tmp_path / "x.npy", "-o", tmp_path / "q.safetensors",
+                "--plot", tmp_path / "s.png")
+    assert r.returncode == 2 and "drawing" in r.stderr and "no backend here" in r.stderr, r.stderr
+    assert "q.safetensors was written; only the plot" in r.stderr
+    assert (tmp_path / "q.safetensors").exists() and not (tmp_path / "s.png").exists()
+    assert set(st_load(tmp_path / "q.safetensors")) == {"data", "scales"}
+
+
+def test_bench_plot_checks_matplotlib_first(tmp_path):
+    shim = _shim_python(tmp_path, "raise ImportError('matplotlib is not here')\n")
+    r = run_env({"MXFP8_PYTHON": str(shim)}, "bench", "--plot", tmp_path / "b.png")
+    assert r.returncode == 2 and "--plot needs matplotlib" in r.stderr and not r.stdout, r.stdout + r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["fake", "python"]
+
+
+def test_plot_has_the_users_file_mode(tmp_path, rng):
+    pytest.importorskip("matplotlib")
+    np.save(tmp_path / "x.npy", rng.standard_normal((2, 64)).astype(np.float32))
+    old = os.umask(0o022)
+    try:
+        r = run_env({"MXFP8_PYTHON": __import__("sys").executable}, "quantize", tmp_path / "x.npy", "-o",
+                    tmp_path / "q.safetensors", "--plot", tmp_path / "s.png")
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    assert (os.stat(tmp_path / "s.png").st_mode & 0o777) == 0o644

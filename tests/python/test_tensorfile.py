@@ -14,6 +14,7 @@ import pytest
 import safetensors
 import safetensors.numpy
 
+import mx_oracle
 import mxfp8
 from build_paths import CLI, require
 
@@ -230,3 +231,73 @@ def test_save_errors_leave_nothing(tmp_path):
     with pytest.raises(TypeError):  # a failed save keeps the old file whole
         mxfp8.save(tmp_path / "a.safetensors", {"a": np.ones(3), "o": np.array([object()])})
     assert (tmp_path / "a.safetensors").read_bytes() == before and os.listdir(tmp_path) == ["a.safetensors"]
+
+
+def _cut_cases():
+    """A valid two-tensor file (a: F32 [3] at [0, 12], b: U8 [5] at [12, 17]) and a one-value one, each cut by 1 to 16
+    bytes at its end, with the exact message the CLI's reader must give for each cut: a cut inside the data names
+    the tensor that runs past the end and how many data bytes are left; a cut into the header names its length and
+    the file's size."""
+    two = _st({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},
+               "b": {"dtype": "U8", "shape": [5], "data_offsets": [12, 17]}}, bytes(range(17)))
+    one = _st({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, struct.pack("<f", 1.5))
+    cases = []
+    for name, blob, ents in (("two", two, [("a", 0, 12), ("b", 12, 17)]), ("one", one, [("a", 0, 4)])):
+        hlen = struct.unpack("<Q", blob[:8])[0]
+        data_len = len(blob) - 8 - hlen
+        for cut in range(1, 17):
+            size, left = len(blob) - cut, data_len - cut
+            if left >= 0:
+                t, b, e = next(x for x in ents if x[2] > left)  # the first tensor (by offset) past the end
+                msg = f"tensor '{t}': data_offsets [{b}, {e}] run past the end of the data ({left} bytes; truncated file?)"
+            else:
+                msg = f"safetensors header length {hlen} runs past the end of the file ({size} bytes)"
+            cases.append((name, blob, cut, msg))
+    return cases
+
+
+@pytest.mark.parametrize("name,blob,cut,msg", _cut_cases(), ids=lambda v: v if isinstance(v, (str, int)) else "")
+def test_every_cut_of_a_valid_file(tmp_path, name, blob, cut, msg):
+    """Every cut of 1 to 16 bytes: exit 2 with exactly the message of that cut (a bounds check off by one byte
+    changes the message: another check then answers), nothing written; the uncut file reads."""
+    require(CLI)
+    (tmp_path / "ok.safetensors").write_bytes(blob)
+    r = subprocess.run([CLI, "quantize", tmp_path / "ok.safetensors", "--tensor", "a", "-o", tmp_path / "q.safetensors"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(blob[:-cut])
+    r = subprocess.run([CLI, "quantize", path, "--tensor", "a", "-o", tmp_path / "o.safetensors"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr == f"mxfp8 quantize: error: {path}: {msg}\n", r.stderr
+    assert not (tmp_path / "o.safetensors").exists()
+    with pytest.raises(ValueError, match=r"truncated|past the end"):  # the Python reader refuses every cut too
+        mxfp8.load(path)
+
+
+def test_saved_quantized_files_describe_themselves(tmp_path, rng):
+    """mxfp8.save with mxfp8.quantization_metadata: mxfp8.load returns the description, and the CLI's dequantize
+    takes its group scheme and axis (wrapX along axis 0 here; dequantizing with the CLI's defaults, 1x32 along the
+    axis where the shapes differ, would be wrong) and refuses a contradicting --group."""
+    require(CLI)
+    x = rng.standard_normal((256, 64)).astype(np.float32)
+    data, scales = mxfp8.quantize(x, fmt="e5m2", axis=0, group="wrapx", scale_rule="ocp")
+    meta = mxfp8.quantization_metadata(x.ndim, fmt="e5m2", axis=-2, group="wrapX", scale_rule="OCP")
+    assert meta == {"mx.format": "e5m2", "mx.scale_rule": "ocp", "mx.group": "wrapx", "mx.axis": "0",
+                    "mx.scale_layout": "compact", "mx.rounding": "nearest"}
+    mxfp8.save(tmp_path / "q.safetensors", {"data": data, "scales": scales}, metadata=meta)
+    t, m = mxfp8.load(tmp_path / "q.safetensors", with_metadata=True)
+    assert m == {"producer": "mxfp8", **meta}
+    r = subprocess.run([CLI, "dequantize", tmp_path / "q.safetensors", "-o", tmp_path / "d.npy"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    want = mx_oracle.dequantize(*mx_oracle.quantize(x, fmt="e5m2", axis=0, rule="ocp", group="wrapx"), fmt="e5m2",
+                                axis=0, group="wrapx")
+    np.testing.assert_array_equal(np.load(tmp_path / "d.npy"), want)
+    r = subprocess.run([CLI, "dequantize", tmp_path / "q.safetensors", "-o", tmp_path / "e.npy", "--group", "1x32"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "contradicts" in r.stderr and not (tmp_path / "e.npy").exists(), r.stderr
+    with pytest.raises(ValueError, match="group"):
+        mxfp8.quantization_metadata(2, group="wrap")
+    with pytest.raises(ValueError, match="axis"):
+        mxfp8.quantization_metadata(2, axis=2)

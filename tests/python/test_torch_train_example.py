@@ -49,3 +49,19 @@ def test_train_moe_lm_help():
     assert r.returncode == 0, r.stderr
     for opt in ("--steps", "--out", "--recipe", "--experts", "--top-k", "--runs", "--compile"):
         assert opt in r.stdout
+
+
+def test_train_moe_lm_without_tqdm_and_matplotlib(tmp_path, monkeypatch, capsys):
+    """tqdm and matplotlib are optional: without them (imports fail) the run says so at the start, prints a line
+    every 5% of the steps instead of the bar, and writes loss.csv and summary.json but no loss.png."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` now raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    args = [a for a in TINY if a != "--no-progress"]
+    args[args.index("--steps") + 1] = "4"
+    args[args.index("--eval-every") + 1] = "2"
+    _load().main(args + ["--runs", "mxfp8", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert "tqdm is not installed" in err and "matplotlib is not installed" in err
+    assert "step 4/4: mxfp8 loss" in out
+    assert sorted(os.listdir(tmp_path)) == ["loss.csv", "summary.json"]
+    assert f"wrote {tmp_path / 'loss.csv'}, {tmp_path / 'summary.json'}" in out

@@ -86,13 +86,16 @@ static int st_read_header(tf_infile *in, const char *path, char **hdr, uint64_t 
     return 0;
 }
 
-/* The "__metadata__" entry: an object of strings. */
-static int st_check_metadata(const cJSON *it, const char *path, char *err, size_t errlen) {
+/* The "__metadata__" entry: an object of strings (the first TF_MAX_META pairs kept in *out). */
+static int st_check_metadata(const cJSON *it, tf_set *out, const char *path, char *err, size_t errlen) {
     if (!cJSON_IsObject(it)) return tf_err(err, errlen, "%s: '__metadata__' is not an object", path);
-    for (const cJSON *m = it->child; m; m = m->next)
+    for (const cJSON *m = it->child; m; m = m->next) {
         if (!cJSON_IsString(m))
             return tf_err(err, errlen, "%s: '__metadata__' value for '%s' is not a string", path,
                           m->string ? m->string : "");
+        if (out->nmeta < TF_MAX_META && m->string && tf_meta_set(out, m->string, m->valuestring, err, errlen))
+            return -1;
+    }
     return 0;
 }
 
@@ -145,8 +148,8 @@ static int st_parse_entry(const cJSON *it, const char *name, st_entry *e, const 
 }
 
 /* Every entry of the header, in ents[0..*ne) (grown as they validate: never sized from a count in the file). */
-static int st_parse_entries(const cJSON *root, st_entry **ents, int *ne, const char *path, char *err,
-                            size_t errlen) {
+static int st_parse_entries(const cJSON *root, st_entry **ents, int *ne, tf_set *out, const char *path,
+                            char *err, size_t errlen) {
     int cap = 0, nmeta = 0;
     for (const cJSON *it = root->child; it; it = it->next) {
         const char *name = it->string ? it->string : "";
@@ -154,7 +157,7 @@ static int st_parse_entries(const cJSON *root, st_entry **ents, int *ne, const c
             return tf_err(err, errlen, "%s: a tensor name is not valid UTF-8", path);
         if (!strcmp(name, "__metadata__")) {
             if (nmeta++) return tf_err(err, errlen, "%s: duplicate '__metadata__' entry", path);
-            if (st_check_metadata(it, path, err, errlen)) return -1;
+            if (st_check_metadata(it, out, path, err, errlen)) return -1;
             continue;
         }
         if (*ne == cap) {
@@ -206,7 +209,7 @@ int tf_st_load(const char *path, tf_set *out, char *err, size_t errlen) {
     st_entry *ents = NULL;
     uint64_t n = 0;
     if (st_read_header(&in, path, &hdr, &n, &root, err, errlen) ||
-        st_parse_entries(root, &ents, &ne, path, err, errlen) ||
+        st_parse_entries(root, &ents, &ne, out, path, err, errlen) ||
         st_check_tiling(ents, ne, in.size - 8 - n, path, err, errlen))
         goto done;
     /* Load, in offset order (sequential reads); the set keeps offset order. Total allocation <= file size. */
@@ -240,6 +243,9 @@ int tf_st_write(tf_atomic *a, const tf_set *set, char *err, size_t errlen) {
     if (!root) return tf_err(err, errlen, "out of memory");
     cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
     if (!meta || !cJSON_AddStringToObject(meta, "producer", "mxfp8")) goto oom;
+    for (int i = 0; i < set->nmeta; i++)
+        if (strcmp(set->meta_key[i], "producer") && !cJSON_AddStringToObject(meta, set->meta_key[i], set->meta_val[i]))
+            goto oom;
     uint64_t off = 0;
     for (int i = 0; i < set->n; i++) {
         const tf_tensor *t = set->t[i];

@@ -143,7 +143,33 @@ void tf_free(tf_set *set) {
         free(set->t[i]);
     }
     free(set->t);
+    for (int i = 0; i < set->nmeta; i++) {
+        free(set->meta_key[i]);
+        free(set->meta_val[i]);
+    }
     memset(set, 0, sizeof *set);
+}
+
+int tf_meta_set(tf_set *set, const char *key, const char *value, char *err, size_t errlen) {
+    int i = 0;
+    while (i < set->nmeta && strcmp(set->meta_key[i], key)) i++;
+    if (i == TF_MAX_META) return tf_err(err, errlen, "more than %d metadata entries", TF_MAX_META);
+    char *k = i < set->nmeta ? NULL : strdup(key), *v = strdup(value);
+    if ((i == set->nmeta && !k) || !v) {
+        free(k);
+        free(v);
+        return tf_err(err, errlen, "out of memory");
+    }
+    if (i == set->nmeta) set->meta_key[set->nmeta++] = k;
+    else free(set->meta_val[i]);
+    set->meta_val[i] = v;
+    return 0;
+}
+
+const char *tf_meta_get(const tf_set *set, const char *key) {
+    for (int i = 0; i < set->nmeta; i++)
+        if (!strcmp(set->meta_key[i], key)) return set->meta_val[i];
+    return NULL;
 }
 
 mxfp8_tensor tf_view(const tf_tensor *t) {

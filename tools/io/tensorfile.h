@@ -49,9 +49,14 @@ typedef struct tf_tensor {
 
 /** A list of tensors, in file (or insertion) order. Each tensor is its own allocation: pointers returned by
  *  tf_find / tf_add_new stay valid while more tensors are added, until tf_free. */
+#define TF_MAX_META 32
 typedef struct tf_set {
     tf_tensor **t;
     int n, cap;
+    /** safetensors "__metadata__" string pairs (owned): read from a file (the first TF_MAX_META; "producer" is
+     *  always written as "mxfp8" first), written after it by tf_save. .npy files have none. */
+    int nmeta;
+    char *meta_key[TF_MAX_META], *meta_val[TF_MAX_META];
 } tf_set;
 
 /** Size in bytes of one element. */
@@ -84,6 +89,10 @@ int tf_add(tf_set *set, const char *name, tf_dtype dtype, int ndim, const int64_
 tf_tensor *tf_add_new(tf_set *set, const char *name, tf_dtype dtype, int ndim, const int64_t *shape,
                       char *err, size_t errlen);
 void tf_free(tf_set *set);
+/** Set metadata key to value (copies both; replaces an existing key). 0, or -1 + err on OOM / too many keys. */
+int tf_meta_set(tf_set *set, const char *key, const char *value, char *err, size_t errlen);
+/** The value of metadata key, or NULL. */
+const char *tf_meta_get(const tf_set *set, const char *key);
 
 /** numel of a shape with overflow checking (-1 when negative or past 2^62 bytes-ish for element size esz). */
 int64_t tf_shape_numel(int ndim, const int64_t *shape, size_t esz);

@@ -215,12 +215,13 @@ class BlockwiseMoE(nn.Module):
     and 7). stochastic_rounding, rounding_seed: see mxfp8.torch.moe (set module.rounding_seed anew each step for
     independent rounding). clamp_limits: mxfp8.ClampLimits
     (or a dict of its fields): non_linear_* limits clip g, linear_* limits clip u. affinity_option: "affinity_on_i"
-    or "affinity_on_h" (where the backward applies the affinity; same layer). recipe: "nki" by default (E4M3 with
-    the NKI scale rule, the kernel's defaults); see mxfp8.torch.RECIPES. block_size: positions per block (tokens of
+    or "affinity_on_h" (where the backward applies the affinity; same layer). recipe: "mxfp8" by default (E4M3 with
+    the RCEIL rule), the default of every layer of mxfp8.torch; "nki" gives the NKI kernel's own defaults (E4M3,
+    the NKI rule); see mxfp8.torch.RECIPES. block_size: positions per block (tokens of
     one expert are processed in blocks of this many; padding costs nothing beyond the last real position)."""
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, block_size=128, activation="silu",
-                 bias=False, clamp_limits=None, affinity_option="affinity_on_i", recipe="nki", renormalize=True,
+                 bias=False, clamp_limits=None, affinity_option="affinity_on_i", recipe="mxfp8", renormalize=True,
                  device=None, dtype=None, swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=None,
                  rounding_seed=0, score_func="softmax", router_bias=False, score_correction_bias=False, n_group=1,
                  topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0, shared_intermediate_size=None,

@@ -372,7 +372,7 @@ def _check_moe(x, a, w1, w2, b1, b2):
 
 def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
         block_to_expert, block_size, *, gate_and_up_proj_bias=None, down_proj_bias=None, activation="silu",
-        clamp_limits=None, affinity_option="affinity_on_i", recipe="nki", skip_token=True, swiglu_alpha=1.702,
+        clamp_limits=None, affinity_option="affinity_on_i", recipe="mxfp8", skip_token=True, swiglu_alpha=1.702,
         swiglu_limit=7.0, stochastic_rounding=None, rounding_seed=0):
     """The MXFP8 blockwise MoE layer (forward mxfp8_moe_forward, backward the NKI kernel blockwise_mm_bwd_mxfp8),
     see the module doc. Returns output [T, H] in hidden_states' dtype; differentiable in hidden_states,

@@ -2,8 +2,9 @@
  * moe_golden.c -- FP64 golden references of the blockwise MoE layer and its backward (scalar, obvious, slow).
  *
  * Contract (include/mxfp8.h, mxfp8_moe_forward_golden / mxfp8_moe_backward_golden): same validation as the
- * kernels, outputs F64 or F32. Every intermediate is recomputed in FP64 from the inputs (checkpoints in the args
- * are ignored). quantized = 1 replaces each GEMM operand by its MX quantize-dequantize along that GEMM's
+ * kernels, outputs F64 or F32. The forward recomputes every intermediate in FP64 from the inputs; the backward
+ * takes the checkpoints it is given exactly as the kernel does (gold_block_ck) and recomputes the rest.
+ * quantized = 1 replaces each GEMM operand by its MX quantize-dequantize along that GEMM's
  * contraction axis (values rounded to FP32 first, the quantizer's input type; mxfp8i_qdq_group_ref, 1x32 groups;
  * along a block's positions the groups start at position 0), then multiplies in FP64. Pre-quantized weights are
  * used as given where their axis matches, re-quantized from their exact values otherwise (as the kernels do).
@@ -130,6 +131,17 @@ static void gold_gemm(gold *G, int64_t M, int64_t N, int64_t K, const double *a,
     }
 }
 
+/* down = inter @ W2 + b2 of block n on positions [0, L) (0 at padding). */
+static void gold_block_down(gold *G, int64_t n, int64_t L) {
+    const mxfp8i_moe *p = G->p;
+    const int64_t H = p->H, I = p->I;
+    const int32_t *tok = p->tok + n * p->B;
+    /* GEMM 2: contraction I; W2 [I][H] as operand [H rows, K = I]: (r, k) at r + k*H */
+    gold_gemm(G, L, H, I, G->inter, I, 1, 0, G->w2_i, 1, H, 1, G->down, H, 0);
+    for (int64_t q = 0; q < L; q++)
+        for (int64_t h = 0; h < H; h++) G->down[q * H + h] = tok[q] >= 0 ? G->down[q * H + h] + G->b2[h] : 0.0;
+}
+
 /* The forward of block n on positions [0, L): g, u, act, inter (0 at padding) and down = inter @ W2 + b2. */
 static void gold_block_fwd(gold *G, int64_t n, int64_t L, int want_down) {
     const mxfp8i_moe *p = G->p;
@@ -155,11 +167,52 @@ static void gold_block_fwd(gold *G, int64_t n, int64_t L, int want_down) {
             G->act[q * I + i] = av;
             G->inter[q * I + i] = iv;
         }
-    if (!want_down) return;
-    /* GEMM 2: contraction I; W2 [I][H] as operand [H rows, K = I]: (r, k) at r + k*H */
-    gold_gemm(G, L, H, I, G->inter, I, 1, 0, G->w2_i, 1, H, 1, G->down, H, 0);
+    if (want_down) gold_block_down(G, n, L);
+}
+
+/* The backward's forward values of block n taken from the checkpoints it was given, as the kernel takes them
+ * (bwd_block.c): g and u from gate_up_proj_act_checkpoint_T (not clamped again), act(g) from gate_act_checkpoint_T
+ * else recomputed from g, inter from intermediate_checkpoint_T else from act and u; the Phase 4 operand S and the
+ * AFFINITY_ON_H operand D and down projection from their checkpoints where given (else S = a*inter, D = a*dY, down
+ * recomputed from inter). Checkpoint values enter exactly (widened to FP64). */
+static void gold_block_ck(gold *G, const mxfp8_moe_bwd_args *a, int64_t n, int64_t L, int onH) {
+    const mxfp8i_moe *p = G->p;
+    const mxfp8_moe_config *c = &p->cfg;
+    const int64_t H = p->H, I = p->I, B = p->B;
+    const int32_t *tok = p->tok + n * B;
+    const mxfp8_tensor *gu = &a->gate_up_proj_act_checkpoint_T, *ac = &a->gate_act_checkpoint_T,
+                       *in = &a->intermediate_checkpoint_T, *sc = &a->scaled_intermediate_checkpoint_T,
+                       *dc = &a->down_proj_act_checkpoint, *oc = &a->down_proj_output_checkpoint;
+    for (int64_t q = 0; q < L; q++) {
+        if (tok[q] < 0) continue; /* padding: the zeros of gold_block_fwd */
+        const double aq = (double)mxfp8i_moe_aff(p, tok[q], p->expert[n]);
+        for (int64_t i = 0; i < I; i++) {
+            const int64_t k = q * I + i;
+            if (gu->data) {
+                const int64_t o = n * gu->strides[0] + i * gu->strides[2] + q * gu->strides[3];
+                G->g[k] = mxfp8i_moe_ld(gu, o);
+                G->u[k] = mxfp8i_moe_ld(gu, o + gu->strides[1]);
+            }
+            G->act[k] = ac->data ? mxfp8i_moe_ld(ac, n * ac->strides[0] + i * ac->strides[1] + q * ac->strides[2])
+                                 : mxfp8i_moe_act_d(c, G->g[k]);
+            G->inter[k] = in->data ? mxfp8i_moe_ld(in, n * in->strides[0] + i * in->strides[1] + q * in->strides[2])
+                                   : G->act[k] * mxfp8i_moe_up_d(c, G->u[k]);
+            G->S[k] = sc->data && !onH ? mxfp8i_moe_ld(sc, n * sc->strides[0] + i * sc->strides[1] + q * sc->strides[2])
+                                       : aq * G->inter[k];
+        }
+        if (onH && dc->data)
+            for (int64_t h = 0; h < H; h++)
+                G->D[q * H + h] = mxfp8i_moe_ld(dc, n * dc->strides[0] + q * dc->strides[1] + h * dc->strides[2]);
+    }
+    if (!onH) return;
+    if (!oc->data) {
+        gold_block_down(G, n, L);
+        return;
+    }
     for (int64_t q = 0; q < L; q++)
-        for (int64_t h = 0; h < H; h++) G->down[q * H + h] = tok[q] >= 0 ? G->down[q * H + h] + G->b2[h] : 0.0;
+        for (int64_t h = 0; h < H; h++)
+            G->down[q * H + h] =
+                tok[q] >= 0 ? mxfp8i_moe_ld(oc, n * oc->strides[0] + q * oc->strides[1] + h * oc->strides[2]) : 0.0;
 }
 
 static void *xcalloc(int64_t n, size_t es, bool *ok) {
@@ -285,7 +338,7 @@ static mxfp8_status backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bw
         const int32_t *tok = p.tok + n * B;
         if (L == 0) continue;
         gold_expert(&G, e);
-        gold_block_fwd(&G, n, L, onH);
+        gold_block_fwd(&G, n, L, 0);
         double *dyb = G.dyb, *D = G.D, *S = G.S, *dI = G.dI, *dgu = G.dgu;
         for (int64_t q = 0; q < L; q++) {
             const int real = tok[q] >= 0;
@@ -296,6 +349,7 @@ static mxfp8_status backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bw
             }
             for (int64_t i = 0; i < I; i++) S[q * I + i] = a * G.inter[q * I + i];
         }
+        gold_block_ck(&G, args, n, L, onH); /* the given checkpoints replace what they hold; down for ON_H */
         /* Phase 1: W2 [I][H] as operand [I rows, K = H] */
         gold_gemm(&G, L, I, H, onH ? D : dyb, H, 1, 0, G.w2_h, H, 1, 1, dI, I, 0);
         for (int64_t q = 0; q < L; q++) {
