@@ -886,9 +886,10 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  * pointer to it after a call returns. mxfp8_quantize, mxfp8_dequantize, the layout functions and mxfp8_moe_route
  * need no workspace (route allocates 24 E bytes of counters per call).
  *
- * Upper bounds of one call's scratch in bytes (held by its workspace afterwards, the maximum over its calls), with
- * P = threads the call uses (mxfp8_set_num_threads) and OMP = 4096 + 1024 P for the OpenMP runtime's bookkeeping;
- * tests/c/test_workspace.c measures the peak heap use of each call and checks it against these formulas:
+ * The exact scratch of a call is what its _validate entry below returns; mxfp8_workspace_reserve makes a workspace
+ * hold that much so that the call allocates nothing. For planning, upper bounds of one call's scratch in bytes,
+ * with P = threads the call uses (mxfp8_set_num_threads) and OMP = 4096 + 1024 P for the OpenMP runtime's
+ * bookkeeping (tests/c/test_workspace.c checks the peak heap use of each call against them):
  *   mxfp8_quantize, mxfp8_dequantize, layouts, x4 packing, swizzle, compare: OMP (no workspace of their own);
  *     mxfp8_quantize with params->stats: + 2464 P (one statistics accumulator per thread).
  *   mxfp8_gemm / mxfp8_matmul, C[M, N] with contraction K: the dequantized B operand in FP32 panels, 4 K (N + 32);
@@ -920,8 +921,58 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
 MXFP8_API mxfp8_status mxfp8_workspace_create(mxfp8_workspace **workspace);
 /** Free a workspace and all its memory; NULL is ignored. Not while a call uses it. */
 MXFP8_API void mxfp8_workspace_destroy(mxfp8_workspace *workspace);
-/** Bytes of scratch a workspace holds now (0 for NULL). */
+/** Bytes of scratch a workspace holds now (0 for NULL), including the unused part of a reservation. */
 MXFP8_API size_t mxfp8_workspace_bytes(const mxfp8_workspace *workspace);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Validate-and-size entries                                                                                      */
+/* ------------------------------------------------------------------------------------------------------------ */
+/*
+ * Each mxfp8_X_validate takes the arguments of mxfp8_X (outputs as const views: nothing is ever written to them) and
+ * runs exactly the checks of mxfp8_X, through the same code: it returns the status mxfp8_X would return for those
+ * arguments before doing any work, with the same message (which names mxfp8_X, not the _validate entry), and
+ * MXFP8_OK when mxfp8_X would run. On MXFP8_OK, *workspace_bytes (when workspace_bytes is not NULL) is the number of
+ * bytes of scratch the call takes from its workspace (config->workspace or args->workspace) at the current thread
+ * count (mxfp8_set_num_threads): every buffer of the call and of its inner GEMMs and statistics passes, each rounded
+ * up to 64 bytes. On an error it is 0. The size does not depend on the values of the tensors, only on the shapes,
+ * dtypes, strides, layouts and config. These entries allocate nothing and touch no workspace. Besides the call's own
+ * errors they return none; OUT_OF_MEMORY of the call itself (its memory is obtained only when it runs) is not
+ * predicted, except a size that does not fit in size_t.
+ */
+
+/** Reserve `bytes` of scratch in a workspace as one block (typically the sum of the _validate sizes of the calls
+ *  it will serve, or their maximum for calls that run one after another on a fresh reservation): every buffer it
+ *  held before is freed, and the buffers of later calls are taken from the block while it has room (the heap
+ *  after that). A call whose _validate size is at most `bytes`, given a freshly reserved workspace, allocates
+ *  nothing; later calls of no larger problems on the same workspace allocate nothing either. bytes = 0 releases
+ *  everything. Not while a call uses the workspace. Errors: NULL_POINTER, INVALID_ARGUMENT (the workspace is in use
+ *  by a call), OUT_OF_MEMORY (the workspace is then empty). */
+MXFP8_API mxfp8_status mxfp8_workspace_reserve(mxfp8_workspace *workspace, size_t bytes);
+
+/** The checks of mxfp8_quantize. *workspace_bytes = 0: quantization takes no workspace (with params->stats it
+ *  allocates one 2464-byte statistics accumulator per thread itself). Errors: those of mxfp8_quantize. */
+MXFP8_API mxfp8_status mxfp8_quantize_validate(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params,
+                                               const mxfp8_tensor *data, const mxfp8_tensor *scales,
+                                               size_t *workspace_bytes);
+/** The checks of mxfp8_dequantize. *workspace_bytes = 0 (no scratch). Errors: those of mxfp8_dequantize. */
+MXFP8_API mxfp8_status mxfp8_dequantize_validate(const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis,
+                                                 mxfp8_group_scheme group, const mxfp8_tensor *out,
+                                                 size_t *workspace_bytes);
+/** The checks of mxfp8_gemm; *workspace_bytes: the GEMM's packed operand panels and per-thread blocks, plus the
+ *  statistics pass's scratch when an operand asks for statistics. Errors: those of mxfp8_gemm. */
+MXFP8_API mxfp8_status mxfp8_gemm_validate(const mxfp8_operand *a, const mxfp8_operand *b,
+                                           const mxfp8_matmul_config *config, int accumulate, const mxfp8_tensor *c,
+                                           size_t *workspace_bytes);
+/** The checks of mxfp8_matmul; *workspace_bytes as for mxfp8_gemm_validate. Errors: those of mxfp8_matmul. */
+MXFP8_API mxfp8_status mxfp8_matmul_validate(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
+                                             const mxfp8_matmul_config *config, const mxfp8_tensor *output,
+                                             size_t *workspace_bytes);
+/** The checks of mxfp8_matmul_backward; *workspace_bytes: both GEMMs' buffers (dgrad and wgrad share them), dY's
+ *  FP32 copy [M, N] when dY is pre-quantized or swizzled, and the statistics pass's scratch when args->stats is
+ *  set. Errors: those of mxfp8_matmul_backward. */
+MXFP8_API mxfp8_status mxfp8_matmul_backward_validate(const mxfp8_matmul_bwd_args *args,
+                                                      const mxfp8_tensor *input_grad,
+                                                      const mxfp8_tensor *weight_grad, size_t *workspace_bytes);
 
 
 #ifdef __cplusplus

@@ -96,9 +96,18 @@ static void stats_export(const op_stats *s) {
         if (s->out[i]) mxfp8i_qstats_export(&s->acc[i], s->out[i]);
 }
 
-static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_operand *a, const char *nb,
-                                 const mxfp8_operand *b, const mxfp8_matmul_config *config, int accumulate,
-                                 const char *nc, mxfp8_tensor *c) {
+/* A validated GEMM call: its resolved config and operands. */
+typedef struct gemm_job {
+    const char *fn;
+    mxfp8_matmul_config cfg;
+    mxfp8i_gop ga, gb;
+    int stats; /* an operand's statistics are asked for */
+} gemm_job;
+
+/* Every check of mxfp8_gemm / mxfp8_matmul, before anything is written (shared by the calls and their _validate). */
+static mxfp8_status gemm_validate(const char *fn, const char *na, const mxfp8_operand *a, const char *nb,
+                                  const mxfp8_operand *b, const mxfp8_matmul_config *config, int accumulate,
+                                  const char *nc, const mxfp8_tensor *c, gemm_job *j) {
     mxfp8_status st;
     mxfp8_matmul_config defaults;
     if (!a) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, na);
@@ -125,7 +134,6 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     }
     /* Contraction length: config->K, else the output-independent operand that knows it. */
     int64_t hint = config->K > 0 ? config->K : -1;
-    mxfp8i_gop ga, gb;
     int a_x4 = a->values.dtype == MXFP8_DTYPE_U32 && !a->swizzled;
     /* a config.K that disagrees with a plain operand's K is the config's error, not the operand's */
     if (hint > 0 && !a_x4 && !a->swizzled && a->values.ndim == 2 && a->values.shape[1] >= 0 &&
@@ -133,35 +141,71 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: config.K = %lld disagrees with %s's K = %lld", fn,
                             (long long)hint, na, (long long)a->values.shape[1]);
     if (hint < 0 && a_x4) {
-        if ((st = mxfp8i_gop_from_operand(fn, nb, b, -1, config->float8_dtype, config->quant_scheme, &gb)))
+        if ((st = mxfp8i_gop_from_operand(fn, nb, b, -1, config->float8_dtype, config->quant_scheme, &j->gb)))
             return st;
-        if (!(gb.x4 && !gb.swizzled)) hint = gb.K;
+        if (!(j->gb.x4 && !j->gb.swizzled)) hint = j->gb.K;
     }
-    if ((st = mxfp8i_gop_from_operand(fn, na, a, hint, config->float8_dtype, config->quant_scheme, &ga))) return st;
-    if ((st = mxfp8i_gop_from_operand(fn, nb, b, ga.K, config->float8_dtype, config->quant_scheme, &gb))) return st;
-    if ((st = check_dims(fn, "config", config, ga.R, ga.K, gb.R))) return st;
-    if ((st = check_output(fn, nc, c, ga.R, gb.R, accumulate))) return st;
+    if ((st = mxfp8i_gop_from_operand(fn, na, a, hint, config->float8_dtype, config->quant_scheme, &j->ga))) return st;
+    if ((st = mxfp8i_gop_from_operand(fn, nb, b, j->ga.K, config->float8_dtype, config->quant_scheme, &j->gb))) return st;
+    if ((st = check_dims(fn, "config", config, j->ga.R, j->ga.K, j->gb.R))) return st;
+    if ((st = check_output(fn, nc, c, j->ga.R, j->gb.R, accumulate))) return st;
     if ((st = check_out_alias(fn, nc, c, na, &a->values)) || (st = check_out_alias(fn, nc, c, na, &a->scales)) ||
         (st = check_out_alias(fn, nc, c, nb, &b->values)) || (st = check_out_alias(fn, nc, c, nb, &b->scales)))
         return st;
-    MXFP8I_FORWARD_IF_ERROR(operand_rounding(fn, na, a, &ga));
-    MXFP8I_FORWARD_IF_ERROR(operand_rounding(fn, nb, b, &gb));
+    MXFP8I_FORWARD_IF_ERROR(operand_rounding(fn, na, a, &j->ga));
+    MXFP8I_FORWARD_IF_ERROR(operand_rounding(fn, nb, b, &j->gb));
+    j->fn = fn;
+    j->cfg = *config;
+    j->stats = a->stats || b->stats;
+    return MXFP8_OK;
+}
+
+/* Every buffer of the call, obtained before the first store (mxfp8i_ws_plan): the statistics pass's, the GEMM's. */
+static mxfp8_status gemm_reserve_job(const void *p) {
+    const gemm_job *j = (const gemm_job *)p;
+    const int nt = mxfp8i_num_threads();
+    if (j->stats && mxfp8i_gop_stats_reserve(j->ga.K, nt))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the statistics pass", j->fn);
+    if (mxfp8i_gemm_reserve(j->ga.R, j->gb.R, j->ga.K, &j->cfg, nt, -1))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the packed operands", j->fn);
+    return MXFP8_OK;
+}
+
+static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_operand *a, const char *nb,
+                                 const mxfp8_operand *b, const mxfp8_matmul_config *config, int accumulate,
+                                 const char *nc, mxfp8_tensor *c) {
+    gemm_job j;
+    mxfp8_status st = gemm_validate(fn, na, a, nb, b, config, accumulate, nc, c, &j);
+    if (st) return st;
     op_stats os;
-    os.n = 2, os.op[0] = &ga, os.op[1] = &gb, os.out[0] = a->stats, os.out[1] = b->stats;
-    const mxfp8_matmul_config *cfgs[2] = {config, config};
+    os.n = 2, os.op[0] = &j.ga, os.op[1] = &j.gb, os.out[0] = a->stats, os.out[1] = b->stats;
+    const mxfp8_matmul_config *cfgs[2] = {&j.cfg, &j.cfg};
     mxfp8i_scope scope;
-    if (mxfp8i_scope_begin(&scope, config->workspace))
+    if (mxfp8i_scope_begin(&scope, j.cfg.workspace))
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the workspace", fn);
-    st = a->stats || b->stats ? stats_collect(fn, &os, cfgs) : MXFP8_OK;
+    st = mxfp8i_ws_plan(fn, gemm_reserve_job, &j, NULL);
+    if (!st && j.stats) st = stats_collect(fn, &os, cfgs);
     if (st) {
         mxfp8i_scope_end(&scope);
         return st;
     }
-    st = mxfp8i_gemm_gop(&ga, &gb, config, accumulate, c, mxfp8i_num_threads());
+    st = mxfp8i_gemm_gop(&j.ga, &j.gb, &j.cfg, accumulate, c, mxfp8i_num_threads());
     mxfp8i_scope_end(&scope);
     if (st) return mxfp8i_error(st, "%s: out of memory for the packed operands", fn);
     stats_export(&os);
     return MXFP8_OK;
+}
+
+/* The _validate entries: the call's checks, then its workspace size (the same reservation, on a sizing arena). */
+static mxfp8_status gemm_size(const char *fn, const char *na, const mxfp8_operand *a, const char *nb,
+                              const mxfp8_operand *b, const mxfp8_matmul_config *config, int accumulate,
+                              const char *nc, const mxfp8_tensor *c, size_t *workspace_bytes) {
+    gemm_job j;
+    size_t bytes = 0;
+    mxfp8_status st = gemm_validate(fn, na, a, nb, b, config, accumulate, nc, c, &j);
+    if (!st) st = mxfp8i_ws_plan(fn, gemm_reserve_job, &j, &bytes);
+    if (workspace_bytes) *workspace_bytes = st ? 0 : bytes;
+    return st;
 }
 
 mxfp8_status mxfp8_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
@@ -170,11 +214,25 @@ mxfp8_status mxfp8_gemm(const mxfp8_operand *a, const mxfp8_operand *b, const mx
     return gemm_checked("mxfp8_gemm", "a", a, "b", b, config, accumulate, "c", c);
 }
 
+mxfp8_status mxfp8_gemm_validate(const mxfp8_operand *a, const mxfp8_operand *b, const mxfp8_matmul_config *config,
+                                 int accumulate, const mxfp8_tensor *c, size_t *workspace_bytes) {
+    mxfp8i_clear_error();
+    return gemm_size("mxfp8_gemm", "a", a, "b", b, config, accumulate, "c", c, workspace_bytes);
+}
+
 mxfp8_status mxfp8_matmul(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
                           const mxfp8_matmul_config *config, mxfp8_tensor *output) {
     mxfp8i_clear_error();
     return gemm_checked("mxfp8_matmul", "input_activation", input_activation, "weights", weights, config, 0,
                         "output", output);
+}
+
+mxfp8_status mxfp8_matmul_validate(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
+                                   const mxfp8_matmul_config *config, const mxfp8_tensor *output,
+                                   size_t *workspace_bytes) {
+    mxfp8i_clear_error();
+    return gemm_size("mxfp8_matmul", "input_activation", input_activation, "weights", weights, config, 0, "output",
+                     output, workspace_bytes);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -337,27 +395,48 @@ static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *ar
     return mxfp8i_check_no_alias(fn, "input_grad", input_grad, "weight_grad", weight_grad);
 }
 
-/* The two GEMMs inside the call's workspace scope: every buffer (dY's FP32 copy when needed, both GEMMs') is
- * obtained before dX is written, so an OUT_OF_MEMORY leaves both outputs untouched. */
-static mxfp8_status backward_scoped(const char *fn, const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
-                                    mxfp8_tensor *weight_grad, const mxfp8i_gop *g_dy, const mxfp8i_gop *g_w,
-                                    const mxfp8i_gop *g_x, const mxfp8_matmul_config *cx,
-                                    const mxfp8_matmul_config *cw) {
-    const int64_t M = input_grad->shape[0], K = input_grad->shape[1], N = weight_grad->shape[0];
+/* A validated backward call: its phase configs and operands. */
+typedef struct bwd_job {
+    const char *fn;
+    const mxfp8_matmul_bwd_args *args;
+    mxfp8_matmul_config cx, cw;
+    mxfp8i_gop g_dy, g_w, g_x;
+    int64_t M, K, N;
+} bwd_job;
+
+/* Every buffer of the backward, before dX is written (mxfp8i_ws_plan): dY's FP32 copy when dY is swizzled or
+ * pre-quantized, the statistics pass's, both GEMMs'. So an OUT_OF_MEMORY leaves both outputs untouched. */
+static int bwd_need_dyf(const bwd_job *j) { return j->M > 0 && j->N > 0 && (j->g_dy.prequant || j->g_dy.swizzled); }
+static mxfp8_status bwd_reserve_job(const void *p) {
+    const bwd_job *j = (const bwd_job *)p;
+    const int64_t M = j->M, K = j->K, N = j->N;
+    const int nt = mxfp8i_num_threads();
+    int64_t n = 0;
+    if (bwd_need_dyf(j) && (!mxfp8i_mul_size(M, N * 4, &n) || !mxfp8i_ws_get(MXFP8I_WS_MATMUL_DY, (size_t)n)))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for dY's [%lld, %lld] buffer", j->fn,
+                            (long long)M, (long long)N);
+    if (j->args->stats && mxfp8i_gop_stats_reserve(M > N ? M : N, nt))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the statistics pass", j->fn);
+    if (mxfp8i_gemm_reserve(M, K, N, &j->cx, nt, -1) || mxfp8i_gemm_reserve(N, K, M, &j->cw, nt, -1))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the packed operands", j->fn);
+    return MXFP8_OK;
+}
+
+/* The two GEMMs inside the call's workspace scope, after bwd_reserve_job's buffers are in place. */
+static mxfp8_status backward_scoped(const bwd_job *j, mxfp8_tensor *input_grad, mxfp8_tensor *weight_grad) {
+    const char *fn = j->fn;
+    const mxfp8_matmul_bwd_args *args = j->args;
+    const mxfp8i_gop *g_dy = &j->g_dy, *g_w = &j->g_w, *g_x = &j->g_x;
+    const mxfp8_matmul_config *cx = &j->cx, *cw = &j->cw;
+    const int64_t M = j->M, N = j->N;
     const int nt = mxfp8i_num_threads();
     /* wgrad operand dY^T [N, M]: the high-precision dY, transposed; when dY is swizzled or pre-quantized, its FP32
      * values (exact dequantized values) are first written to a plain [M, N] buffer. */
     mxfp8i_gop g_dyt = mxfp8i_gop_hp(args->output_grad.data, args->output_grad.dtype, N, M,
                                      args->output_grad.strides[1], args->output_grad.strides[0]);
-    float *dyf = NULL;
-    int64_t n = 0;
-    const int need_dyf = M > 0 && N > 0 && (g_dy->prequant || g_dy->swizzled);
-    if (need_dyf && (!mxfp8i_mul_size(M, N * 4, &n) || !(dyf = mxfp8i_ws_get(MXFP8I_WS_MATMUL_DY, (size_t)n))))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for dY's [%lld, %lld] buffer", fn,
-                            (long long)M, (long long)N);
-    if (mxfp8i_gemm_reserve(M, K, N, cx, nt, -1) || mxfp8i_gemm_reserve(N, K, M, cw, nt, -1))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the packed operands", fn);
-    if (need_dyf) {
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_ws_plan(fn, bwd_reserve_job, j, NULL));
+    if (bwd_need_dyf(j)) {
+        float *dyf = mxfp8i_ws_get(MXFP8I_WS_MATMUL_DY, (size_t)(M * N * 4));
         for (int64_t m = 0; m < M; m++)
             mxfp8i_gop_load_row(g_dy, m, args->float8_dtype, args->quant_scheme, dyf + m * N);
         g_dyt = mxfp8i_gop_hp(dyf, MXFP8_DTYPE_F32, N, M, 1, N);
@@ -378,10 +457,9 @@ static mxfp8_status backward_scoped(const char *fn, const mxfp8_matmul_bwd_args 
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
-                                   mxfp8_tensor *weight_grad) {
-    static const char *fn = "mxfp8_matmul_backward";
-    mxfp8i_clear_error();
+/* Every check of mxfp8_matmul_backward, before anything is written (shared by the call and its _validate). */
+static mxfp8_status bwd_validate(const char *fn, const mxfp8_matmul_bwd_args *args, const mxfp8_tensor *input_grad,
+                                 const mxfp8_tensor *weight_grad, bwd_job *j) {
     MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
     MXFP8I_RETURN_ERROR_IF(!input_grad, MXFP8_ERR_NULL_POINTER, "%s: input_grad is NULL", fn);
     MXFP8I_RETURN_ERROR_IF(!weight_grad, MXFP8_ERR_NULL_POINTER, "%s: weight_grad is NULL", fn);
@@ -396,24 +474,45 @@ mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tens
                            MXFP8_ERR_DTYPE, "%s: input_grad (%s) and weight_grad (%s) must have output_dtype %s", fn,
                            mxfp8_dtype_name(input_grad->dtype), mxfp8_dtype_name(weight_grad->dtype),
                            mxfp8_dtype_name(args->output_dtype));
-    mxfp8_matmul_config cx, cw;
-    phase_config(args, args->input_grad_config, &cx);
-    phase_config(args, args->weight_grad_config, &cw);
+    phase_config(args, args->input_grad_config, &j->cx);
+    phase_config(args, args->weight_grad_config, &j->cw);
     if (args->input_grad_config) MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "input_grad_config", args->input_grad_config, M, N, K));
     if (args->weight_grad_config)
         MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "weight_grad_config", args->weight_grad_config, N, M, K));
-    mxfp8i_gop g_dy, g_w, g_x;
-    MXFP8I_FORWARD_IF_ERROR(bwd_operands(fn, args, input_grad, weight_grad, M, N, K, &g_dy, &g_w, &g_x));
+    MXFP8I_FORWARD_IF_ERROR(bwd_operands(fn, args, input_grad, weight_grad, M, N, K, &j->g_dy, &j->g_w, &j->g_x));
 
     /* the four quantizations: stream q, the row-major index of the element in its own tensor */
     const uint64_t seed = args->rounding_seed;
-    g_dy.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, seed, 0, 0, N, 1); /* (m, n) */
-    g_w.sr = mxfp8i_sround_make(args->weights_rounding == MXFP8_ROUND_STOCHASTIC, seed, 1, 0, 1, K);     /* (k, n) */
-    g_x.sr = mxfp8i_sround_make(args->input_rounding == MXFP8_ROUND_STOCHASTIC, seed, 3, 0, 1, K);       /* (k, m) */
+    j->g_dy.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, seed, 0, 0, N, 1); /* (m, n) */
+    j->g_w.sr = mxfp8i_sround_make(args->weights_rounding == MXFP8_ROUND_STOCHASTIC, seed, 1, 0, 1, K);     /* (k, n) */
+    j->g_x.sr = mxfp8i_sround_make(args->input_rounding == MXFP8_ROUND_STOCHASTIC, seed, 3, 0, 1, K);       /* (k, m) */
+    j->fn = fn;
+    j->args = args;
+    j->M = M, j->K = K, j->N = N;
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tensor *input_grad,
+                                   mxfp8_tensor *weight_grad) {
+    static const char *fn = "mxfp8_matmul_backward";
+    mxfp8i_clear_error();
+    bwd_job j;
+    MXFP8I_FORWARD_IF_ERROR(bwd_validate(fn, args, input_grad, weight_grad, &j));
     mxfp8i_scope scope;
     if (mxfp8i_scope_begin(&scope, args->workspace))
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the workspace", fn);
-    mxfp8_status st = backward_scoped(fn, args, input_grad, weight_grad, &g_dy, &g_w, &g_x, &cx, &cw);
+    mxfp8_status st = backward_scoped(&j, input_grad, weight_grad);
     mxfp8i_scope_end(&scope);
+    return st;
+}
+
+mxfp8_status mxfp8_matmul_backward_validate(const mxfp8_matmul_bwd_args *args, const mxfp8_tensor *input_grad,
+                                            const mxfp8_tensor *weight_grad, size_t *workspace_bytes) {
+    mxfp8i_clear_error();
+    bwd_job j;
+    size_t bytes = 0;
+    mxfp8_status st = bwd_validate("mxfp8_matmul_backward", args, input_grad, weight_grad, &j);
+    if (!st) st = mxfp8i_ws_plan("mxfp8_matmul_backward", bwd_reserve_job, &j, &bytes);
+    if (workspace_bytes) *workspace_bytes = st ? 0 : bytes;
     return st;
 }

@@ -217,10 +217,11 @@ static void quantize_items(const nd_plan *pl, const mxfp8_tensor *src, const mxf
     }
 }
 
-mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params, mxfp8_tensor *data,
-                            mxfp8_tensor *scales) {
-    static const char *fn = "mxfp8_quantize";
-    mxfp8i_clear_error();
+/* Every check of mxfp8_quantize (shared by the call and mxfp8_quantize_validate); *qp_out, *ax_out: the resolved
+ * parameters and axis. */
+static mxfp8_status quantize_validate(const char *fn, const mxfp8_tensor *src, int axis,
+                                      const mxfp8_quant_params *params, const mxfp8_tensor *data,
+                                      const mxfp8_tensor *scales, mxfp8_quant_params *qp_out, int *ax_out) {
     mxfp8_status st;
     if ((st = mxfp8i_check_view(fn, "src", src))) return st;
     if (src->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1, got 0", fn);
@@ -252,6 +253,27 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     if ((st = mxfp8i_check_no_alias(fn, "data", data, "src", src))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "scales", scales, "src", src))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "data", data, "scales", scales))) return st;
+    *qp_out = qp;
+    *ax_out = ax;
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_quantize_validate(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params,
+                                     const mxfp8_tensor *data, const mxfp8_tensor *scales, size_t *workspace_bytes) {
+    mxfp8i_clear_error();
+    mxfp8_quant_params qp;
+    int ax;
+    if (workspace_bytes) *workspace_bytes = 0; /* no workspace: at most one statistics accumulator per thread */
+    return quantize_validate("mxfp8_quantize", src, axis, params, data, scales, &qp, &ax);
+}
+
+mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant_params *params, mxfp8_tensor *data,
+                            mxfp8_tensor *scales) {
+    static const char *fn = "mxfp8_quantize";
+    mxfp8i_clear_error();
+    mxfp8_quant_params qp;
+    int ax;
+    MXFP8I_FORWARD_IF_ERROR(quantize_validate(fn, src, axis, params, data, scales, &qp, &ax));
 
     int64_t numel = mxfp8_tensor_numel(src);
     nd_plan pl;
@@ -273,10 +295,9 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis, mxfp8_group_scheme group,
-                              mxfp8_tensor *out) {
-    static const char *fn = "mxfp8_dequantize";
-    mxfp8i_clear_error();
+/* Every check of mxfp8_dequantize (shared by the call and mxfp8_dequantize_validate); *ax_out: the axis. */
+static mxfp8_status dequantize_validate(const char *fn, const mxfp8_tensor *data, const mxfp8_tensor *scales,
+                                        int axis, mxfp8_group_scheme group, const mxfp8_tensor *out, int *ax_out) {
     mxfp8_status st;
     if ((st = mxfp8i_check_view(fn, "data", data))) return st;
     if (data->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: data must have rank >= 1, got 0", fn);
@@ -295,6 +316,24 @@ mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scal
     if ((st = mxfp8i_check_distinct(fn, "out", out))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "out", out, "data", data))) return st;
     if ((st = mxfp8i_check_no_alias(fn, "out", out, "scales", scales))) return st;
+    *ax_out = ax;
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_dequantize_validate(const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis,
+                                       mxfp8_group_scheme group, const mxfp8_tensor *out, size_t *workspace_bytes) {
+    mxfp8i_clear_error();
+    int ax;
+    if (workspace_bytes) *workspace_bytes = 0; /* no scratch at all */
+    return dequantize_validate("mxfp8_dequantize", data, scales, axis, group, out, &ax);
+}
+
+mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis, mxfp8_group_scheme group,
+                              mxfp8_tensor *out) {
+    static const char *fn = "mxfp8_dequantize";
+    mxfp8i_clear_error();
+    int ax;
+    MXFP8I_FORWARD_IF_ERROR(dequantize_validate(fn, data, scales, axis, group, out, &ax));
 
     int64_t numel = mxfp8_tensor_numel(data);
     if (numel == 0) return MXFP8_OK;

@@ -17,19 +17,39 @@ struct mxfp8_workspace {
     int next_slot;                     /* the pending key for the next GEMM */
     uint64_t next_key;
     const void *next_bdata;
+    unsigned char *blk;                /* mxfp8_workspace_reserve's block: slots are carved from its tail */
+    size_t blk_n, blk_used;
+    int sizing;                        /* 1: a sizing arena (mxfp8i_ws_plan): records sizes, allocates nothing */
 };
+
+static _Alignas(64) unsigned char g_dummy[64]; /* the buffer a sizing arena hands out (never dereferenced) */
 
 static _Thread_local mxfp8_workspace *g_cur; /* the arena of the innermost open scope */
 static _Thread_local int g_depth;
 
-static void *alloc64(size_t n) {
-    n = (n + 63) & ~(size_t)63;
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* A slot's buffer: from the reserved block while it has room, else the heap (counted). */
+static void *alloc64(mxfp8_workspace *w, size_t n) {
+    n = round64(n);
+    if (w->sizing) return g_dummy;
+    if (w->blk && w->blk_n - w->blk_used >= n) {
+        void *p = w->blk + w->blk_used;
+        w->blk_used += n;
+        return p;
+    }
     return aligned_alloc(64, n ? n : 64);
 }
 
+static void free64(mxfp8_workspace *w, void *p) {
+    if (w->sizing || (w->blk && (unsigned char *)p >= w->blk && (unsigned char *)p < w->blk + w->blk_n)) return;
+    free(p);
+}
+
 static void release(mxfp8_workspace *w) {
-    for (int i = 0; i < MXFP8I_WS_NSLOTS; i++) free(w->p[i]);
-    for (int i = 0; i < MXFP8I_WS_KEYED; i++) free(w->kp[i]);
+    for (int i = 0; i < MXFP8I_WS_NSLOTS; i++) free64(w, w->p[i]);
+    for (int i = 0; i < MXFP8I_WS_KEYED; i++) free64(w, w->kp[i]);
+    free(w->blk);
 }
 
 mxfp8_status mxfp8_workspace_create(mxfp8_workspace **workspace) {
@@ -51,7 +71,31 @@ size_t mxfp8_workspace_bytes(const mxfp8_workspace *workspace) {
     size_t s = 0;
     for (int i = 0; i < MXFP8I_WS_NSLOTS; i++) s += workspace->n[i];
     for (int i = 0; i < MXFP8I_WS_KEYED; i++) s += workspace->kn[i];
-    return s;
+    return s + (workspace->blk_n - workspace->blk_used);
+}
+
+mxfp8_status mxfp8_workspace_reserve(mxfp8_workspace *workspace, size_t bytes) {
+    mxfp8i_clear_error();
+    MXFP8I_RETURN_ERROR_IF(!workspace, MXFP8_ERR_NULL_POINTER, "mxfp8_workspace_reserve: workspace is NULL");
+    MXFP8I_RETURN_ERROR_IF(atomic_exchange(&workspace->busy, 1) != 0, MXFP8_ERR_INVALID_ARGUMENT,
+                           "mxfp8_workspace_reserve: the workspace is in use by a call");
+    release(workspace);
+    memset(workspace->p, 0, sizeof workspace->p);
+    memset(workspace->n, 0, sizeof workspace->n);
+    memset(workspace->kp, 0, sizeof workspace->kp);
+    memset(workspace->kn, 0, sizeof workspace->kn);
+    memset(workspace->key, 0, sizeof workspace->key);
+    workspace->blk = NULL;
+    workspace->blk_n = workspace->blk_used = 0;
+    mxfp8_status st = MXFP8_OK;
+    if (bytes > 0) {
+        size_t n = round64(bytes);
+        if (n < bytes || !(workspace->blk = aligned_alloc(64, n)))
+            st = mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "mxfp8_workspace_reserve: out of memory for %zu bytes", bytes);
+        else workspace->blk_n = n;
+    }
+    atomic_store(&workspace->busy, 0);
+    return st;
 }
 
 mxfp8_status mxfp8i_scope_begin(mxfp8i_scope *s, mxfp8_workspace *user) {
@@ -96,9 +140,9 @@ void *mxfp8i_ws_get(int slot, size_t bytes) {
     mxfp8_workspace *w = g_cur;
     if (!w || slot < 0 || slot >= MXFP8I_WS_NSLOTS) return NULL;
     if (w->p[slot] && w->n[slot] >= bytes) return w->p[slot];
-    free(w->p[slot]);
-    w->p[slot] = alloc64(bytes);
-    w->n[slot] = w->p[slot] ? (bytes + 63) & ~(size_t)63 : 0;
+    free64(w, w->p[slot]);
+    w->p[slot] = alloc64(w, bytes);
+    w->n[slot] = w->p[slot] ? round64(bytes) : 0;
     return w->p[slot];
 }
 
@@ -129,9 +173,9 @@ void *mxfp8i_ws_keyed(int slot, uint64_t key, const void *uk, size_t bytes, int 
     if (*ready) return w->kp[slot];
     w->key[slot] = 0;
     if (!w->kp[slot] || w->kn[slot] < bytes) {
-        free(w->kp[slot]);
-        w->kp[slot] = alloc64(bytes);
-        w->kn[slot] = w->kp[slot] ? (bytes + 63) & ~(size_t)63 : 0;
+        free64(w, w->kp[slot]);
+        w->kp[slot] = alloc64(w, bytes);
+        w->kn[slot] = w->kp[slot] ? round64(bytes) : 0;
     }
     return w->kp[slot];
 }
@@ -139,4 +183,37 @@ void *mxfp8i_ws_keyed(int slot, uint64_t key, const void *uk, size_t bytes, int 
 void mxfp8i_ws_keyed_done(int slot, uint64_t key, const void *uk) {
     g_cur->key[slot] = key;
     g_cur->kuk[slot] = uk;
+}
+
+mxfp8_status mxfp8i_ws_plan(const char *fn, mxfp8_status (*reserve)(const void *ctx), const void *ctx,
+                            size_t *bytes) {
+    /* 1. the reservation on a sizing arena: every slot's largest request, nothing allocated */
+    mxfp8_workspace sz;
+    memset(&sz, 0, sizeof sz);
+    sz.sizing = 1;
+    mxfp8_workspace *prev = g_cur;
+    g_cur = &sz;
+    mxfp8_status st = reserve(ctx);
+    g_cur = prev;
+    if (st) return st;
+    if (bytes) {
+        *bytes = mxfp8_workspace_bytes(&sz);
+        return MXFP8_OK;
+    }
+    /* 2. each slot of the scope's arena grown once, in slot order, to that size */
+    mxfp8_workspace *w = g_cur;
+    MXFP8I_RETURN_ERROR_IF(!w, MXFP8_ERR_INTERNAL, "%s: no workspace scope is open", fn);
+    for (int i = 0; i < MXFP8I_WS_NSLOTS; i++)
+        MXFP8I_RETURN_ERROR_IF(sz.n[i] && !mxfp8i_ws_get(i, sz.n[i]), MXFP8_ERR_OUT_OF_MEMORY,
+                               "%s: out of memory for the workspace (%zu bytes)", fn, sz.n[i]);
+    for (int i = 0; i < MXFP8I_WS_KEYED; i++)
+        if (sz.kn[i] && (!w->kp[i] || w->kn[i] < sz.kn[i])) {
+            free64(w, w->kp[i]);
+            w->key[i] = 0;
+            w->kp[i] = alloc64(w, sz.kn[i]);
+            w->kn[i] = w->kp[i] ? sz.kn[i] : 0;
+            MXFP8I_RETURN_ERROR_IF(!w->kp[i], MXFP8_ERR_OUT_OF_MEMORY,
+                                   "%s: out of memory for the workspace (%zu bytes)", fn, sz.kn[i]);
+        }
+    return MXFP8_OK;
 }

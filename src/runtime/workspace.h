@@ -69,4 +69,14 @@ int mxfp8i_ws_take_bkey(const void *b_data, uint64_t *key);
 void *mxfp8i_ws_keyed(int slot, uint64_t key, const void *uk, size_t bytes, int *ready);
 void mxfp8i_ws_keyed_done(int slot, uint64_t key, const void *uk);
 
+/** Plan a call's scratch from its reservation function (the one function that obtains, before the first store,
+ *  every buffer the call will use: mxfp8i_ws_get / mxfp8i_gemm_reserve / keyed slots). reserve(ctx) first runs on a
+ *  sizing arena that records each slot's largest request and allocates nothing (its buffers must not be touched).
+ *  With bytes != NULL: *bytes = the sum of those sizes (what the call takes from its workspace), nothing else.
+ *  Else each slot of the open scope's arena is grown once to its size, so no later request of the call allocates.
+ *  reserve's status (with its message) is returned as is; OUT_OF_MEMORY ("fn: out of memory ...") when a slot
+ *  cannot be grown. */
+mxfp8_status mxfp8i_ws_plan(const char *fn, mxfp8_status (*reserve)(const void *ctx), const void *ctx,
+                            size_t *bytes);
+
 #endif /* MXFP8_RUNTIME_WORKSPACE_H */

@@ -481,6 +481,157 @@ static void test_reuse(void) {
     free(mx), free(w1), free(w2), free(mdy), free(g0), free(g1), free(y0), free(y1);
 }
 
+/* The _validate entries' workspace size: a call given a workspace reserved to exactly that size allocates nothing
+ * and computes the same bits as with a private arena, and the size is at most 1.25x the call's peak heap use. */
+typedef struct sized_call {
+    const char *what;
+    mxfp8_status (*validate)(void *ctx, size_t *bytes);
+    mxfp8_status (*call)(void *ctx, mxfp8_workspace *ws); /* ws NULL: a private arena */
+    void *ctx;
+    void *out; /* the call's output bytes (compared between the two runs) */
+    size_t out_bytes;
+} sized_call;
+static void check_sized(const sized_call *c) {
+    size_t bytes = 1;
+    TU_CHECK(c->validate(c->ctx, &bytes) == MXFP8_OK, "%s: _validate: %s", c->what, mxfp8_last_error_message());
+    TU_CHECK(c->validate(c->ctx, NULL) == MXFP8_OK, "%s: _validate without a size", c->what);
+    TU_CHECK(c->call(c->ctx, NULL) == MXFP8_OK, "%s: %s", c->what, mxfp8_last_error_message()); /* warm-up */
+    ws_mark m = ws_begin();
+    TU_CHECK(c->call(c->ctx, NULL) == MXFP8_OK, "%s: %s", c->what, mxfp8_last_error_message());
+    int64_t peak = ws_end(m, c->what);
+    unsigned char *ref = tu_alloc(c->out_bytes);
+    memcpy(ref, c->out, c->out_bytes);
+    memset(c->out, 0x5A, c->out_bytes);
+    mxfp8_workspace *ws = NULL;
+    TU_CHECK(mxfp8_workspace_create(&ws) == MXFP8_OK, "workspace_create");
+    TU_CHECK(mxfp8_workspace_reserve(ws, bytes) == MXFP8_OK, "%s: reserve %zu: %s", c->what, bytes,
+             mxfp8_last_error_message());
+    TU_CHECK(mxfp8_workspace_bytes(ws) == ((bytes + 63) & ~(size_t)63), "%s: a reserved workspace holds %zu bytes",
+             c->what, mxfp8_workspace_bytes(ws));
+    int64_t n0 = calls_now();
+    TU_CHECK(c->call(c->ctx, ws) == MXFP8_OK, "%s (reserved): %s", c->what, mxfp8_last_error_message());
+    int64_t n1 = calls_now();
+    TU_CHECK(n1 == n0, "%s: the call allocated %lld times with a workspace reserved to its size %zu", c->what,
+             (long long)(n1 - n0), bytes);
+    TU_CHECK(memcmp(ref, c->out, c->out_bytes) == 0, "%s: the output differs with a reserved workspace", c->what);
+    TU_CHECK(c->call(c->ctx, ws) == MXFP8_OK && calls_now() == n1, "%s: a second call allocated", c->what);
+    /* one byte short: the call still succeeds (the heap makes up the rest) */
+    TU_CHECK(bytes < 64 || mxfp8_workspace_reserve(ws, bytes - 64) == MXFP8_OK, "reserve smaller");
+    TU_CHECK(bytes < 64 || c->call(c->ctx, ws) == MXFP8_OK, "%s: a short reservation", c->what);
+    TU_CHECK(bytes < 64 || calls_now() > n1, "%s: a reservation 64 bytes short allocated nothing: the size is not "
+             "tight", c->what);
+    TU_CHECK(memcmp(ref, c->out, c->out_bytes) == 0, "%s: the output differs with a short reservation", c->what);
+    mxfp8_workspace_destroy(ws);
+    printf("  %-44s size %10zu bytes, peak %10lld\n", c->what, bytes, (long long)peak);
+    TU_CHECK(bytes > 0 && (double)bytes <= 1.25 * (double)peak, "%s: size %zu vs the call's peak %lld bytes", c->what,
+             bytes, (long long)peak);
+    free(ref);
+}
+
+typedef struct gemm_ctx {
+    mxfp8_operand A, B;
+    mxfp8_tensor C;
+    mxfp8_matmul_config cfg;
+} gemm_ctx;
+static mxfp8_status gemm_validate_c(void *p, size_t *bytes) {
+    gemm_ctx *g = p;
+    return mxfp8_gemm_validate(&g->A, &g->B, &g->cfg, 0, &g->C, bytes);
+}
+static mxfp8_status gemm_call_c(void *p, mxfp8_workspace *ws) {
+    gemm_ctx *g = p;
+    g->cfg.workspace = ws;
+    mxfp8_status st = mxfp8_gemm(&g->A, &g->B, &g->cfg, 0, &g->C);
+    g->cfg.workspace = NULL;
+    return st;
+}
+static mxfp8_status matmul_validate_c(void *p, size_t *bytes) {
+    gemm_ctx *g = p;
+    return mxfp8_matmul_validate(&g->A, &g->B, &g->cfg, &g->C, bytes);
+}
+static mxfp8_status matmul_call_c(void *p, mxfp8_workspace *ws) {
+    gemm_ctx *g = p;
+    g->cfg.workspace = ws;
+    mxfp8_status st = mxfp8_matmul(&g->A, &g->B, &g->cfg, &g->C);
+    g->cfg.workspace = NULL;
+    return st;
+}
+typedef struct bwd_ctx {
+    mxfp8_matmul_bwd_args args;
+    mxfp8_tensor DX, DW;
+} bwd_ctx;
+static mxfp8_status bwd_validate_c(void *p, size_t *bytes) {
+    bwd_ctx *b = p;
+    return mxfp8_matmul_backward_validate(&b->args, &b->DX, &b->DW, bytes);
+}
+static mxfp8_status bwd_call_c(void *p, mxfp8_workspace *ws) {
+    bwd_ctx *b = p;
+    b->args.workspace = ws;
+    mxfp8_status st = mxfp8_matmul_backward(&b->args, &b->DX, &b->DW);
+    b->args.workspace = NULL;
+    return st;
+}
+
+static void test_reserve(void) {
+    static const int64_t shapes[][3] = {{64, 96, 128}, {200, 40, 300}, {8, 700, 64}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int variant = 0; variant < 3; variant++) { /* 0 plain, 1 spill_reload, 2 statistics of both operands */
+            int64_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+            float *a = frand(M * K, 31), *b = frand(N * K, 32), *c = tu_alloc((size_t)(M * N) * sizeof(float));
+            gemm_ctx g;
+            memset(&g, 0, sizeof g);
+            mxfp8_quant_stats sa, sb;
+            g.A.values = mxfp8_tensor_make(a, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, K});
+            g.B.values = mxfp8_tensor_make(b, MXFP8_DTYPE_F32, 2, (const int64_t[]){N, K});
+            if (variant == 2) g.A.stats = &sa, g.B.stats = &sb;
+            mxfp8_matmul_config_init(&g.cfg);
+            g.cfg.spill_reload = variant == 1;
+            char what[96];
+            snprintf(what, sizeof what, "gemm %lld x %lld x %lld %s", (long long)M, (long long)N, (long long)K,
+                     variant == 0 ? "plain" : variant == 1 ? "spill" : "stats");
+            if (i == 1 && variant == 0) { /* mxfp8_matmul: BF16 output */
+                g.C = mxfp8_tensor_make(c, MXFP8_DTYPE_BF16, 2, (const int64_t[]){M, N});
+                sized_call mc = {"matmul 200 x 40 x 300 bf16", matmul_validate_c, matmul_call_c, &g, c,
+                                 (size_t)(M * N) * 2};
+                check_sized(&mc);
+            }
+            g.C = mxfp8_tensor_make(c, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, N});
+            sized_call sc = {what, gemm_validate_c, gemm_call_c, &g, c, (size_t)(M * N) * sizeof(float)};
+            check_sized(&sc);
+            free(a), free(b), free(c);
+        }
+    const int64_t M = 96, N = 160, K = 64;
+    float *dy = frand(M * N, 34), *w = frand(N * K, 35), *x = frand(M * K, 36);
+    uint8_t *dyq = tu_alloc((size_t)(M * N)), *dys = tu_alloc((size_t)(M * N));
+    uint16_t *g = tu_alloc((size_t)(M * K + N * K) * 2);
+    for (int variant = 0; variant < 3; variant++) { /* 0 plain, 1 statistics, 2 pre-quantized dY */
+        bwd_ctx b;
+        memset(&b, 0, sizeof b);
+        mxfp8_quant_stats st[4];
+        mxfp8_matmul_bwd_args_init(&b.args);
+        b.args.output_grad = mxfp8_tensor_make(dy, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, N});
+        b.args.weights = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, (const int64_t[]){N, K});
+        b.args.input_activation = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, (const int64_t[]){M, K});
+        if (variant == 1) b.args.stats = st;
+        if (variant == 2) { /* dY as E5M2 codes quantized along N, with their scales */
+            mxfp8_tensor q = mxfp8_tensor_make(dyq, MXFP8_DTYPE_E5M2, 2, (const int64_t[]){M, N});
+            mxfp8_tensor s = mxfp8_tensor_make(dys, MXFP8_DTYPE_E8M0, 2, (const int64_t[]){M, (N + 31) / 32});
+            mxfp8_quant_params qp = mxfp8_quant_params_default();
+            qp.fmt = MXFP8_FMT_E5M2;
+            TU_CHECK(mxfp8_quantize(&b.args.output_grad, 1, &qp, &q, &s) == MXFP8_OK, "quantize dY: %s",
+                     mxfp8_last_error_message());
+            b.args.output_grad = q;
+            b.args.output_grad_scales = s;
+        }
+        b.DX = mxfp8_tensor_make(g, MXFP8_DTYPE_BF16, 2, (const int64_t[]){M, K});
+        b.DW = mxfp8_tensor_make(g + M * K, MXFP8_DTYPE_BF16, 2, (const int64_t[]){N, K});
+        sized_call c = {variant == 0 ? "matmul_backward plain" : variant == 1 ? "matmul_backward stats"
+                                                                                : "matmul_backward pre-quantized dY",
+                        bwd_validate_c, bwd_call_c, &b, g, (size_t)(M * K + N * K) * 2};
+        check_sized(&c);
+    }
+    free(dy), free(w), free(x), free(dyq), free(dys), free(g);
+}
+
 int main(void) {
     printf("test_workspace: peak heap workspace of each entry point vs the documented bound\n");
     test_quantize();
@@ -488,6 +639,7 @@ int main(void) {
     test_matmul_backward();
     test_moe_backward();
     test_reuse();
+    test_reserve();
     TU_CHECK(!ws_overflow, "the allocation table overflowed");
     TU_CHECK(atomic_load(&ws_calls) > 0, "no allocation was counted: link with --wrap=malloc etc. (CMakeLists.txt)");
     return tu_finish("test_workspace");

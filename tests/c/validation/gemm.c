@@ -18,9 +18,15 @@ static mxfp8_status call_gemm(fx *f) {
     a.swizzled = f->swz_a;
     return mxfp8_gemm(f->tp[0] ? &a : NULL, f->tp[1] ? &b : NULL, f->cfgp, f->accumulate, f->tp[2]);
 }
+static mxfp8_status validate_gemm(fx *f, size_t *ws) {
+    mxfp8_operand a = operand(f, 0, f->nt > 3 ? 3 : -1), b = operand(f, 1, -1);
+    a.swizzled = f->swz_a;
+    return mxfp8_gemm_validate(f->tp[0] ? &a : NULL, f->tp[1] ? &b : NULL, f->cfgp, f->accumulate, f->tp[2], ws);
+}
 static void setup_gemm(fx *f) {
     f->fn = "mxfp8_gemm";
     f->call = call_gemm;
+    f->validate = validate_gemm;
     add(f, "a", MXFP8_DTYPE_F32, 2, 8, 64, 0, 0, F_BYPTR);
     add(f, "b", MXFP8_DTYPE_BF16, 2, 16, 64, 0, 0, F_BYPTR);
     add(f, "c", MXFP8_DTYPE_F32, 2, 8, 16, 0, 0, F_BYPTR | F_OUT);
@@ -87,9 +93,14 @@ static mxfp8_status call_matmul(fx *f) {
     mxfp8_operand a = operand(f, 0, -1), b = operand(f, 1, -1);
     return mxfp8_matmul(f->tp[0] ? &a : NULL, f->tp[1] ? &b : NULL, f->cfgp, f->tp[2]);
 }
+static mxfp8_status validate_matmul(fx *f, size_t *ws) {
+    mxfp8_operand a = operand(f, 0, -1), b = operand(f, 1, -1);
+    return mxfp8_matmul_validate(f->tp[0] ? &a : NULL, f->tp[1] ? &b : NULL, f->cfgp, f->tp[2], ws);
+}
 static void setup_matmul(fx *f) {
     f->fn = "mxfp8_matmul";
     f->call = call_matmul;
+    f->validate = validate_matmul;
     add(f, "input_activation", MXFP8_DTYPE_BF16, 2, 8, 40, 0, 0, F_BYPTR);
     add(f, "weights", MXFP8_DTYPE_F16, 2, 12, 40, 0, 0, F_BYPTR);
     add(f, "output", MXFP8_DTYPE_BF16, 2, 8, 12, 0, 0, F_BYPTR | F_OUT);
@@ -115,9 +126,19 @@ static mxfp8_status call_mbwd(fx *f) {
     if (f->nt > 5) f->mb.output_grad_scales = f->t[5];
     return mxfp8_matmul_backward(f->argp ? &f->mb : NULL, f->tp[3], f->tp[4]);
 }
+static mxfp8_status validate_mbwd(fx *f, size_t *ws) {
+    f->mb.output_grad = f->t[0];
+    f->mb.weights = f->t[1];
+    f->mb.input_activation = f->t[2];
+    f->mb.input_grad_config = f->cfgp;
+    f->mb.weight_grad_config = f->cfgp2;
+    if (f->nt > 5) f->mb.output_grad_scales = f->t[5];
+    return mxfp8_matmul_backward_validate(f->argp ? &f->mb : NULL, f->tp[3], f->tp[4], ws);
+}
 static void setup_mbwd(fx *f) {
     f->fn = "mxfp8_matmul_backward";
     f->call = call_mbwd;
+    f->validate = validate_mbwd;
     add(f, "output_grad", MXFP8_DTYPE_F32, 2, 8, 48, 0, 0, 0);
     add(f, "weights", MXFP8_DTYPE_BF16, 2, 48, 20, 0, 0, 0);
     add(f, "input_activation", MXFP8_DTYPE_F32, 2, 8, 20, 0, 0, 0);

@@ -62,10 +62,31 @@ long n_cases;
 static mxfp8_status g_alt; /* a second accepted status, for the case being run (0: none) */
 
 /* Run one case on the fixture (already mutated by the caller from a fresh state). */
+/* The fixture's validate-and-size entry on the case: status and message, and that it wrote nothing. */
+static mxfp8_status run_validate(fx *f, const char *what, char *msg, size_t n) {
+    size_t bytes = 12345;
+    mxfp8_status st = f->validate(f, &bytes);
+    snprintf(msg, n, "%s", mxfp8_last_error_message());
+    TU_CHECK(st == MXFP8_OK || bytes == 0, "%s [%s]: the _validate entry failed but sized %zu bytes", f->fn, what,
+             bytes);
+    for (int i = 0; i < f->nt; i++)
+        TU_CHECK(memcmp(f->buf[i], f->image[i], BUFSZ) == 0, "%s [%s]: the _validate entry wrote %s", f->fn, what,
+                 f->name[i]);
+    return st;
+}
+
 static void expect(fx *f, const char *what, mxfp8_status want, const char *word1, const char *word2) {
     n_cases++;
+    char vmsg[1024];
+    mxfp8_status vst = f->validate ? run_validate(f, what, vmsg, sizeof vmsg) : MXFP8_OK;
     mxfp8_status st = f->call(f);
     const char *msg = mxfp8_last_error_message();
+    if (f->validate) {
+        TU_CHECK(vst == st, "%s [%s]: the _validate entry returned %d (%s), the call %d (%s)", f->fn, what, (int)vst,
+                 mxfp8_status_string(vst), (int)st, mxfp8_status_string(st));
+        TU_CHECK(st == MXFP8_OK || strcmp(vmsg, msg) == 0, "%s [%s]: the _validate entry said \"%s\", the call \"%s\"",
+                 f->fn, what, vmsg, msg);
+    }
     if (g_alt && st == g_alt) want = g_alt;
     TU_CHECK(st == want, "%s [%s]: status %d (%s), want %d (%s); message: %s", f->fn, what, (int)st,
              mxfp8_status_string(st), (int)want, mxfp8_status_string(want), msg);
@@ -258,6 +279,12 @@ void run_fixture(const char *label, void (*setup)(fx *), const special *sp, int 
     saved *s = tu_alloc(sizeof *s);
     s->f = f;
     /* baseline: valid, succeeds, writes an output */
+    if (f.validate) {
+        size_t bytes = 0;
+        mxfp8_status vst = f.validate(&f, &bytes);
+        TU_CHECK(vst == MXFP8_OK, "%s: the _validate entry refused the valid call: %s", label,
+                 mxfp8_last_error_message());
+    }
     mxfp8_status st = f.call(&f);
     TU_CHECK(st == MXFP8_OK, "%s: the fixture's valid call failed: %s: %s", label, mxfp8_status_string(st),
              mxfp8_last_error_message());

@@ -39,6 +39,9 @@ struct fx {
     unsigned char *orig[MAXT];      /* the bytes every case starts from */
     unsigned char *image[MAXT];     /* the bytes a case must leave (orig, or as a specific case set them) */
     mxfp8_status (*call)(fx *);
+    /* the call's validate-and-size entry on the same arguments (NULL: none); every case checks that it returns the
+     * call's status and message and writes nothing */
+    mxfp8_status (*validate)(fx *, size_t *workspace_bytes);
     /* scalar arguments (each fixture uses what it needs) */
     int axis, group, accumulate, quantized, swz_a;
     int64_t K, i64[4];

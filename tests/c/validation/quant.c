@@ -5,9 +5,13 @@
 /* mxfp8_quantize / mxfp8_dequantize                                                                          */
 /* ======================================================================================================== */
 static mxfp8_status call_quantize(fx *f) { return mxfp8_quantize(f->tp[0], f->axis, f->qpp, f->tp[1], f->tp[2]); }
+static mxfp8_status validate_quantize(fx *f, size_t *ws) {
+    return mxfp8_quantize_validate(f->tp[0], f->axis, f->qpp, f->tp[1], f->tp[2], ws);
+}
 static void setup_quantize(fx *f) {
     f->fn = "mxfp8_quantize";
     f->call = call_quantize;
+    f->validate = validate_quantize;
     add(f, "src", MXFP8_DTYPE_F32, 2, 4, 64, 0, 0, F_BYPTR);
     add(f, "data", MXFP8_DTYPE_E4M3, 2, 4, 64, 0, 0, F_BYPTR | F_OUT);
     add(f, "scales", MXFP8_DTYPE_E8M0, 2, 4, 2, 0, 0, F_BYPTR | F_OUT);
@@ -39,9 +43,13 @@ static const special sp_quantize[] = {
 static mxfp8_status call_dequantize(fx *f) {
     return mxfp8_dequantize(f->tp[0], f->tp[1], f->axis, (mxfp8_group_scheme)f->group, f->tp[2]);
 }
+static mxfp8_status validate_dequantize(fx *f, size_t *ws) {
+    return mxfp8_dequantize_validate(f->tp[0], f->tp[1], f->axis, (mxfp8_group_scheme)f->group, f->tp[2], ws);
+}
 static void setup_dequantize(fx *f) {
     f->fn = "mxfp8_dequantize";
     f->call = call_dequantize;
+    f->validate = validate_dequantize;
     add(f, "data", MXFP8_DTYPE_E4M3, 2, 64, 6, 0, 0, F_BYPTR);
     add(f, "scales", MXFP8_DTYPE_E8M0, 2, 2, 6, 0, 0, F_BYPTR);
     add(f, "out", MXFP8_DTYPE_BF16, 2, 64, 6, 0, 0, F_BYPTR | F_OUT);
