@@ -404,6 +404,15 @@ MXFP8_API mxfp8_status mxfp8_set_num_threads(int num_threads);
  *  table is decided once per process, at the first call that needs it. Errors: NULL_POINTER. */
 MXFP8_API mxfp8_status mxfp8_get_info(mxfp8_info *info);
 
+/** The number of CPU features the library detects and chooses its kernels by (the list grows with the library;
+ *  mxfp8_info's has_* fields are a fixed subset of it). Detected once per process. */
+MXFP8_API int mxfp8_cpu_feature_count(void);
+/** The i-th CPU feature of that list, 0 <= i < mxfp8_cpu_feature_count(): *name its lower-case name ("avx512f",
+ *  "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16", "amx_permitted", ...; a static string), *value 1
+ *  when this CPU and the OS offer it (for amx_permitted: the OS granted this process the AMX tile state), else 0.
+ *  Errors: NULL_POINTER (name or value NULL), INVALID_ARGUMENT (i out of range); nothing is written then. */
+MXFP8_API mxfp8_status mxfp8_cpu_feature(int i, const char **name, int *value);
+
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Block-scaled GEMM and matmul_mxfp8 [NKI-M]                                                                     */
 /* ------------------------------------------------------------------------------------------------------------ */

@@ -16,7 +16,7 @@
 #endif
 
 #include "../format/groups.h"
-#include "../runtime/cpu.h"
+#include "../runtime/threads.h"
 #include "../runtime/tensor.h"
 #include "panel.h"
 

@@ -175,7 +175,7 @@ static void run_emu_noroute(int64_t k0, int64_t kc, const void *a, const void *b
     {.name = nm, .isa_name = isa, .isa_level = lvl, .needs = nd, .test_only = tonly, .panel = MXFP8I_PANEL_BF16C,    \
      .mr = 32, .nr = 32, .kalign = MXFP8I_BF16C_KCHUNK, .tile_m = 128, .tile_n = 256, .tile_k = 2048, .fn = NULL,      \
      .panel_bytes = mxfp8i_bf16c_panel_bytes, .pack = mxfp8i_bf16c_pack, .pack_cm = mxfp8i_bf16c_pack_cm, .pack_q = mxfp8i_bf16c_pack_q_plain,   \
-     .run = runfn}
+     .run = runfn, .selftest = MXFP8I_SELFTEST_SLOT}
 const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__amx_ukernel =
     BF16C_SLOT("bf16_gemm_32x32__amx", "amx", 2, MXFP8I_NEEDS_AVX512 | MXFP8I_NEEDS_AMX, 0, mxfp8i_bf16_gemm_32x32__amx);
 /* The emulation is exact by construction of the routing (a tests-only check of the routing and the packer on any

@@ -231,7 +231,7 @@ static void run_noroute(int64_t k0, int64_t kc, const void *a, const void *b, fl
     {.name = nm, .isa_name = "avx512_bf16", .isa_level = 1, .needs = MXFP8I_NEEDS_AVX512 | MXFP8I_NEEDS_AVX512_BF16,  \
      .test_only = tonly, .panel = MXFP8I_PANEL_BF16C, .mr = 32, .nr = 32, .kalign = MXFP8I_BF16C_KCHUNK,               \
      .tile_m = 128, .tile_n = 256, .tile_k = 2048, .fn = NULL, .panel_bytes = mxfp8i_bf16c_panel_bytes,               \
-     .pack = packfn, .pack_cm = packcm, .pack_q = packq, .run = runfn}
+     .pack = packfn, .pack_cm = packcm, .pack_q = packq, .run = runfn, .selftest = MXFP8I_SELFTEST_SLOT}
 /* The unit takes the odd element of each pair first (the SDM; AMD Zen 4): panels with swapped pairs. */
 const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__avx512bf16_oddfirst_ukernel =
     DP_SLOT("bf16_gemm_32x32__avx512bf16_oddfirst", mxfp8i_bf16c_pack_swapped, mxfp8i_bf16c_pack_swapped_cm,
