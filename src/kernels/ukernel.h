@@ -18,8 +18,9 @@
  *   and reload it, which is exact) never changes a bit: the cache blocking, the loop orders and the thread split are
  *   speed-only by construction, and every kernel gives the same bits.
  *
- * Adding a kernel: write it in src/kernels/<isa>/, describe it with one mxfp8i_ukernel (its panel format's packer,
- * tile defaults, the CPU features it needs), and add the descriptor to the candidate list of src/kernels/registry.c.
+ * Adding a kernel (docs/architecture.md, "How to add a GEMM microkernel"): write it in src/kernels/<isa>/,
+ * describe it with one mxfp8i_ukernel (its packers, tile defaults, the CPU features it needs, its self-test slot),
+ * and add the descriptor to the candidate list of src/kernels/registry.c.
  * The registry runs the kernel checker (check.h) on it at start-up and uses it only when it reproduces the
  * reference; tests/c/test_kernels.c checks every listed kernel against the test-side reference.
  */
@@ -68,14 +69,14 @@ typedef void (*mxfp8i_pack_fn)(int is_b, const float *src, int64_t ld, int rows,
 typedef void (*mxfp8i_pack_q_fn)(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
                                  const uint8_t *scales, int64_t s_r, int64_t s_g, int fmt, void *panel);
 
-/** One microkernel. The driver uses panel_bytes, pack, pack_cm, run and the tile defaults:
+/** One microkernel. The driver uses panel_bytes, the packers (pack_q where the operand qualifies, else pack_cm
+ *  for a column-geometry operand, else pack), run and the tile defaults; never the panel format:
  *    panel_bytes(K, w)  bytes of one packed panel of w rows (w = mr for A, nr for B) covering all of K; the driver
  *                       allocates panels 64-byte aligned, each at a multiple of round_up(panel_bytes, 64).
  *    run(k0, kc, a, b, c, ldc, mr, nr, load_c)
  *                       the contract above on steps [k0, k0 + kc) of the panels a, b (their bases, all of K);
  *                       k0 is a multiple of kalign; kc is a multiple of kalign unless k0 + kc == K.
- *  F32-panel kernels also set fn (the plain contract with pre-offset pointers); the driver then packs straight from
- *  the quantizer into the panel. */
+ *  F32-panel kernels also set fn (the plain contract with pre-offset pointers; the tests call it). */
 typedef struct mxfp8i_ukernel {
     const char *name;          /**< "what__how", e.g. "f32_gemm_8x32__avx512f" */
     const char *isa_name;      /**< "scalar", "avx512", "avx512_bf16", "amx" (for mxfp8 info) */
