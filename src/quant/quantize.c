@@ -223,7 +223,7 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     mxfp8i_clear_error();
     mxfp8_status st;
     if ((st = mxfp8i_check_view(fn, "src", src))) return st;
-    if (src->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1, got 0", fn);
+    MXFP8I_RETURN_ERROR_IF(src->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1, got 0", fn);
     if ((st = mxfp8i_check_dtype(fn, "src", src, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
     mxfp8_quant_params qp = params ? *params : mxfp8_quant_params_default();
     if ((unsigned)qp.fmt > (unsigned)MXFP8_FMT_E5M2)
@@ -279,7 +279,7 @@ mxfp8_status mxfp8_dequantize(const mxfp8_tensor *data, const mxfp8_tensor *scal
     mxfp8i_clear_error();
     mxfp8_status st;
     if ((st = mxfp8i_check_view(fn, "data", data))) return st;
-    if (data->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: data must have rank >= 1, got 0", fn);
+    MXFP8I_RETURN_ERROR_IF(data->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: data must have rank >= 1, got 0", fn);
     if ((st = mxfp8i_check_dtype(fn, "data", data, 2, MXFP8_DTYPE_E4M3, MXFP8_DTYPE_E5M2))) return st;
     int ax;
     if (!mxfp8i_norm_axis(axis, data->ndim, &ax))
