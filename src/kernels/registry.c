@@ -22,11 +22,7 @@ static const mxfp8i_ukernel *const g_ukernels[] = {
     &mxfp8i_bf16_gemm_32x32__avx512bf16_evenfirst_ukernel,
     &mxfp8i_f32_gemm_8x32__avx512f_ukernel,
     &mxfp8i_f32_gemm_8x32__ref_ukernel,
-    /* tests only */
-    &mxfp8i_bf16_gemm_32x32__avx512bf16_noroute_ukernel,
-    &mxfp8i_bf16_gemm_32x32__amxemu_ukernel,
-    &mxfp8i_bf16_gemm_32x32__amxemu_noroute_ukernel,
-    NULL,
+    NULL, /* the test-only kernels (emulations, negative controls) live in the test build: tests/c/kernel_list.h */
 };
 static const mxfp8i_qkernel *const g_qkernels[] = {&mxfp8i_mx_quant__avx512, &mxfp8i_mx_quant__ref, NULL};
 

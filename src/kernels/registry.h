@@ -30,8 +30,9 @@ typedef struct mxfp8i_kernels {
 /** The table (static storage). */
 const mxfp8i_kernels *mxfp8i_kernels_get(void);
 
-/** Every GEMM microkernel of the library, runtime candidates in order of preference first, then the test-only ones
- *  (negative controls, emulations); NULL-terminated. */
+/** Every GEMM microkernel of the library, the runtime candidates in order of preference; NULL-terminated. The
+ *  test-only kernels (negative controls, emulations) are not in libmxfp8: the tests add them
+ *  (tests/c/kernel_list.h). */
 const mxfp8i_ukernel *const *mxfp8i_ukernel_list(void);
 /** Every quantization kernel, best first; NULL-terminated. */
 const mxfp8i_qkernel *const *mxfp8i_qkernel_list(void);

@@ -4,7 +4,7 @@
  *
  *  1. The BF16 chunk packer: byte layout of BF16 A / VNNI B / FP32 slots and the per-chunk facts (qmin, emax, f32) on
  *     values whose answers are worked out by hand here (needs AVX-512F/BW: the packer is AVX-512 code).
- *  2. Every kernel of mxfp8i_ukernel_list() whose CPU features are present, on problems generated HERE (random MX
+ *  2. Every kernel of mxfp8t_all_ukernels() whose CPU features are present, on problems generated HERE (random MX
  *     values in normal, BF16-subnormal, tiny-product and near-overflow groups, pair-rounding traps, partial tiles,
  *     K tails, load_c, K split in two calls at each kalign boundary, loaded accumulators at the FTZ guard, signed
  *     zeros that must stay -0 through a K tail), against an fmaf chain written here: runtime kernels must equal it
@@ -24,6 +24,7 @@
 #include "kernels/avx512/bf16chunk.h"
 #include "kernels/check.h"
 #include "kernels/registry.h"
+#include "kernel_list.h"
 #include "testutil.h"
 
 static int skips = 0;
@@ -316,7 +317,7 @@ static int kernel_cases(const mxfp8i_ukernel *uk, int *n) {
 }
 
 static void test_every_kernel(void) {
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it; it++) {
+    for (const mxfp8i_ukernel *const *it = mxfp8t_all_ukernels(); *it; it++) {
         const mxfp8i_ukernel *uk = *it;
         if (!mxfp8i_cpu_has(uk->needs)) {
             printf("test_kernels: SKIP %s: this CPU lacks its instructions (%s)\n", uk->name, uk->isa_name);
@@ -355,7 +356,7 @@ static void test_every_kernel(void) {
  * by design and rely on the GEMM driver's guard on each thread (tests/c/test_gemm_mxcsr.c). */
 static void test_mxcsr(void) {
     unsigned saved, mode = 0x1F80u | 0x8000u | 0x0040u | 0x6000u; /* FTZ | DAZ | round toward zero */
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it; it++) {
+    for (const mxfp8i_ukernel *const *it = mxfp8t_all_ukernels(); *it; it++) {
         const mxfp8i_ukernel *uk = *it;
         if (uk->panel != MXFP8I_PANEL_BF16C || !mxfp8i_ukernel_usable(uk)) continue;
         int n = 0;
@@ -543,10 +544,10 @@ static void test_cpu_features(void) {
                  mxfp8_cpu_feature(0, &name, NULL) == MXFP8_ERR_NULL_POINTER, "mxfp8_cpu_feature: NULL outputs");
     /* every kernel but the reference keeps its self-test result in storage of its own (no shared cache to run out) */
     int nk = 0, bad = 0;
-    for (const mxfp8i_ukernel *const *p = mxfp8i_ukernel_list(); *p; p++, nk++) {
+    for (const mxfp8i_ukernel *const *p = mxfp8t_all_ukernels(); *p; p++, nk++) {
         if ((*p)->reference) continue;
         bad += !(*p)->selftest;
-        for (const mxfp8i_ukernel *const *q = mxfp8i_ukernel_list(); q != p; q++)
+        for (const mxfp8i_ukernel *const *q = mxfp8t_all_ukernels(); q != p; q++)
             bad += (*q)->selftest && (*q)->selftest == (*p)->selftest;
     }
     TU_CHECK(bad == 0, "%d kernels without self-test storage of their own", bad);
