@@ -388,7 +388,8 @@ typedef struct mxfp8_info {
     int amx_permitted;            /**< arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) succeeded */
     mxfp8_isa isa;                /**< the ISA level in use (after MXFP8_ISA and CPU checks) */
     const char *isa_name;         /**< "scalar", "avx512", "amx" */
-    const char *isa_reason;       /**< why this level was chosen, e.g. "forced by MXFP8_ISA" or "cpu lacks AMX-BF16" */
+    const char *isa_reason;       /**< why this level was chosen, e.g. "forced by MXFP8_ISA" or "cpu or OS lacks
+                                       amx_tile/amx_bf16" (the features, named as mxfp8_cpu_feature names them) */
     int num_threads;              /**< threads a call will use */
     mxfp8_kernel_info kernels[MXFP8_NUM_KERNEL_SLOTS]; /**< gemm, quantize, dequantize */
 } mxfp8_info;

@@ -155,7 +155,7 @@ static int best_level(char *why, size_t len) {
             if (uk->test_only || uk->isa_level <= best) continue;
             char miss[160];
             missing_features(uk->needs, miss, sizeof miss);
-            if (miss[0] && pass == 0) snprintf(why, len, "cpu lacks %s", miss);
+            if (miss[0] && pass == 0) snprintf(why, len, "cpu or OS lacks %s", miss);
             else if (!miss[0] && uk->isa_level > qbest)
                 snprintf(why, len, "%s failed its self-test; using %s (see the gemm kernel's note)", uk->name,
                          g_level_names[best]);
@@ -164,7 +164,7 @@ static int best_level(char *why, size_t len) {
         if ((*p)->isa_level > best) {
             char miss[160];
             missing_features((*p)->needs, miss, sizeof miss);
-            snprintf(why, len, "cpu lacks %s", miss);
+            snprintf(why, len, "cpu or OS lacks %s", miss);
         }
     return best;
 }
