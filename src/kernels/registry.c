@@ -134,7 +134,6 @@ static int best_level(char *why, size_t len) {
         if ((*p)->isa_level > top) top = (*p)->isa_level;
         if (mxfp8i_cpu_has((*p)->needs) && (*p)->isa_level > best) best = (*p)->isa_level;
     }
-    const int qbest = best;
     for (const mxfp8i_ukernel *const *p = g_ukernels; *p; p++) {
         const mxfp8i_ukernel *uk = *p;
         if (uk->test_only) continue;
@@ -148,24 +147,39 @@ static int best_level(char *why, size_t len) {
         snprintf(why, len, "best available");
         return best;
     }
-    /* the first kernel (preferred first) of the next level up: what it lacks, or its failed self-test */
-    for (int pass = 0; pass < 2 && !why[0]; pass++)
-        for (const mxfp8i_ukernel *const *p = g_ukernels; *p && !why[0]; p++) {
-            const mxfp8i_ukernel *uk = *p;
-            if (uk->test_only || uk->isa_level <= best) continue;
+    /* What keeps the next level up out of reach: a kernel of that level that this CPU has failed its self-test;
+       else the features lacking, for that level's kernel that lacks the fewest. */
+    int next = top;
+    for (const mxfp8i_ukernel *const *p = g_ukernels; *p; p++)
+        if (!(*p)->test_only && (*p)->isa_level > best && (*p)->isa_level < next) next = (*p)->isa_level;
+    for (const mxfp8i_qkernel *const *p = g_qkernels; *p; p++)
+        if ((*p)->isa_level > best && (*p)->isa_level < next) next = (*p)->isa_level;
+    int fewest = MXFP8I_CPU_NUM_FEATURES + 1;
+    for (const mxfp8i_ukernel *const *p = g_ukernels; *p; p++) {
+        const mxfp8i_ukernel *uk = *p;
+        if (uk->test_only || uk->isa_level != next) continue;
+        if (mxfp8i_cpu_has(uk->needs)) {
+            snprintf(why, len, "%s failed its self-test; using %s (see the gemm kernel's note)", uk->name,
+                     g_level_names[best]);
+            return best;
+        }
+        int k = __builtin_popcount(uk->needs & ~mxfp8i_cpu_bits());
+        if (k < fewest) {
             char miss[160];
             missing_features(uk->needs, miss, sizeof miss);
-            if (miss[0] && pass == 0) snprintf(why, len, "cpu or OS lacks %s", miss);
-            else if (!miss[0] && uk->isa_level > qbest)
-                snprintf(why, len, "%s failed its self-test; using %s (see the gemm kernel's note)", uk->name,
-                         g_level_names[best]);
+            snprintf(why, len, "cpu or OS lacks %s", miss);
+            fewest = k;
         }
-    for (const mxfp8i_qkernel *const *p = g_qkernels; *p && !why[0]; p++)
-        if ((*p)->isa_level > best) {
+    }
+    for (const mxfp8i_qkernel *const *p = g_qkernels; *p; p++) {
+        int k = __builtin_popcount((*p)->needs & ~mxfp8i_cpu_bits());
+        if ((*p)->isa_level == next && k < fewest) {
             char miss[160];
             missing_features((*p)->needs, miss, sizeof miss);
             snprintf(why, len, "cpu or OS lacks %s", miss);
+            fewest = k;
         }
+    }
     return best;
 }
 
