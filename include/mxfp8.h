@@ -388,7 +388,8 @@ typedef struct mxfp8_info {
     int amx_permitted;            /**< arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) succeeded */
     mxfp8_isa isa;                /**< the ISA level in use (after MXFP8_ISA and CPU checks) */
     const char *isa_name;         /**< "scalar", "avx512", "amx" */
-    const char *isa_reason;       /**< why this level was chosen, e.g. "forced by MXFP8_ISA" or "cpu lacks AMX-BF16" */
+    const char *isa_reason;       /**< why this level was chosen, e.g. "forced by MXFP8_ISA" or "cpu or OS lacks
+                                       amx_tile/amx_bf16" (the features, named as mxfp8_cpu_feature names them) */
     int num_threads;              /**< threads a call will use */
     mxfp8_kernel_info kernels[MXFP8_NUM_KERNEL_SLOTS]; /**< gemm, quantize, dequantize */
 } mxfp8_info;
@@ -403,6 +404,15 @@ MXFP8_API mxfp8_status mxfp8_set_num_threads(int num_threads);
 /** Fill *info with CPU features, the chosen ISA level and the kernel of each slot (all strings static). The kernel
  *  table is decided once per process, at the first call that needs it. Errors: NULL_POINTER. */
 MXFP8_API mxfp8_status mxfp8_get_info(mxfp8_info *info);
+
+/** The number of CPU features the library detects and chooses its kernels by (the list grows with the library;
+ *  mxfp8_info's has_* fields are a fixed subset of it). Detected once per process. */
+MXFP8_API int mxfp8_cpu_feature_count(void);
+/** The i-th CPU feature of that list, 0 <= i < mxfp8_cpu_feature_count(): *name its lower-case name ("avx512f",
+ *  "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16", "amx_permitted", ...; a static string), *value 1
+ *  when this CPU and the OS offer it (for amx_permitted: the OS granted this process the AMX tile state), else 0.
+ *  Errors: NULL_POINTER (name or value NULL), INVALID_ARGUMENT (i out of range); nothing is written then. */
+MXFP8_API mxfp8_status mxfp8_cpu_feature(int i, const char **name, int *value);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Block-scaled GEMM and matmul_mxfp8 [NKI-M]                                                                     */

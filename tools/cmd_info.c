@@ -30,13 +30,13 @@ int cmd_info(int argc, char **argv) {
     const char *env_thr = getenv("MXFP8_NUM_THREADS");
     printf("mxfp8 %s (library %u)\n", mxfp8_version_string(), mxfp8_version_number());
     printf("cpu features:\n");
-    printf("  avx512f       %s\n", in.has_avx512f ? "yes" : "no");
-    printf("  avx512bw      %s\n", in.has_avx512bw ? "yes" : "no");
-    printf("  avx512vl      %s\n", in.has_avx512vl ? "yes" : "no");
-    printf("  avx512_bf16   %s\n", in.has_avx512_bf16 ? "yes" : "no");
-    printf("  amx_tile      %s\n", in.has_amx_tile ? "yes" : "no");
-    printf("  amx_bf16      %s\n", in.has_amx_bf16 ? "yes" : "no");
-    printf("  amx permitted %s\n", in.has_amx_tile ? (in.amx_permitted ? "yes" : "no") : "n/a");
+    for (int i = 0; i < mxfp8_cpu_feature_count(); i++) {
+        const char *name = NULL;
+        int value = 0;
+        st = mxfp8_cpu_feature(i, &name, &value);
+        if (st != MXFP8_OK) return cli_lib_error(cmd, "mxfp8_cpu_feature", st);
+        printf("  %-14s%s\n", name, value ? "yes" : "no");
+    }
     printf("isa path:       %s (%s)\n", in.isa_name ? in.isa_name : "?", in.isa_reason ? in.isa_reason : "");
     printf("MXFP8_ISA:      %s\n", env_isa && *env_isa ? env_isa : "(unset)");
     printf("kernels:\n");

@@ -422,6 +422,8 @@ _SIGNATURES = {
     "mxfp8_unswizzle_nki": (_I, [_P, _P]),
     "mxfp8_set_num_threads": (_I, [_I]),
     "mxfp8_get_info": (_I, [_P]),
+    "mxfp8_cpu_feature_count": (_I, []),
+    "mxfp8_cpu_feature": (_I, [_I, _P, _P]),
     "mxfp8_matmul_config_init": (None, [_P]),
     "mxfp8_gemm": (_I, [_P, _P, _P, _I, _P]),
     "mxfp8_matmul": (_I, [_P, _P, _P, _P]),

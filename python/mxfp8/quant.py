@@ -272,9 +272,15 @@ def info():
     "has_avx512_bf16", "has_amx_tile", "has_amx_bf16", "amx_permitted" (bools), and "kernels": for each slot
     ("gemm", "quantize", "dequantize") a dict with "kernel" (the kernel in use), "isa" (its instructions),
     "self_test" (bool: it passed its start-up self-test) and "note" (why a faster kernel of this CPU is not in
-    use, or "")."""
+    use, or ""), and "cpu_features": every CPU feature the library detects, name -> bool (a superset of the has_*
+    entries, growing with the library)."""
     inf = _lib.Info()
     _lib.call("mxfp8_get_info", _lib.ref(inf))
+    features = {}
+    for i in range(_lib.function("mxfp8_cpu_feature_count")()):
+        name, value = ctypes.c_char_p(), ctypes.c_int()
+        _lib.call("mxfp8_cpu_feature", i, _lib.ref(name), _lib.ref(value))
+        features[name.value.decode()] = bool(value.value)
     ver = _lib.function("mxfp8_version_string")()
     return {
         "version": ver.decode() if ver else "",
@@ -289,6 +295,7 @@ def info():
         "has_amx_tile": bool(inf.has_amx_tile),
         "has_amx_bf16": bool(inf.has_amx_bf16),
         "amx_permitted": bool(inf.amx_permitted),
+        "cpu_features": features,
         "kernels": {
             k.slot.decode(): {"kernel": k.kernel.decode(), "isa": k.isa.decode(), "self_test": bool(k.self_test),
                               "note": k.note.decode() if k.note else ""}

@@ -54,17 +54,11 @@ static inline float *T_SCRATCH(const gemm_ctx *x, int t) { return (float *)(x->t
 static inline float *T_TMP(const gemm_ctx *x, int t) { return (float *)(x->tbuf + t * x->tstride + x->off_t); }
 static inline char *T_ABUF(const gemm_ctx *x, int t) { return x->tbuf + t * x->tstride + x->off_a; }
 
-/* A high-precision column-geometry operand (a transposed view: [K, R]-contiguous, s0 == 1): rows [r0, r0 + rows)
- * quantized down the columns straight into out[k*ld + i] -- the values mxfp8i_gop_rows_f32 gives, without its
- * transpose (the packer's pack_cm reads them column-major). Returns 0, writing nothing, for any other operand. */
+/* A column-geometry operand's rows [r0, r0 + rows) into out[k*ld + i] (mxfp8i_gop_cols_f32: for the kernel's
+ * pack_cm); 0, writing nothing, for any other operand. sbuf: rows * ceil(K/32) bytes. */
 static int cols_f32(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_t r0, int rows, float *out,
-                    int64_t ld) {
-    if (rows <= 0 || op->prequant || op->swizzled || op->s0 != 1 || op->s1 <= 0) return 0;
-    const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
-    mxfp8i_qpanel p = {base, op->dtype, rows, op->K, 1, op->s1, cfg->float8_dtype, cfg->scale_rule,
-                       cfg->quant_scheme, out, MXFP8_DTYPE_F32, 1, ld, NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
-    mxfp8i_quantize_panel(&p);
-    return 1;
+                    int64_t ld, uint8_t *sbuf) {
+    return mxfp8i_gop_cols_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, out, ld, sbuf);
 }
 
 /* A high-precision operand in 1x32 groups, rows or columns geometry: quantized into BF16 values and their scales,
@@ -89,21 +83,19 @@ static int pack_q(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, in
     return 1;
 }
 
-/* Pack rows [r0, r0 + w) of op over all of K into one panel of the kernel's format. */
+/* Pack rows [r0, r0 + w) of op over all of K into one panel of the kernel's format, through the kernel's packers
+ * only: from BF16 values and scales (pack_q) where the operand qualifies, else from FP32 values read down the
+ * columns (pack_cm) or along the rows (pack). */
 static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, void *panel) {
     const mxfp8_matmul_config *cfg = x->cfg;
     const mxfp8i_ukernel *uk = x->uk;
     int w = is_b ? uk->nr : uk->mr;
     int64_t K = op->K;
     float *tmp = T_TMP(x, tid);
-    if (uk->panel == MXFP8I_PANEL_F32) {
-        mxfp8i_gop_pack_panel(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, w, (float *)panel,
-                              T_SCRATCH(x, tid), (uint8_t *)(tmp + K), tmp);
-        return;
-    }
     int rows = (int)(op->R - r0 < w ? op->R - r0 : w);
+    if (rows < 0) rows = 0;
     if (uk->pack_q && pack_q(x, tid, op, is_b, r0, rows, w, panel)) return;
-    if (uk->pack_cm && cols_f32(op, cfg, r0, rows, T_SCRATCH(x, tid), w)) {
+    if (uk->pack_cm && cols_f32(op, cfg, r0, rows, T_SCRATCH(x, tid), w, (uint8_t *)(tmp + K))) {
         uk->pack_cm(is_b, T_SCRATCH(x, tid), w, rows, K, panel);
         return;
     }
@@ -119,7 +111,7 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
 /* Whether pack_panels quantizes the operand's panels PACK_GROUP at a time (columns geometry, on the fly, 1x32). */
 static int pack_grouped(const gemm_ctx *x, const mxfp8i_gop *op) {
     const mxfp8i_ukernel *uk = x->uk;
-    return uk->panel != MXFP8I_PANEL_F32 && uk->pack_q && !op->prequant && !op->swizzled &&
+    return uk->pack_q && !op->prequant && !op->swizzled &&
            x->cfg->quant_scheme == MXFP8_GROUP_1X32 && op->s0 == 1 && op->s1 > 1;
 }
 

@@ -110,13 +110,14 @@ mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_ma
  *  group by group (reference quantizer). `tmp` holds at least K floats of scratch. */
 void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_scale_rule rule,
                         mxfp8_group_scheme group, float *out, float *tmp);
-/** The fused pack of W rows [r0, r0 + W) of an operand over all of K: panel[k*W + i] = deq(op)[r0 + i, k] (rows past
- *  R are zero). Uses the quantization kernels (bit-identical to the reference) for unit-stride geometries, the
- *  reference group path otherwise. Scratch: scratch >= W*K floats, sbuf >= W*ceil(K/32) bytes, tmp >= K floats. */
-void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                           int64_t r0, int W, float *panel, float *scratch, uint8_t *sbuf, float *tmp);
+/** A column-geometry operand (a transposed view: s0 == 1, s1 > 0, not swizzled; pre-quantized: not x4): rows
+ *  [r0, r0 + rows) dequantized (quantized first when high precision, with the operand's rounding) straight into
+ *  out[k*ld + i], the values mxfp8i_gop_rows_f32 gives. sbuf >= rows*ceil(K/32) bytes. Returns 1, or 0 writing
+ *  nothing when the operand is not of that geometry or rows <= 0. */
+int mxfp8i_gop_cols_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
+                        int64_t r0, int rows, float *out, int64_t ld, uint8_t *sbuf);
 /** Rows [r0, r0 + rows) of an operand over all of K, dequantized (quantized first when high precision), into
- *  out[i*K + k]. sbuf, tmp as mxfp8i_gop_pack_panel; t2 (rows*K floats, or NULL) lets a column-geometry operand
+ *  out[i*K + k]. sbuf >= rows*ceil(K/32) bytes, tmp >= K floats; t2 (rows*K floats, or NULL) lets a column-geometry operand
  *  (a transposed view) take the fast column quantizer before a transpose. */
 void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
                          int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp, float *t2);

@@ -14,7 +14,7 @@
 mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxfp8_operand *op, int64_t K_hint,
                                      mxfp8_format fmt, mxfp8_group_scheme group, mxfp8i_gop *out) {
     mxfp8_status st;
-    if (!op) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: operand %s is NULL", fn, name);
+    MXFP8I_RETURN_ERROR_IF(!op, MXFP8_ERR_NULL_POINTER, "%s: operand %s is NULL", fn, name);
     const mxfp8_tensor *v = &op->values;
     if ((st = mxfp8i_check_rank(fn, name, v, 2))) return st;
     memset(out, 0, sizeof *out);

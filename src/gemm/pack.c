@@ -1,6 +1,6 @@
 /*
- * pack.c -- GEMM operands: element and scale addressing for every accepted arrangement, and the fused
- * "quantize -> dequantize -> write the microkernel's panel" pass (validation happens at the edge: operand.c).
+ * pack.c -- GEMM operands: element and scale addressing for every accepted arrangement, and the exact dequantized
+ * FP32 rows or columns the kernel's packers read (validation happens at the edge: operand.c).
  *
  * Arrangements of the values (logical [R, K], contraction axis K):
  *   plain       view [R, K], element (r, k) at r*s0 + k*s1
@@ -10,6 +10,7 @@
  *   swizzled x4 view [K/4, R] U32: byte s of word (k0/4 + p, r)
  * Scales (pre-quantized): mxfp8_scale_layout, F = R rows, G = ceil(K/32) groups (compact group index; for wrapX the
  * group j of the tile at k0 is k0/32 + j).
+ * The kernel's packers turn these FP32 rows or columns (or BF16 values and scales) into its own panel format.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -125,65 +126,25 @@ void mxfp8i_gop_load_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
-/* the fused pack: quantize (or read codes) -> dequantize exactly -> panel[k*W + i]                            */
+/* FP32 rows or columns of exact dequantized values, for the kernel's packers                                  */
 /* ---------------------------------------------------------------------------------------------------------- */
-void mxfp8i_gop_pack_panel(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                           int64_t r0, int W, float *panel, float *scratch, uint8_t *sbuf, float *tmp) {
-    int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
-    int rows = (int)(op->R - r0 < W ? op->R - r0 : W);
-    if (rows < 0) rows = 0;
-    size_t es = mxfp8_dtype_size(op->dtype);
-    int done = 0;
-    if (rows > 0 && !op->swizzled) {
-        const char *base = op->data + (r0 * op->s0) * (int64_t)es;
-        if (!op->prequant && op->s0 == 1 && op->s1 > 0) {
-            /* [K, R]-contiguous operand (a transposed view): quantize down the columns straight into the panel. */
-            mxfp8i_qpanel p = {base, op->dtype, rows, K, 1, op->s1, fmt, rule, group, panel, MXFP8_DTYPE_F32, 1, W,
-                               NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
-            mxfp8i_quantize_panel(&p);
-            done = 1;
-        } else if (!op->prequant && op->s1 == 1) {
-            mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, 1, fmt, rule, group, scratch, MXFP8_DTYPE_F32, K, 1,
-                               NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
-            mxfp8i_quantize_panel(&p);
-            done = 2;
-        } else if (op->prequant && (op->s1 == 1 || (op->s0 == 1 && !op->x4))) {
-            /* codes: contiguous along K (x4 words are little-endian bytes in element order), or down the columns */
-            for (int i = 0; i < rows; i++)
-                for (int64_t g = 0; g < G; g++) sbuf[i * G + g] = scale_at(op, r0 + i, g);
-            int64_t cls = op->x4 ? op->s0 * 4 : op->s0;
-            const uint8_t *cb = (const uint8_t *)op->data + r0 * cls;
-            if (op->s1 == 1) {
-                mxfp8i_dqpanel p = {cb, fmt, rows, K, cls, 1, sbuf, G, 1, group, scratch, MXFP8_DTYPE_F32, K, 1};
-                mxfp8i_dequantize_panel(&p);
-                done = 2;
-            } else {
-                for (int i = 0; i < rows; i++)
-                    for (int64_t g = 0; g < G; g++) sbuf[g * rows + i] = scale_at(op, r0 + i, g);
-                mxfp8i_dqpanel p = {cb, fmt, rows, K, 1, op->s1, sbuf, 1, rows, group, panel, MXFP8_DTYPE_F32, 1, W};
-                mxfp8i_dequantize_panel(&p);
-                done = 1;
-            }
-        }
+int mxfp8i_gop_cols_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
+                        int64_t r0, int rows, float *out, int64_t ld, uint8_t *sbuf) {
+    if (rows <= 0 || op->swizzled || op->s0 != 1 || op->s1 <= 0 || (op->prequant && op->x4)) return 0;
+    if (op->prequant) {
+        const int64_t G = mxfp8i_ceil_div(op->K, 32);
+        for (int i = 0; i < rows; i++)
+            for (int64_t g = 0; g < G; g++) sbuf[g * rows + i] = scale_at(op, r0 + i, g);
+        mxfp8i_dqpanel p = {(const uint8_t *)op->data + r0, fmt, rows, op->K, 1, op->s1, sbuf, 1, rows, group, out,
+                            MXFP8_DTYPE_F32, 1, ld};
+        mxfp8i_dequantize_panel(&p);
+        return 1;
     }
-    if (!done) {
-        for (int i = 0; i < rows; i++) {
-            mxfp8i_gop_deq_row(op, r0 + i, fmt, rule, group, scratch + (int64_t)i * K, tmp);
-        }
-        done = 2;
-    }
-    if (done == 2) {
-        for (int64_t k0 = 0; k0 < K; k0 += 64) {
-            int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
-            for (int i = 0; i < rows; i++) {
-                const float *src = scratch + (int64_t)i * K;
-                for (int64_t k = k0; k < k1; k++) panel[k * W + i] = src[k];
-            }
-        }
-    }
-    if (rows < W)
-        for (int64_t k = 0; k < K; k++)
-            for (int i = rows; i < W; i++) panel[k * W + i] = 0.0f;
+    const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
+    mxfp8i_qpanel p = {base, op->dtype, rows, op->K, 1, op->s1, fmt, rule, group, out, MXFP8_DTYPE_F32, 1, ld,
+                       NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
+    mxfp8i_quantize_panel(&p);
+    return 1;
 }
 
 /* out[i*K + k] = t[k*rows + i] */

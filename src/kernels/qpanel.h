@@ -36,6 +36,14 @@ typedef struct mxfp8i_sround {
     int64_t idx0, i_ls, i_ks;
 } mxfp8i_sround;
 
+/** The rounding of an operand quantized by a call: stochastic (on != 0) with (seed, stream) and the logical index
+ *  idx0 + r*i0 + k*i1 of element (r, k); RNE when on == 0. */
+static inline mxfp8i_sround mxfp8i_sround_make(int on, uint64_t seed, uint64_t stream, int64_t idx0, int64_t i0,
+                                               int64_t i1) {
+    mxfp8i_sround s = {on ? 1 : 0, seed, stream, idx0, i0, i1};
+    return s;
+}
+
 typedef struct mxfp8i_qpanel {
     const void *src;
     mxfp8_dtype src_dtype;

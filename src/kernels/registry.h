@@ -30,17 +30,18 @@ typedef struct mxfp8i_kernels {
 /** The table (static storage). */
 const mxfp8i_kernels *mxfp8i_kernels_get(void);
 
-/** Every GEMM microkernel of the library, runtime candidates in order of preference first, then the test-only ones
- *  (negative controls, emulations); NULL-terminated. */
+/** Every GEMM microkernel of the library, the runtime candidates in order of preference; NULL-terminated. The
+ *  test-only kernels (negative controls, emulations) are not in libmxfp8: the tests add them
+ *  (tests/c/kernel_list.h). */
 const mxfp8i_ukernel *const *mxfp8i_ukernel_list(void);
 /** Every quantization kernel, best first; NULL-terminated. */
 const mxfp8i_qkernel *const *mxfp8i_qkernel_list(void);
-/** 1 when this CPU (and OS) has every feature in `needs` (MXFP8I_NEEDS_*). */
+/** 1 when this CPU (and OS) has every feature in `needs` (MXFP8I_NEEDS_*: a set of src/runtime/cpu.h features). */
 int mxfp8i_cpu_has(unsigned needs);
 
 /** 1 when `uk` can run here: not test-only, the CPU has its features and (for all but the reference) its start-up
- *  self-test passed on this CPU (run once per kernel and cached). MXFP8_ISA is not consulted: the tests run every
- *  usable kernel. Tests only: the first call for a kernel the table did not test runs its self-test unguarded. */
+ *  self-test passed on this CPU (run once per kernel, under the registry's lock, and kept in its descriptor).
+ *  MXFP8_ISA is not consulted: the tests run every usable kernel. */
 int mxfp8i_ukernel_usable(const mxfp8i_ukernel *uk);
 
 /** The GEMM kernel in use: the registry's, or the one forced by mxfp8i_force_ukernel (tests). Never NULL. */

@@ -9,7 +9,7 @@
 
 #include "../format/codec.h"
 #include "../format/groups.h"
-#include "../runtime/cpu.h"
+#include "../runtime/threads.h"
 #include "../runtime/tensor.h"
 
 #define NPROF 48 /* 3 rules x 2 roundings x 2 NaN/Inf policies x 2 saturations x 2 zero signs */

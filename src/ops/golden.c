@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "../gemm/gemm.h"
-#include "../runtime/cpu.h"
+#include "../runtime/threads.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__gnu_linux__)
 #define MXFP8_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))

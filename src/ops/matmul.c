@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "../gemm/gemm.h"
-#include "../runtime/cpu.h"
+#include "../runtime/threads.h"
 #include "../runtime/workspace.h"
 #include "opstats.h"
 

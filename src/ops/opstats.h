@@ -19,12 +19,4 @@ mxfp8_status mxfp8i_gop_stats(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scal
  *  needs, so that those calls cannot fail. OUT_OF_MEMORY or OK. */
 mxfp8_status mxfp8i_gop_stats_reserve(int64_t Kmax, int nt);
 
-/** The rounding of an operand quantized by a call: stochastic (on != 0) with (seed, stream) and the logical index
- *  idx0 + r*i0 + k*i1 of element (r, k); RNE when on == 0. */
-static inline mxfp8i_sround mxfp8i_sround_make(int on, uint64_t seed, uint64_t stream, int64_t idx0, int64_t i0,
-                                               int64_t i1) {
-    mxfp8i_sround s = {on ? 1 : 0, seed, stream, idx0, i0, i1};
-    return s;
-}
-
 #endif /* MXFP8_OPS_OPSTATS_H */

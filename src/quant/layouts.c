@@ -21,7 +21,7 @@ static int64_t cdiv(int64_t a, int64_t b) { return mxfp8i_layout_cdiv(a, b); }
 mxfp8_status mxfp8_scale_layout_shape(mxfp8_scale_layout layout, int64_t F, int64_t K, int64_t shape[2]) {
     static const char *fn = "mxfp8_scale_layout_shape";
     mxfp8i_clear_error();
-    if (!shape) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: shape is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!shape, MXFP8_ERR_NULL_POINTER, "%s: shape is NULL", fn);
     if (!mxfp8i_layout_known(layout))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
     if (F < 0 || K < 0)
@@ -69,7 +69,7 @@ static mxfp8_status check_compact(const char *fn, const mxfp8_tensor *c, int64_t
     mxfp8_status st;
     if ((st = mxfp8i_check_rank(fn, "compact", c, 2))) return st;
     if ((st = mxfp8i_check_dtype(fn, "compact", c, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
-    if (K < 0) return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: K %lld is negative", fn, (long long)K);
+    MXFP8I_RETURN_ERROR_IF(K < 0, MXFP8_ERR_SIZE_OVERFLOW, "%s: K %lld is negative", fn, (long long)K);
     if (c->shape[1] != cdiv(K, 32))
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: compact has %lld columns but K %lld needs ceil(K/32) = %lld",
                             fn, (long long)c->shape[1], (long long)K, (long long)cdiv(K, 32));
@@ -143,7 +143,7 @@ static mxfp8_status check_x4(const char *fn, const char *nb, const mxfp8_tensor 
     if ((st = mxfp8i_check_view(fn, nw, words))) return st;
     if ((st = mxfp8i_check_dtype(fn, nb, bytes, 3, MXFP8_DTYPE_E4M3, MXFP8_DTYPE_E5M2, MXFP8_DTYPE_U8))) return st;
     if ((st = mxfp8i_check_dtype(fn, nw, words, 1, MXFP8_DTYPE_U32))) return st;
-    if (bytes->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must have rank >= 1", fn, nb);
+    MXFP8I_RETURN_ERROR_IF(bytes->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must have rank >= 1", fn, nb);
     if (!mxfp8i_norm_axis(axis, bytes->ndim, ax))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,
                             (int)bytes->ndim);
@@ -162,8 +162,7 @@ mxfp8_status mxfp8_pack_x4(const mxfp8_tensor *in, int axis, mxfp8_tensor *out) 
     static const char *fn = "mxfp8_pack_x4";
     mxfp8i_clear_error();
     int ax;
-    mxfp8_status st = check_x4(fn, "in", in, "out", out, axis, &ax);
-    if (st) return st;
+    MXFP8I_FORWARD_IF_ERROR(check_x4(fn, "in", in, "out", out, axis, &ax));
     if (mxfp8_tensor_numel(out) == 0) return MXFP8_OK;
     int64_t idx[MXFP8_MAX_DIMS] = {0}, L = in->shape[ax], W = out->shape[ax];
     const uint8_t *src = (const uint8_t *)in->data;
@@ -188,8 +187,7 @@ mxfp8_status mxfp8_unpack_x4(const mxfp8_tensor *in, int axis, mxfp8_tensor *out
     static const char *fn = "mxfp8_unpack_x4";
     mxfp8i_clear_error();
     int ax;
-    mxfp8_status st = check_x4(fn, "out", out, "in", in, axis, &ax);
-    if (st) return st;
+    MXFP8I_FORWARD_IF_ERROR(check_x4(fn, "out", out, "in", in, axis, &ax));
     if (mxfp8_tensor_numel(out) == 0) return MXFP8_OK;
     int64_t idx[MXFP8_MAX_DIMS] = {0}, L = out->shape[ax];
     const uint32_t *src = (const uint32_t *)in->data;
@@ -265,8 +263,7 @@ static void swizzle_copy(const mxfp8_tensor *plain, const mxfp8_tensor *swz, boo
 mxfp8_status mxfp8_swizzle_nki(const mxfp8_tensor *in, mxfp8_tensor *out) {
     static const char *fn = "mxfp8_swizzle_nki";
     mxfp8i_clear_error();
-    mxfp8_status st = check_swizzle(fn, in, "in", out, "out", true);
-    if (st) return st;
+    MXFP8I_FORWARD_IF_ERROR(check_swizzle(fn, in, "in", out, "out", true));
     swizzle_copy(in, out, true);
     return MXFP8_OK;
 }
@@ -274,8 +271,7 @@ mxfp8_status mxfp8_swizzle_nki(const mxfp8_tensor *in, mxfp8_tensor *out) {
 mxfp8_status mxfp8_unswizzle_nki(const mxfp8_tensor *in, mxfp8_tensor *out) {
     static const char *fn = "mxfp8_unswizzle_nki";
     mxfp8i_clear_error();
-    mxfp8_status st = check_swizzle(fn, out, "out", in, "in", false);
-    if (st) return st;
+    MXFP8I_FORWARD_IF_ERROR(check_swizzle(fn, out, "out", in, "in", false));
     swizzle_copy(out, in, false);
     return MXFP8_OK;
 }

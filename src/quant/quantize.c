@@ -16,7 +16,7 @@
 #endif
 
 #include "../format/groups.h"
-#include "../runtime/cpu.h"
+#include "../runtime/threads.h"
 #include "../runtime/tensor.h"
 #include "panel.h"
 
@@ -224,7 +224,7 @@ static mxfp8_status quantize_validate(const char *fn, const mxfp8_tensor *src, i
                                       const mxfp8_tensor *scales, mxfp8_quant_params *qp_out, int *ax_out) {
     mxfp8_status st;
     if ((st = mxfp8i_check_view(fn, "src", src))) return st;
-    if (src->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1, got 0", fn);
+    MXFP8I_RETURN_ERROR_IF(src->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1, got 0", fn);
     if ((st = mxfp8i_check_dtype(fn, "src", src, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
     mxfp8_quant_params qp = params ? *params : mxfp8_quant_params_default();
     if ((unsigned)qp.fmt > (unsigned)MXFP8_FMT_E5M2)
@@ -300,7 +300,7 @@ static mxfp8_status dequantize_validate(const char *fn, const mxfp8_tensor *data
                                         int axis, mxfp8_group_scheme group, const mxfp8_tensor *out, int *ax_out) {
     mxfp8_status st;
     if ((st = mxfp8i_check_view(fn, "data", data))) return st;
-    if (data->ndim < 1) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: data must have rank >= 1, got 0", fn);
+    MXFP8I_RETURN_ERROR_IF(data->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: data must have rank >= 1, got 0", fn);
     if ((st = mxfp8i_check_dtype(fn, "data", data, 2, MXFP8_DTYPE_E4M3, MXFP8_DTYPE_E5M2))) return st;
     int ax;
     if (!mxfp8i_norm_axis(axis, data->ndim, &ax))

@@ -67,7 +67,7 @@ bool mxfp8i_view_span(const mxfp8_tensor *t, uintptr_t *lo, uintptr_t *hi) {
 }
 
 mxfp8_status mxfp8i_check_view(const char *fn, const char *name, const mxfp8_tensor *t) {
-    if (!t) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
+    MXFP8I_RETURN_ERROR_IF(!t, MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
     if (t->ndim < 0 || t->ndim > MXFP8_MAX_DIMS)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s has ndim %d (must be 0..%d)", fn, name,
                             (int)t->ndim, MXFP8_MAX_DIMS);
@@ -93,13 +93,12 @@ mxfp8_status mxfp8i_check_view(const char *fn, const char *name, const mxfp8_ten
         if (span == INT64_MAX || !mxfp8i_mul_size(span + 1, es, &span))
             return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s: strides address beyond any buffer", fn, name);
     }
-    if (!t->data && n > 0) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s.data is NULL", fn, name);
+    MXFP8I_RETURN_ERROR_IF(!t->data && n > 0, MXFP8_ERR_NULL_POINTER, "%s: %s.data is NULL", fn, name);
     return MXFP8_OK;
 }
 
 mxfp8_status mxfp8i_check_rank(const char *fn, const char *name, const mxfp8_tensor *t, int ndim) {
-    mxfp8_status st = mxfp8i_check_view(fn, name, t);
-    if (st) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, name, t));
     if (ndim >= 0 && t->ndim != ndim)
         return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must be %d-D, got %d-D", fn, name, ndim, (int)t->ndim);
     return MXFP8_OK;
@@ -123,7 +122,7 @@ mxfp8_status mxfp8i_check_same_shape(const char *fn, const char *na, const mxfp8
                                      const mxfp8_tensor *b) {
     bool same = a->ndim == b->ndim;
     for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
-    if (!same) return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s and %s have different shapes", fn, na, nb);
+    MXFP8I_RETURN_ERROR_IF(!same, MXFP8_ERR_SHAPE_MISMATCH, "%s: %s and %s have different shapes", fn, na, nb);
     return MXFP8_OK;
 }
 

@@ -6,7 +6,7 @@
 #include <omp.h>
 #endif
 
-#include "cpu.h"
+#include "threads.h"
 #include "error.h"
 
 int mxfp8i_parse_num_threads(const char *s) {

@@ -12,6 +12,7 @@
 
 #include "gemm/gemm.h"
 #include "kernels/registry.h"
+#include "kernel_list.h"
 #include "oracle.h"
 
 /* The kernels mxfp8_gemm is run with: the registry's choice (NULL), then every runtime kernel this CPU supports,
@@ -19,7 +20,7 @@
 static inline int gemm_kernels(const mxfp8i_ukernel *out[16]) {
     int n = 0;
     out[n++] = NULL;
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && n < 16; it++)
+    for (const mxfp8i_ukernel *const *it = mxfp8t_all_ukernels(); *it && n < 16; it++)
         if (mxfp8i_ukernel_usable(*it)) out[n++] = *it;
     return n;
 }

@@ -30,7 +30,7 @@ static void test_ukernels(void) {
        contract written above */
     const mxfp8i_ukernel *uks[16];
     int nuk = 0;
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && nuk < 16; it++) {
+    for (const mxfp8i_ukernel *const *it = mxfp8t_all_ukernels(); *it && nuk < 16; it++) {
         if (!(*it)->fn) continue;
         if (mxfp8i_cpu_has((*it)->needs)) uks[nuk++] = *it;
         else printf("test_gemm: SKIP %s: this CPU lacks its instructions (%s)\n", (*it)->name, (*it)->isa_name);

@@ -17,6 +17,7 @@
 #include "kernels/avx512/avx512.h"
 #include "kernels/ref/ref.h"
 #include "kernels/registry.h"
+#include "kernel_list.h"
 #include "oracle.h"
 #include "testutil.h"
 
@@ -79,7 +80,7 @@ static void test_gemm_modes(void) {
     const mxfp8i_ukernel *kernels[16] = {NULL};
     const char *kname[16] = {"selected"};
     int nk = 1;
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it && nk < 16; it++)
+    for (const mxfp8i_ukernel *const *it = mxfp8t_all_ukernels(); *it && nk < 16; it++)
         if (mxfp8i_ukernel_usable(*it)) kname[nk] = (*it)->name, kernels[nk++] = *it;
     static const mxfp8_dtype cds[3] = {MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16};
     for (int kk = 0; kk < nk; kk++) {

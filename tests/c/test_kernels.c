@@ -4,7 +4,7 @@
  *
  *  1. The BF16 chunk packer: byte layout of BF16 A / VNNI B / FP32 slots and the per-chunk facts (qmin, emax, f32) on
  *     values whose answers are worked out by hand here (needs AVX-512F/BW: the packer is AVX-512 code).
- *  2. Every kernel of mxfp8i_ukernel_list() whose CPU features are present, on problems generated HERE (random MX
+ *  2. Every kernel of mxfp8t_all_ukernels() whose CPU features are present, on problems generated HERE (random MX
  *     values in normal, BF16-subnormal, tiny-product and near-overflow groups, pair-rounding traps, partial tiles,
  *     K tails, load_c, K split in two calls at each kalign boundary, loaded accumulators at the FTZ guard, signed
  *     zeros that must stay -0 through a K tail), against an fmaf chain written here: runtime kernels must equal it
@@ -24,6 +24,7 @@
 #include "kernels/avx512/bf16chunk.h"
 #include "kernels/check.h"
 #include "kernels/registry.h"
+#include "kernel_list.h"
 #include "testutil.h"
 
 static int skips = 0;
@@ -316,7 +317,7 @@ static int kernel_cases(const mxfp8i_ukernel *uk, int *n) {
 }
 
 static void test_every_kernel(void) {
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it; it++) {
+    for (const mxfp8i_ukernel *const *it = mxfp8t_all_ukernels(); *it; it++) {
         const mxfp8i_ukernel *uk = *it;
         if (!mxfp8i_cpu_has(uk->needs)) {
             printf("test_kernels: SKIP %s: this CPU lacks its instructions (%s)\n", uk->name, uk->isa_name);
@@ -355,7 +356,7 @@ static void test_every_kernel(void) {
  * by design and rely on the GEMM driver's guard on each thread (tests/c/test_gemm_mxcsr.c). */
 static void test_mxcsr(void) {
     unsigned saved, mode = 0x1F80u | 0x8000u | 0x0040u | 0x6000u; /* FTZ | DAZ | round toward zero */
-    for (const mxfp8i_ukernel *const *it = mxfp8i_ukernel_list(); *it; it++) {
+    for (const mxfp8i_ukernel *const *it = mxfp8t_all_ukernels(); *it; it++) {
         const mxfp8i_ukernel *uk = *it;
         if (uk->panel != MXFP8I_PANEL_BF16C || !mxfp8i_ukernel_usable(uk)) continue;
         int n = 0;
@@ -493,6 +494,67 @@ static void test_selection(void) {
     }
 }
 
+/* ---- 5. the CPU feature list and the descriptors' self-test storage ---- */
+static void test_cpu_features(void) {
+    mxfp8_info in;
+    TU_CHECK(mxfp8_get_info(&in) == MXFP8_OK, "mxfp8_get_info");
+    const int n = mxfp8_cpu_feature_count();
+    TU_CHECK(n >= 7, "mxfp8_cpu_feature_count() = %d, want at least the 7 of mxfp8_info", n);
+    /* the fixed subset mirrored in mxfp8_info, and GCC's own CPUID + XCR0 reading (__builtin_cpu_supports) as the
+       independent oracle of the AVX-512 features */
+    struct { const char *name; int info; int gcc; } want[] = {
+        {"avx512f", in.has_avx512f, __builtin_cpu_supports("avx512f")},
+        {"avx512bw", in.has_avx512bw, __builtin_cpu_supports("avx512bw")},
+        {"avx512vl", in.has_avx512vl, __builtin_cpu_supports("avx512vl")},
+        {"avx512_bf16", in.has_avx512_bf16, -1},
+        {"amx_tile", in.has_amx_tile, -1},
+        {"amx_bf16", in.has_amx_bf16, -1},
+        {"amx_permitted", in.amx_permitted, -1},
+    };
+    int found[7] = {0};
+    for (int i = 0; i < n; i++) {
+        const char *name = NULL;
+        int value = -1;
+        TU_CHECK(mxfp8_cpu_feature(i, &name, &value) == MXFP8_OK && name && *name && (value == 0 || value == 1),
+                 "mxfp8_cpu_feature(%d)", i);
+        if (!name) continue;
+        for (int j = 0; j < i; j++) {
+            const char *other = NULL;
+            int v = 0;
+            mxfp8_cpu_feature(j, &other, &v);
+            TU_CHECK(other && strcmp(other, name), "feature %d and %d are both named %s", j, i, name);
+        }
+        for (int w = 0; w < 7; w++)
+            if (!strcmp(name, want[w].name)) {
+                found[w]++;
+                TU_CHECK(value == want[w].info, "%s: the list says %d, mxfp8_info %d", name, value, want[w].info);
+                if (want[w].gcc >= 0)
+                    TU_CHECK(value == (want[w].gcc != 0), "%s: the list says %d, __builtin_cpu_supports %d", name,
+                             value, want[w].gcc != 0);
+            }
+    }
+    for (int w = 0; w < 7; w++) TU_CHECK(found[w] == 1, "feature %s listed %d times", want[w].name, found[w]);
+    const char *name = "untouched";
+    int value = 7;
+    TU_CHECK(mxfp8_cpu_feature(n, &name, &value) == MXFP8_ERR_INVALID_ARGUMENT && value == 7 &&
+                 !strcmp(name, "untouched") && strstr(mxfp8_last_error_message(), "out of range"),
+             "mxfp8_cpu_feature(count): INVALID_ARGUMENT, nothing written");
+    TU_CHECK(mxfp8_cpu_feature(-1, &name, &value) == MXFP8_ERR_INVALID_ARGUMENT, "mxfp8_cpu_feature(-1)");
+    TU_CHECK(mxfp8_cpu_feature(0, NULL, &value) == MXFP8_ERR_NULL_POINTER &&
+                 mxfp8_cpu_feature(0, &name, NULL) == MXFP8_ERR_NULL_POINTER, "mxfp8_cpu_feature: NULL outputs");
+    /* every kernel but the reference keeps its self-test result in storage of its own (no shared cache to run out) */
+    int nk = 0, bad = 0;
+    for (const mxfp8i_ukernel *const *p = mxfp8t_all_ukernels(); *p; p++, nk++) {
+        if ((*p)->reference) continue;
+        bad += !(*p)->selftest;
+        for (const mxfp8i_ukernel *const *q = mxfp8t_all_ukernels(); q != p; q++)
+            bad += (*q)->selftest && (*q)->selftest == (*p)->selftest;
+    }
+    TU_CHECK(bad == 0, "%d kernels without self-test storage of their own", bad);
+    printf("test_kernels: %d cpu features listed, %d kernels with their own self-test storage: %s\n", n, nk,
+           bad ? "FAIL" : "ok");
+}
+
 int main(void) {
     if (mxfp8i_cpu_has(MXFP8I_NEEDS_AVX512)) test_bf16c_packer(), test_bf16c_pack_q();
     else {
@@ -504,6 +566,7 @@ int main(void) {
     test_bf16_t();
     test_mxcsr();
     test_selection();
+    test_cpu_features();
     if (skips) printf("test_kernels: %d sections skipped for absent CPU features\n", skips);
     return tu_finish("test_kernels");
 }

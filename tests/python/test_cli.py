@@ -461,6 +461,21 @@ def test_info():
     assert "scalar" in r.stdout.split("isa path:")[1].splitlines()[0]
 
 
+def test_info_cpu_features():
+    """The CLI prints the library's whole CPU feature list; the Python list agrees with the has_* fields."""
+    import mxfp8
+
+    inf = mxfp8.info()
+    feats = inf["cpu_features"]
+    for name in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"):
+        assert feats[name] == inf["has_" + name], name
+    assert feats["amx_permitted"] == inf["amx_permitted"]
+    out = run("info", check_rc=0).stdout
+    block = out.split("cpu features:\n")[1].split("isa path:")[0].splitlines()
+    printed = {line.split()[0]: line.split()[1] for line in block}
+    assert printed == {k: "yes" if v else "no" for k, v in feats.items()}, (printed, feats)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # matmul-bwd / moe-bwd (present once the GEMM / MoE libraries land)
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@
 void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr,
                                  int nr, int load_c);
 extern const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__amx_ukernel;
-/** Tests only (AVX-512F/BW): every tile instruction replaced by a C emulation of the SDM definition; and the same
- *  without the exact-path routing of full BF16 chunks (a negative control that must fail the checker). */
+/** Tests only (AVX-512F/BW; defined in the test build's mxfp8_test_kernels, not in libmxfp8): every tile
+ *  instruction replaced by a C emulation of the SDM definition; and the same without the exact-path routing of full
+ *  BF16 chunks (a negative control that must fail the checker). */
 extern const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__amxemu_ukernel;
 extern const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__amxemu_noroute_ukernel;
 

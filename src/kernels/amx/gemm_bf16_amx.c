@@ -149,12 +149,16 @@ static inline __attribute__((always_inline)) void kernel_body(int mode, int rout
     mxfp8i_bf16c_store_acc(cb, c, ldc, mr, nr);
 }
 
+/* libmxfp8 holds the real kernel; the test build compiles this file again with MXFP8_TEST_KERNELS for the
+ * emulations alone (CMakeLists.txt: mxfp8_test_kernels), so they stay out of the shared library. */
+#ifndef MXFP8_TEST_KERNELS
 void mxfp8i_bf16_gemm_32x32__amx(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr,
                                  int nr, int load_c) {
     unsigned csr = mxfp8i_fenv_enter();
     kernel_body(0, 1, k0, kc, a, b, c, ldc, mr, nr, load_c);
     mxfp8i_fenv_leave(csr);
 }
+#else
 static void run_emu(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
                     int load_c) {
     unsigned csr = mxfp8i_fenv_enter();
@@ -167,6 +171,7 @@ static void run_emu_noroute(int64_t k0, int64_t kc, const void *a, const void *b
     kernel_body(1, 0, k0, kc, a, b, c, ldc, mr, nr, load_c);
     mxfp8i_fenv_leave(csr);
 }
+#endif
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* the GEMM slots (src/kernels/ukernel.h)                                                                      */
@@ -175,12 +180,15 @@ static void run_emu_noroute(int64_t k0, int64_t kc, const void *a, const void *b
     {.name = nm, .isa_name = isa, .isa_level = lvl, .needs = nd, .test_only = tonly, .panel = MXFP8I_PANEL_BF16C,    \
      .mr = 32, .nr = 32, .kalign = MXFP8I_BF16C_KCHUNK, .tile_m = 128, .tile_n = 256, .tile_k = 2048, .fn = NULL,      \
      .panel_bytes = mxfp8i_bf16c_panel_bytes, .pack = mxfp8i_bf16c_pack, .pack_cm = mxfp8i_bf16c_pack_cm, .pack_q = mxfp8i_bf16c_pack_q_plain,   \
-     .run = runfn}
+     .run = runfn, .selftest = MXFP8I_SELFTEST_SLOT}
+#ifndef MXFP8_TEST_KERNELS
 const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__amx_ukernel =
     BF16C_SLOT("bf16_gemm_32x32__amx", "amx", 2, MXFP8I_NEEDS_AVX512 | MXFP8I_NEEDS_AMX, 0, mxfp8i_bf16_gemm_32x32__amx);
+#else
 /* The emulation is exact by construction of the routing (a tests-only check of the routing and the packer on any
  * AVX-512 CPU); without routing it must fail the checker (a negative control). */
 const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__amxemu_ukernel =
     BF16C_SLOT("bf16_gemm_32x32__amxemu", "avx512", 1, MXFP8I_NEEDS_AVX512, 1, run_emu);
 const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__amxemu_noroute_ukernel =
     BF16C_SLOT("bf16_gemm_32x32__amxemu_noroute", "avx512", 1, MXFP8I_NEEDS_AVX512, 1, run_emu_noroute);
+#endif

@@ -26,7 +26,7 @@ extern const mxfp8i_ukernel mxfp8i_f32_gemm_8x32__avx512f_ukernel;
 
 /** The AVX512-BF16 (VDPBF16PS) microkernel on BF16 chunk panels (gemm_bf16_avx512bf16.c), one descriptor per pair
  *  order of the unit (the checker finds which one this CPU has), and a negative control without the DAZ/FTZ routing
- *  (tests only: it must fail the checker). */
+ *  (tests only, defined in the test build's mxfp8_test_kernels, not in libmxfp8: it must fail the checker). */
 extern const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__avx512bf16_oddfirst_ukernel;
 extern const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__avx512bf16_evenfirst_ukernel;
 extern const mxfp8i_ukernel mxfp8i_bf16_gemm_32x32__avx512bf16_noroute_ukernel;

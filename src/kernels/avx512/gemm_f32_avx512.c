@@ -57,4 +57,5 @@ const mxfp8i_ukernel mxfp8i_f32_gemm_8x32__avx512f_ukernel = {
     .name = "f32_gemm_8x32__avx512f", .isa_name = "avx512", .isa_level = 1, .needs = MXFP8I_NEEDS_AVX512,
     .test_only = 0, .panel = MXFP8I_PANEL_F32, .mr = MXFP8I_MR, .nr = MXFP8I_NR, .kalign = 1,
     .tile_m = 128, .tile_n = 256, .tile_k = 128, .fn = mxfp8i_f32_gemm_8x32__avx512f,
-    .panel_bytes = mxfp8i_f32_panel_bytes, .pack = mxfp8i_f32_pack, .pack_cm = NULL, .run = run_avx512f};
+    .panel_bytes = mxfp8i_f32_panel_bytes, .pack = mxfp8i_f32_pack, .pack_cm = mxfp8i_f32_pack_cm,
+    .run = run_avx512f, .selftest = MXFP8I_SELFTEST_SLOT};

@@ -27,7 +27,7 @@
  * wrapX rows: each (sub)tile is gathered into group order in a small buffer, processed as 1x32, and scattered back.
  * Panels with stochastic rounding or statistics go to quant_avx512_x.c.
  */
-#include "quant_avx512.h"
+#include "quant_lanes_avx512.h"
 
 /* Cols: for each group, column tiles of up to CT columns. Pass 1 sweeps each of the group's rows along the tile
  * (one sequential stream) folding |x| bits into per-column accumulators; the scales, multipliers and scale values

@@ -3,7 +3,7 @@
  * vector, rows and columns; exact by construction (see bf16_codes); groups with a tiny or non-finite amax fall back
  * to the FP32-lane path. Contract: quant_avx512.c. This folder is compiled with AVX-512 flags.
  */
-#include "quant_avx512.h"
+#include "quant_lanes_avx512.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* BF16 -> codes in 16-bit lanes (32 elements per vector, no FP32 widening)                                    */

@@ -18,7 +18,7 @@
  *  - Groups holding a NaN or Inf go through the reference (mxfp8i_quantize_line_group_ref), whole.
  */
 #include "../../format/philox.h"
-#include "quant_avx512.h"
+#include "quant_lanes_avx512.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Philox-4x32-10 in 16 lanes                                                                                 */
@@ -111,7 +111,7 @@ static void words32(xctx *x, int64_t base, int64_t step, __m512i r[2]) {
 /* ---------------------------------------------------------------------------------------------------------- */
 /* One block of 32 elements, natural order                                                                    */
 /* ---------------------------------------------------------------------------------------------------------- */
-/* BF16 blocks arrive in the unpack order (quant_avx512.h): put them in natural order. */
+/* BF16 blocks arrive in the unpack order (quant_lanes_avx512.h): put them in natural order. */
 AI void natural32(int dt, __m512 *lo, __m512 *hi) {
     if (!unpack_order(dt)) return;
     __m512 a = *lo, b = *hi;

@@ -45,6 +45,16 @@ void mxfp8i_f32_pack(int is_b, const float *src, int64_t ld, int rows, int64_t K
             for (int i = rows; i < w; i++) p[k * w + i] = 0.0f;
 }
 
+/* panel[k*w + i] = src[k*ld + i]; rows past `rows` zero. */
+void mxfp8i_f32_pack_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel) {
+    int w = is_b ? MXFP8I_NR : MXFP8I_MR;
+    float *p = (float *)panel;
+    for (int64_t k = 0; k < K; k++) {
+        for (int i = 0; i < rows; i++) p[k * w + i] = src[k * ld + i];
+        for (int i = rows; i < w; i++) p[k * w + i] = 0.0f;
+    }
+}
+
 static void run_ref(int64_t k0, int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mr, int nr,
                     int load_c) {
     mxfp8i_f32_gemm_8x32__ref(kc, (const float *)a + k0 * MXFP8I_MR, (const float *)b + k0 * MXFP8I_NR, c, ldc, mr,
@@ -52,8 +62,9 @@ static void run_ref(int64_t k0, int64_t kc, const void *a, const void *b, float 
 }
 
 const mxfp8i_ukernel mxfp8i_f32_gemm_8x32__ref_ukernel = {
-    .name = "f32_gemm_8x32__ref", .isa_name = "scalar", .isa_level = 0, .needs = 0, .test_only = 0,
+    .name = "f32_gemm_8x32__ref", .isa_name = "scalar", .isa_level = 0, .needs = 0, .test_only = 0, .reference = 1,
     .panel = MXFP8I_PANEL_F32, .mr = MXFP8I_MR, .nr = MXFP8I_NR, .kalign = 1,
     .tile_m = 128, .tile_n = 256, .tile_k = 128,
-    .fn = mxfp8i_f32_gemm_8x32__ref, .panel_bytes = mxfp8i_f32_panel_bytes, .pack = mxfp8i_f32_pack, .pack_cm = NULL,
+    .fn = mxfp8i_f32_gemm_8x32__ref, .panel_bytes = mxfp8i_f32_panel_bytes, .pack = mxfp8i_f32_pack,
+    .pack_cm = mxfp8i_f32_pack_cm,
     .run = run_ref};

@@ -18,9 +18,10 @@ extern const mxfp8i_qkernel mxfp8i_mx_quant__ref;
 /** The reference F32 microkernel (the plain contract of ukernel.h with pre-offset panel pointers). */
 void mxfp8i_f32_gemm_8x32__ref(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
                                int load_c);
-/** The F32 panel format (ukernel.h), shared by every F32 kernel: bytes of a panel, and its packer. */
+/** The F32 panel format (ukernel.h), shared by every F32 kernel: bytes of a panel, and its packers. */
 int64_t mxfp8i_f32_panel_bytes(int64_t K, int w);
 void mxfp8i_f32_pack(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel);
+void mxfp8i_f32_pack_cm(int is_b, const float *src, int64_t ld, int rows, int64_t K, void *panel);
 extern const mxfp8i_ukernel mxfp8i_f32_gemm_8x32__ref_ukernel;
 
 #endif /* MXFP8_KERNELS_REF_H */

@@ -26,7 +26,7 @@
  */
 #include <stdlib.h>
 
-#include "bwd.h"
+#include "bwd_state.h"
 
 /* A slot of the call's workspace for n elements of es bytes (the next of the layer's slots). */
 static void *slot(int *next, int64_t n, size_t es, bool *ok) {

@@ -4,7 +4,7 @@
  * Math: bwd.c's file comment. Threads split GEMM output tiles, rows of elementwise work and column ranges of sums
  * and scatters (positions always in order), so every result is independent of the thread count.
  */
-#include "bwd.h"
+#include "bwd_state.h"
 #include "../../kernels/registry.h"
 
 /* Element (n, i, q) of an [N, I, B] checkpoint / (n, j, i, q) of [N, 2, I, B] / (n, q, h) of [N, B, H]. */

@@ -22,7 +22,7 @@
 
 #include "../../gemm/gemm.h"
 #include "../../quant/panel.h"
-#include "../../runtime/cpu.h"
+#include "../../runtime/threads.h"
 #include "../../runtime/tensor.h"
 
 /** Inputs common to the forward and the backward (pointers into the caller's args). */

@@ -4,7 +4,7 @@
  * one FP32 addition, then rounded to the dtype. Contiguous views take a threaded fast path with the same roundings.
  */
 #include "../../kernels/registry.h"
-#include "bwd.h"
+#include "bwd_state.h"
 
 /* Store a row-major flat FP32 / FP64 buffer into a view; add != 0: the view's value + src (one FP32 addition). */
 void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add) {

@@ -1,9 +1,9 @@
 /*
- * bwd.h -- the state of one mxfp8_moe_backward call, shared by its driver (bwd.c) and its block phases
+ * bwd_state.h -- the state of one mxfp8_moe_backward call, shared by its driver (bwd.c) and its block phases
  * (bwd_block.c) (internal). The math of each phase: bwd.c's file comment and include/mxfp8.h, "Blockwise MoE".
  */
-#ifndef MXFP8_OPS_MOE_BWD_H
-#define MXFP8_OPS_MOE_BWD_H
+#ifndef MXFP8_OPS_MOE_BWD_STATE_H
+#define MXFP8_OPS_MOE_BWD_STATE_H
 
 #include "moe.h"
 
@@ -36,4 +36,4 @@ void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, floa
 /** Copy experts [0, ne) of a staging buffer (row-major, the view's dtype) into the view. */
 void mxfp8i_moe_store_staged(const mxfp8_tensor *t, const void *stage, int64_t ne);
 
-#endif /* MXFP8_OPS_MOE_BWD_H */
+#endif /* MXFP8_OPS_MOE_BWD_STATE_H */

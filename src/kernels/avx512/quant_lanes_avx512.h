@@ -1,13 +1,14 @@
 /*
- * quant_avx512.h -- the AVX-512 MX quantization primitives shared by the panels of quant_avx512.c (FP32 lanes: every
- * source dtype and output, dequantization, the dispatch) and quant_avx512_bf16.c (BF16 -> codes in 16-bit lanes):
- * per-format constants, scale codes from amax bits, the magic-addition RNE, loads in "unpack order", stores with
- * BF16/F16 inexactness counts, the element-wise reference fallback, the FP32 row and column-chunk bodies. Internal
- * to src/kernels/avx512/ (static inline, always inlined into each specialized instance); the contract and the
- * exactness argument are in quant_avx512.c's file comment.
+ * quant_lanes_avx512.h -- the AVX-512 MX quantization primitives in vector lanes, and the entry points of the
+ * specialized panel bodies: shared by quant_avx512.c (FP32 lanes: every source dtype and output, dequantization,
+ * the dispatch), quant_avx512_bf16.c (BF16 -> codes in 16-bit lanes) and quant_avx512_x.c (stochastic rounding,
+ * statistics). Per-format constants, scale codes from amax bits, the magic-addition RNE, loads in "unpack order",
+ * stores with BF16/F16 inexactness counts, the element-wise reference fallback, the FP32 row and column-chunk
+ * bodies. Internal to src/kernels/avx512/ (static inline, always inlined into each specialized instance); the
+ * contract and the exactness argument are in quant_avx512.c's file comment.
  */
-#ifndef MXFP8_KERNELS_AVX512_QUANT_AVX512_H
-#define MXFP8_KERNELS_AVX512_QUANT_AVX512_H
+#ifndef MXFP8_KERNELS_AVX512_QUANT_LANES_AVX512_H
+#define MXFP8_KERNELS_AVX512_QUANT_LANES_AVX512_H
 
 #include <math.h>
 
@@ -444,4 +445,4 @@ int64_t mxfp8i_qrow_bf16v_1(const void *src, int64_t K, qctx cx, void *out, uint
 int64_t mxfp8i_qcols_bf16v_0(const mxfp8i_qpanel *p, qctx cx);
 int64_t mxfp8i_qcols_bf16v_1(const mxfp8i_qpanel *p, qctx cx);
 
-#endif /* MXFP8_KERNELS_AVX512_QUANT_AVX512_H */
+#endif /* MXFP8_KERNELS_AVX512_QUANT_LANES_AVX512_H */
