@@ -12,7 +12,7 @@
 #include <stddef.h>
 
 #include "../format/codec.h"
-#include "../runtime/cpu.h"
+#include "../runtime/threads.h"
 #include "../runtime/error.h"
 #include "../runtime/fenv.h"
 #include "../runtime/tensor.h"
