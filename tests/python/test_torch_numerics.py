@@ -43,7 +43,7 @@ def _params(rng):
 
 
 def _module(p, **kw):
-    m = mt.BlockwiseMoE(H, I, E, K, block_size=BS, activation="gpt_oss_swiglu", **kw)
+    m = mt.BlockwiseMoE(H, I, E, K, block_size=BS, activation="gpt_oss_swiglu", recipe="nki", **kw)
     m.load_mixtral_weights(p["router"], p["w1"], p["w3"], p["w2"])
     return m.float()
 

@@ -47,9 +47,9 @@ def select_experts(router_logits, top_k, *, score_func="softmax", renormalize=Tr
                    n_group=1, topk_group=1, routed_scaling_factor=1.0):
     """The router of a top-k MoE in its popular variants, in FP32 torch ops, differentiable in router_logits
     (score_correction_bias only steers the choice and gets no gradient):
-        scores = softmax(logits) over the E experts (Mixtral, Qwen-MoE, OLMoE; with a router bias in the logits,
-                 gpt-oss: softmax over the top-k logits is the renormalized softmax) or sigmoid(logits)
-                 (DeepSeek-V3)
+        scores = softmax(logits) over the E experts with score_func "softmax" (Mixtral, Qwen-MoE, OLMoE; with a
+                 router bias in the logits, gpt-oss: softmax over the top-k logits is the renormalized softmax),
+                 or sigmoid(logits) with score_func "sigmoid" (DeepSeek-V3)
         choice = scores + score_correction_bias (DeepSeek-V3's e_score_correction_bias; selection only)
         with n_group > 1 (group-limited top-k, DeepSeek-V3): the experts form n_group groups of E / n_group
         consecutive ids; a group's score is the sum of its two largest choice values (its largest when the group has
