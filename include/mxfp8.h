@@ -111,6 +111,69 @@ MXFP8_API const char *mxfp8_status_string(mxfp8_status status);
 MXFP8_API const char *mxfp8_last_error_message(void);
 
 /* ------------------------------------------------------------------------------------------------------------ */
+/* Enumeration names                                                                                              */
+/* ------------------------------------------------------------------------------------------------------------ */
+/** The enumerations whose values have names. Every value of each is 0 .. count - 1 (the header's values); its names
+ *  are the ones the CLI, the Python package and the PyTorch layer accept, so parse and print them with the
+ *  functions below rather than with a copy of the list.
+ *
+ *  | enumeration                 | C type                 | canonical names (aliases)                           |
+ *  |-----------------------------|------------------------|-----------------------------------------------------|
+ *  | MXFP8_ENUM_FORMAT           | mxfp8_format           | e4m3, e5m2 (quantize's spelling)                    |
+ *  | MXFP8_ENUM_FLOAT8_DTYPE     | mxfp8_format           | float8_e4m3fn, float8_e5m2 (the NKI pages'          |
+ *  |                             |                        | float8_dtype; matched case-sensitively)             |
+ *  | MXFP8_ENUM_SCALE_RULE       | mxfp8_scale_rule       | nki, ocp, rceil                                     |
+ *  | MXFP8_ENUM_GROUP_SCHEME     | mxfp8_group_scheme     | 1x32, wrapx                                         |
+ *  | MXFP8_ENUM_SCALE_LAYOUT     | mxfp8_scale_layout     | compact, nki_unpacked (nki-unpacked), nki_packed    |
+ *  |                             |                        | (nki-packed), swizzle_128x4 (swizzle128x4,          |
+ *  |                             |                        | swizzle-128x4)                                      |
+ *  | MXFP8_ENUM_ROUNDING         | mxfp8_rounding         | nearest, stochastic                                 |
+ *  | MXFP8_ENUM_ACTIVATION       | mxfp8_activation       | silu, swish, squared_relu (squaredrelu, relu2),     |
+ *  |                             |                        | gpt_oss_swiglu                                      |
+ *  | MXFP8_ENUM_AFFINITY_OPTION  | mxfp8_affinity_option  | affinity_on_i (on_i, i), affinity_on_h (on_h, h)    |
+ *  | MXFP8_ENUM_LOOP_ORDER       | mxfp8_loop_order       | mnk, mkn, nmk, nkm, kmn, knm                        |
+ *  | MXFP8_ENUM_DTYPE            | mxfp8_dtype            | f32 (float32), bf16 (bfloat16), f16 (float16),      |
+ *  |                             |                        | e4m3, e5m2, e8m0, u8 (uint8), i32 (int32),          |
+ *  |                             |                        | f64 (float64), u32 (uint32)                         |
+ *  | MXFP8_ENUM_MOE_OPERAND      | mxfp8_moe_operand      | gemm1_x, gemm1_w1, gemm2_inter, gemm2_w2, p1_dy,    |
+ *  |                             |                        | p1_w2, p2_dgu, p2_w1, p3_x, p3_dgu, p4_s, p4_dy     |
+ *
+ *  Names compare case-insensitively (ASCII), except float8_dtype's, which are exactly the NKI pages' strings. The
+ *  two format spellings do not mix: "e4m3" is not a float8 dtype name and "float8_e4m3fn" is not a format name; the
+ *  error message then says how the parameter spells it. */
+typedef enum mxfp8_enum {
+    MXFP8_ENUM_FORMAT = 0,
+    MXFP8_ENUM_FLOAT8_DTYPE = 1,
+    MXFP8_ENUM_SCALE_RULE = 2,
+    MXFP8_ENUM_GROUP_SCHEME = 3,
+    MXFP8_ENUM_SCALE_LAYOUT = 4,
+    MXFP8_ENUM_ROUNDING = 5,
+    MXFP8_ENUM_ACTIVATION = 6,
+    MXFP8_ENUM_AFFINITY_OPTION = 7,
+    MXFP8_ENUM_LOOP_ORDER = 8,
+    MXFP8_ENUM_DTYPE = 9,
+    MXFP8_ENUM_MOE_OPERAND = 10,
+    MXFP8_NUM_ENUMS = 11
+} mxfp8_enum;
+
+/** Number of values of enumeration `e` (values 0 .. count - 1); -1 if `e` is not a mxfp8_enum. */
+MXFP8_API int32_t mxfp8_enum_count(mxfp8_enum e);
+/** Canonical name of `value` in enumeration `e` (a static string, lower case); NULL if `e` is unknown or `value` is
+ *  outside 0 .. count - 1. */
+MXFP8_API const char *mxfp8_enum_name(mxfp8_enum e, int32_t value);
+/** The i-th accepted alias (i = 0, 1, ...) of `value` in enumeration `e`, or NULL past the last one (or for an unknown
+ *  `e`, `value` or a negative i). */
+MXFP8_API const char *mxfp8_enum_alias(mxfp8_enum e, int32_t value, int32_t i);
+/** What enumeration `e` is, in words for messages ("scale rule", "float8 dtype", ...); NULL if unknown. */
+MXFP8_API const char *mxfp8_enum_what(mxfp8_enum e);
+/** Parse `name` (a canonical name or an alias; see the table above for the case rule) into *value.
+ *  Errors: NULL_POINTER (name or value NULL), INVALID_ARGUMENT (e unknown, or no such name; *value untouched). The
+ *  message of an unknown name lists the canonical names: "unknown value 'floor' (expected nki, ocp or rceil)", and
+ *  for a name of the other format spelling adds "; this parameter spells e4m3 as float8_e4m3fn". Callers prefix
+ *  their parameter's name (the CLI "--scale-rule: ", Python "scale_rule: "). */
+MXFP8_API mxfp8_status mxfp8_enum_from_name(mxfp8_enum e, const char *name, int32_t *value);
+
+/* ------------------------------------------------------------------------------------------------------------ */
 /* Data types, formats, tensor views                                                                              */
 /* ------------------------------------------------------------------------------------------------------------ */
 /** Element types of tensor views. Values are fixed. FP8 and E8M0 tensors hold raw 8-bit codes. */
@@ -129,7 +192,7 @@ typedef enum mxfp8_dtype {
 
 /** Size in bytes of one element of dtype (0 for an unknown dtype). */
 MXFP8_API size_t mxfp8_dtype_size(mxfp8_dtype dtype);
-/** Name of a dtype ("f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "u8", "i32", "f64", "u32"); "?" if unknown. */
+/** Name of a dtype (its canonical name of MXFP8_ENUM_DTYPE: "f32", "bf16", ...); "?" if unknown. */
 MXFP8_API const char *mxfp8_dtype_name(mxfp8_dtype dtype);
 
 /** FP8 element formats [OCP §5.3.2]. */

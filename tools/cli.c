@@ -131,32 +131,34 @@ int cli_choice(const char *cmd, const char *opt, const char *s, const char *cons
     return cli_error(cmd, "--%s must be one of %s, got '%s'", opt, list, s);
 }
 
+int cli_enum(const char *cmd, const char *opt, const char *s, mxfp8_enum e, int *out) {
+    if (!s) return CLI_OK;
+    int32_t v;
+    if (mxfp8_enum_from_name(e, s, &v) != MXFP8_OK) return cli_error(cmd, "--%s: %s", opt, mxfp8_last_error_message());
+    *out = (int)v;
+    return CLI_OK;
+}
+
 int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out) {
-    static const char *const c[] = {"nki", "ocp", "rceil"};
     int v = (int)*out;
-    int rc = cli_choice(cmd, "scale-rule", s, c, 3, &v);
+    int rc = cli_enum(cmd, "scale-rule", s, MXFP8_ENUM_SCALE_RULE, &v);
     *out = (mxfp8_scale_rule)v;
     return rc;
 }
 
 int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out) {
-    static const char *const c[] = {"1x32", "wrapx"};
     int v = (int)*out;
-    int rc = cli_choice(cmd, "group", s, c, 2, &v);
+    int rc = cli_enum(cmd, "group", s, MXFP8_ENUM_GROUP_SCHEME, &v);
     *out = (mxfp8_group_scheme)v;
     return rc;
 }
 
 int cli_float8_dtype(const char *cmd, const char *s, mxfp8_format *out) {
-    if (!s) return CLI_OK;
-    /* exactly the NKI page's strings ("float8_e4m3" is ml_dtypes' IEEE-like e4m3, a different format) */
-    if (!strcmp(s, "float8_e4m3fn")) *out = MXFP8_FMT_E4M3;
-    else if (!strcmp(s, "float8_e5m2")) *out = MXFP8_FMT_E5M2;
-    else if (!strcasecmp(s, "e4m3") || !strcasecmp(s, "e5m2"))
-        return cli_error(cmd, "--float8-dtype must be float8_e4m3fn or float8_e5m2, got '%s' (it spells %s as "
-                         "float8_%s)", s, s, !strcasecmp(s, "e4m3") ? "e4m3fn" : "e5m2");
-    else return cli_error(cmd, "--float8-dtype must be float8_e4m3fn or float8_e5m2, got '%s'", s);
-    return CLI_OK;
+    /* exactly the NKI page's strings (the library's float8_dtype names) */
+    int v = (int)*out;
+    int rc = cli_enum(cmd, "float8-dtype", s, MXFP8_ENUM_FLOAT8_DTYPE, &v);
+    *out = (mxfp8_format)v;
+    return rc;
 }
 
 int cli_threads(const char *cmd, const char *s) {

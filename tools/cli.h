@@ -80,9 +80,12 @@ int cli_int(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t
 int cli_choice(const char *cmd, const char *opt, const char *s, const char *const *choices, int n, int *out);
 
 /** Parsers of the shared option values (absent keeps *out). */
-int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out);  /* nki | ocp | rceil */
-int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out);     /* 1x32 | wrapx */
-/** --float8-dtype float8_e4m3fn | float8_e5m2 (also accepts e4m3 | e5m2). */
+/** --OPT NAME of the library's enumeration e (a canonical name or an alias; mxfp8_enum_from_name), into *out; no
+ *  change when s is NULL. An unknown name is a usage error with the library's message (it lists the names). */
+int cli_enum(const char *cmd, const char *opt, const char *s, mxfp8_enum e, int *out);
+int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out);  /* the library's scale rule names */
+int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out);     /* the library's group scheme names */
+/** --float8-dtype: the library's float8_dtype names (MXFP8_ENUM_FLOAT8_DTYPE, exact). */
 int cli_float8_dtype(const char *cmd, const char *s, mxfp8_format *out);
 /** --gate-clamp / --up-clamp "LO,HI": either side empty or "none" means no limit (keeps *lo / *hi). */
 int cli_clamp(const char *cmd, const char *opt, const char *s, float *lo, float *hi);
@@ -98,6 +101,17 @@ int cli_seed64(const char *cmd, const char *opt, const char *s, uint64_t *out);
 int cli_float_opt(const char *cmd, const char *opt, const char *s, float *out);
 /** matmul-bwd --stochastic-rounding LIST: dy, w, x (comma-separated), all or none. */
 int cli_matmul_rounding(const char *cmd, const char *s, mxfp8_matmul_bwd_args *a);
+/** The MoE layer options of both moe-bwd paths (the single-process command and --expert-parallel), so that they
+ *  accept the same ones: put CLI_MOE_LAYER_OPTS in the command's option table and parse them with cli_moe_layer. */
+#define CLI_MOE_LAYER_OPTS                                                                                          \
+    {"activation", 0, 0, NULL}, {"swiglu-alpha", 0, 0, NULL}, {"swiglu-limit", 0, 0, NULL},                       \
+        {"stochastic-rounding", 0, 0, NULL}, {"rounding-seed", 0, 0, NULL}, {"affinity", 0, 0, NULL},             \
+        {"gate-clamp", 0, 0, NULL}, {"up-clamp", 0, 0, NULL}, {"float8-dtype", 0, 0, NULL},                       \
+        {"scale-rule", 0, 0, NULL}, {"bias", 0, 1, NULL}
+/** --activation (the library's names), --swiglu-alpha, --swiglu-limit, --stochastic-rounding, --rounding-seed,
+ *  --affinity, --gate-clamp, --up-clamp, --float8-dtype, --scale-rule, --bias into cfg (options not given keep cfg's
+ *  values). Returns CLI_OK or CLI_USAGE (message printed). */
+int cli_moe_layer(const char *cmd, const cli_opt *opts, int nopts, mxfp8_moe_config *cfg);
 /** moe-bwd --stochastic-rounding LIST: operand names (cli_moe_operand_name), gradients, all or none. */
 int cli_moe_rounding(const char *cmd, const char *s, uint32_t *mask);
 /** The name of an mxfp8_moe_operand ("p1_dy", ...), as the Python package names it. */

@@ -13,9 +13,8 @@
 #include "cli.h"
 
 int cli_rounding(const char *cmd, const char *opt, const char *s, mxfp8_rounding *out) {
-    static const char *const names[] = {"nearest", "stochastic"};
     int v = (int)*out;
-    if (cli_choice(cmd, opt, s, names, 2, &v)) return CLI_USAGE;
+    if (cli_enum(cmd, opt, s, MXFP8_ENUM_ROUNDING, &v)) return CLI_USAGE;
     *out = (mxfp8_rounding)v;
     return CLI_OK;
 }
@@ -77,17 +76,40 @@ int cli_matmul_rounding(const char *cmd, const char *s, mxfp8_matmul_bwd_args *a
     return CLI_OK;
 }
 
-static const char *const MOE_OPS[MXFP8_MOE_NUM_OPERANDS] = {"gemm1_x", "gemm1_w1", "gemm2_inter", "gemm2_w2",
-                                                            "p1_dy",   "p1_w2",    "p2_dgu",      "p2_w1",
-                                                            "p3_x",    "p3_dgu",   "p4_s",        "p4_dy"};
-const char *cli_moe_operand_name(int op) { return op >= 0 && op < MXFP8_MOE_NUM_OPERANDS ? MOE_OPS[op] : "?"; }
+const char *cli_moe_operand_name(int op) {
+    const char *name = mxfp8_enum_name(MXFP8_ENUM_MOE_OPERAND, op);
+    return name ? name : "?";
+}
 
 int cli_moe_rounding(const char *cmd, const char *s, uint32_t *mask) {
     static const char *const sets[] = {"none", "all", "gradients"};
     const uint32_t setv[] = {0, (1u << MXFP8_MOE_NUM_OPERANDS) - 1,
                              1u << MXFP8_MOE_P1_DY | 1u << MXFP8_MOE_P2_DGU | 1u << MXFP8_MOE_P3_DGU |
                                  1u << MXFP8_MOE_P4_DY};
-    return name_list(cmd, "stochastic-rounding", s, MOE_OPS, MXFP8_MOE_NUM_OPERANDS, sets, setv, 3, mask);
+    const char *ops[MXFP8_MOE_NUM_OPERANDS];
+    for (int op = 0; op < MXFP8_MOE_NUM_OPERANDS; op++) ops[op] = cli_moe_operand_name(op);
+    return name_list(cmd, "stochastic-rounding", s, ops, MXFP8_MOE_NUM_OPERANDS, sets, setv, 3, mask);
+}
+
+int cli_moe_layer(const char *cmd, const cli_opt *opts, int nopts, mxfp8_moe_config *cfg) {
+    int act = (int)cfg->activation, aff = (int)cfg->affinity_option;
+#define GET(n) cli_get(opts, nopts, n)
+    if (cli_enum(cmd, "activation", GET("activation"), MXFP8_ENUM_ACTIVATION, &act) ||
+        cli_float_opt(cmd, "swiglu-alpha", GET("swiglu-alpha"), &cfg->swiglu_alpha) ||
+        cli_float_opt(cmd, "swiglu-limit", GET("swiglu-limit"), &cfg->swiglu_limit) ||
+        cli_moe_rounding(cmd, GET("stochastic-rounding"), &cfg->stochastic_rounding) ||
+        cli_seed64(cmd, "rounding-seed", GET("rounding-seed"), &cfg->rounding_seed) ||
+        cli_enum(cmd, "affinity", GET("affinity"), MXFP8_ENUM_AFFINITY_OPTION, &aff) ||
+        cli_clamp(cmd, "gate-clamp", GET("gate-clamp"), &cfg->gate_clamp_lower, &cfg->gate_clamp_upper) ||
+        cli_clamp(cmd, "up-clamp", GET("up-clamp"), &cfg->up_clamp_lower, &cfg->up_clamp_upper) ||
+        cli_float8_dtype(cmd, GET("float8-dtype"), &cfg->quant_dtype) ||
+        cli_scale_rule(cmd, GET("scale-rule"), &cfg->scale_rule))
+        return CLI_USAGE;
+    cfg->activation = (mxfp8_activation)act;
+    cfg->affinity_option = (mxfp8_affinity_option)aff;
+    if (GET("bias")) cfg->bias = 1;
+#undef GET
+    return CLI_OK;
 }
 
 /* ---- the --stats table ---- */

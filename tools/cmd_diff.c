@@ -70,15 +70,15 @@ static const char *class_note(int c) {
 }
 
 static void profile_name(const mxfp8_quant_profile *p, char *buf, size_t n, int longform) {
-    static const char *const rules[] = {"nki", "ocp", "rceil"};
+    const char *rule = mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, p->rule);
     if (longform)
-        snprintf(buf, n, "%s (scale rule), %s, %s, %s, %s", rules[p->rule],
+        snprintf(buf, n, "%s (scale rule), %s, %s, %s, %s", rule,
                  p->round_toward_zero ? "rounding toward zero" : "round to nearest even",
                  p->nonfinite_per_element ? "NaN/Inf per element" : "NaN/Inf -> whole group NaN",
                  p->no_saturation ? "no saturation (overflow -> NaN/Inf)" : "saturating",
                  p->unsigned_zero ? "zeros unsigned (+0)" : "signed zeros");
     else
-        snprintf(buf, n, "%s/%s/%s/%s/%s", rules[p->rule], p->round_toward_zero ? "rtz" : "rne",
+        snprintf(buf, n, "%s/%s/%s/%s/%s", rule, p->round_toward_zero ? "rtz" : "rne",
                  p->nonfinite_per_element ? "nan-element" : "nan-group", p->no_saturation ? "overflow" : "saturate",
                  p->unsigned_zero ? "unsigned-zero" : "signed-zero");
 }
@@ -213,16 +213,15 @@ int cmd_diff(int argc, char **argv) {
     if (rc != CLI_CONTINUE) return rc;
     const char *const *pos = cl.pos;
     if (cl.npos != 2) return cli_error(cmd, "needs INPUT and OTHER files (see mxfp8 diff --help)");
-    static const char *const fmts[] = {"e4m3", "e5m2"}, *const layouts[] = {"compact", "nki-unpacked", "nki-packed",
-                                                                             "swizzle128x4"};
     int fmt = -1, layout = 0;
     int64_t axis = 0, nex = 3;
     mxfp8_group_scheme group = MXFP8_GROUP_1X32;
     const char *fmt_s = cli_val(&cl, "fmt"), *axis_s = cli_val(&cl, "axis"), *group_s = cli_val(&cl, "group"),
                *layout_s = cli_val(&cl, "scale-layout");
-    if ((fmt_s && cli_choice(cmd, "fmt", fmt_s, fmts, 2, &fmt)) ||
+    if (cli_enum(cmd, "fmt", fmt_s, MXFP8_ENUM_FORMAT, &fmt) ||
         cli_int(cmd, "axis", axis_s, -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
-        cli_group(cmd, group_s, &group) || cli_choice(cmd, "scale-layout", layout_s, layouts, 4, &layout) ||
+        cli_group(cmd, group_s, &group) ||
+        cli_enum(cmd, "scale-layout", layout_s, MXFP8_ENUM_SCALE_LAYOUT, &layout) ||
         cli_int(cmd, "examples", cli_val(&cl, "examples"), 0, MXFP8_DIFF_EXAMPLES, &nex))
         return CLI_USAGE;
     char err[TF_ERR_LEN], b1[160], b2[160], b3[160];
@@ -257,7 +256,7 @@ int cmd_diff(int argc, char **argv) {
     if (mx_meta_read(cmd, &other, pos[1], d0->ndim, d0->dtype, &fp)) goto done;
     if (fp.have_fmt) {
         if (fmt >= 0 && fmt != fp.fmt_e5m2) {
-            mx_meta_conflict(cmd, "fmt", fmt_s, pos[1], fmts[fp.fmt_e5m2]);
+            mx_meta_conflict(cmd, "fmt", fmt_s, pos[1], mxfp8_enum_name(MXFP8_ENUM_FORMAT, fp.fmt_e5m2));
             goto done;
         }
         fmt = fp.fmt_e5m2;
@@ -271,10 +270,8 @@ int cmd_diff(int argc, char **argv) {
         group = fp.group;
     }
     if (fp.layout) {
-        int fl = -1;
-        for (int k = 0; k < 4; k++)
-            if (!strcmp(fp.layout, layouts[k])) fl = k;
-        if (fl < 0) {
+        int32_t fl = -1;
+        if (mxfp8_enum_from_name(MXFP8_ENUM_SCALE_LAYOUT, fp.layout, &fl) != MXFP8_OK) {
             cli_error(cmd, "%s: the metadata's scale layout '%s' is not one of compact, nki-unpacked, nki-packed, "
                       "swizzle128x4", pos[1], fp.layout);
             goto done;
@@ -335,7 +332,7 @@ int cmd_diff(int argc, char **argv) {
            tf_shape_str(x->ndim, x->shape, b1, sizeof b1), tf_dtype_name(x->dtype), pos[1],
            tf_shape_str(d0->ndim, d0->shape, b2, sizeof b2), tf_dtype_name(d0->dtype),
            tf_shape_str(s0->ndim, s0->shape, b3, sizeof b3), ax, group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
-           fmts[fmt]);
+           mxfp8_enum_name(MXFP8_ENUM_FORMAT, fmt));
     mxfp8_diff_result r;
     mxfp8_status st = mxfp8_diff(&xv, ax, f, group, &dv, &sv, &r);
     if (st) {

@@ -92,7 +92,6 @@ static const tf_dtype k_odt_tf[] = {TF_BF16, TF_F16, TF_F32};
 static int parse(mm_job *j, const cli_cmdline *cl) {
     const char *cmd = j->cmd;
     const int64_t DMAX = (int64_t)1 << 24;
-    static const char *const layouts[] = {"compact", "nki-unpacked", "nki-packed", "swizzle128x4"};
     static const mxfp8_dtype odtv[] = {MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16, MXFP8_DTYPE_F32};
     j->M = j->N = j->K = 512;
     j->seed = 42;
@@ -106,7 +105,7 @@ static int parse(mm_job *j, const cli_cmdline *cl) {
         cli_float8_dtype(cmd, j->f8, &j->args.float8_dtype) ||
         cli_scale_rule(cmd, cli_val(cl, "scale-rule"), &j->args.scale_rule) ||
         cli_group(cmd, cli_val(cl, "group"), &j->args.quant_scheme) ||
-        cli_choice(cmd, "scale-layout", cli_val(cl, "scale-layout"), layouts, 4, &j->layout) ||
+        cli_enum(cmd, "scale-layout", cli_val(cl, "scale-layout"), MXFP8_ENUM_SCALE_LAYOUT, &j->layout) ||
         cli_choice(cmd, "output-dtype", cli_val(cl, "output-dtype"), k_odts, 3, &j->odt) ||
         cli_matmul_rounding(cmd, cli_val(cl, "stochastic-rounding"), &j->args) ||
         cli_seed64(cmd, "rounding-seed", cli_val(cl, "rounding-seed"), &j->args.rounding_seed))
@@ -375,10 +374,10 @@ static void bound_text(const mm_job *j, char *buf, size_t len) {
 static void header(const mm_job *j) {
     mxfp8_info info;
     mxfp8_get_info(&info);
-    static const char *const rules[] = {"nki", "ocp", "rceil"};
     printf("mxfp8 matmul-bwd  M=%lld N=%lld K=%lld  %s  scale rule %s  groups %s  output %s  %d thread%s (%s)\n",
            (long long)j->M, (long long)j->N, (long long)j->K,
-           j->args.float8_dtype == MXFP8_FMT_E4M3 ? "float8_e4m3fn" : "float8_e5m2", rules[j->args.scale_rule],
+           mxfp8_enum_name(MXFP8_ENUM_FLOAT8_DTYPE, j->args.float8_dtype),
+           mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, j->args.scale_rule),
            j->args.quant_scheme == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32", k_odts[j->odt], info.num_threads,
            info.num_threads == 1 ? "" : "s", info.isa_name);
     if (j->in_path)

@@ -122,8 +122,6 @@ static mxfp8_tensor *grad_slot(mxfp8_moe_bwd_grads *g, int i) {
 static int parse(moe_job *j, const cli_cmdline *cl) {
     const char *cmd = j->cmd;
     const int64_t DMAX = (int64_t)1 << 24;
-    static const char *const acts[] = {"silu", "swish", "squared_relu", "gpt_oss_swiglu"},
-                             *const affs[] = {"on_i", "on_h"};
     j->H = 1024, j->T = 1024, j->E = 4, j->B = 512, j->TOPK = 4, j->I = 256, j->seed = 42, j->repeat = 3;
     mxfp8_moe_config_init(&j->cfg);
     mxfp8_moe_bwd_args_init(&j->ba);
@@ -136,21 +134,11 @@ static int parse(moe_job *j, const cli_cmdline *cl) {
         cli_int(cmd, "seed", cli_val(cl, "seed"), 0, INT64_MAX, &j->seed) ||
         cli_int(cmd, "repeat", cli_val(cl, "repeat"), 1, 1000, &j->repeat) ||
         cli_int(cmd, "block-size", cli_val(cl, "block-size"), 1, DMAX, &j->block_size) ||
-        cli_choice(cmd, "activation", cli_val(cl, "activation"), acts, 4, &j->act) ||
-        cli_float_opt(cmd, "swiglu-alpha", cli_val(cl, "swiglu-alpha"), &cfg->swiglu_alpha) ||
-        cli_float_opt(cmd, "swiglu-limit", cli_val(cl, "swiglu-limit"), &cfg->swiglu_limit) ||
-        cli_moe_rounding(cmd, cli_val(cl, "stochastic-rounding"), &cfg->stochastic_rounding) ||
-        cli_seed64(cmd, "rounding-seed", cli_val(cl, "rounding-seed"), &cfg->rounding_seed) ||
-        cli_choice(cmd, "affinity", cli_val(cl, "affinity"), affs, 2, &j->aff) ||
-        cli_choice(cmd, "grad-dtype", cli_val(cl, "grad-dtype"), k_gdts, 3, &j->gdt) ||
-        cli_clamp(cmd, "gate-clamp", cli_val(cl, "gate-clamp"), &cfg->gate_clamp_lower, &cfg->gate_clamp_upper) ||
-        cli_clamp(cmd, "up-clamp", cli_val(cl, "up-clamp"), &cfg->up_clamp_lower, &cfg->up_clamp_upper) ||
-        cli_float8_dtype(cmd, cli_val(cl, "float8-dtype"), &cfg->quant_dtype) ||
-        cli_scale_rule(cmd, cli_val(cl, "scale-rule"), &cfg->scale_rule))
+        cli_moe_layer(cmd, cl->opts, cl->nopts, cfg) ||
+        cli_choice(cmd, "grad-dtype", cli_val(cl, "grad-dtype"), k_gdts, 3, &j->gdt))
         return CLI_USAGE;
-    cfg->activation = (mxfp8_activation)j->act;
-    cfg->affinity_option = (mxfp8_affinity_option)j->aff;
-    cfg->bias = cli_val(cl, "bias") != NULL;
+    j->act = (int)cfg->activation;
+    j->aff = (int)cfg->affinity_option;
     cfg->single_expert_dense = cli_val(cl, "single-expert-dense") != NULL;
     j->f8_given = cli_val(cl, "float8-dtype") != NULL;
     j->in_path = cli_val(cl, "inputs");
@@ -199,15 +187,14 @@ static int64_t routed_pairs(const moe_job *j) {
 static void header(const moe_job *j) {
     mxfp8_info info;
     mxfp8_get_info(&info);
-    static const char *const rules[] = {"nki", "ocp", "rceil"}, *const act_names[] = {"SiLU", "Swish", "SquaredReLU",
-                                                                                     "gpt-oss SwiGLU"};
     printf("mxfp8 moe-bwd  H=%lld T=%lld E=%lld B=%lld", (long long)j->H, (long long)j->T, (long long)j->E,
            (long long)j->B);
     if (j->routed_topk) printf(" TopK=%lld", (long long)j->TOPK);
     printf(" I=%lld  N=%lld blocks\n", (long long)j->I, (long long)j->N);
     printf("  %s, scale rule %s, %s, %s%s, gradients %s, %d thread%s (%s)\n",
-           j->cfg.quant_dtype == MXFP8_FMT_E4M3 ? "float8_e4m3fn" : "float8_e5m2", rules[j->cfg.scale_rule],
-           act_names[j->act], j->aff ? "AFFINITY_ON_H" : "AFFINITY_ON_I", j->cfg.bias ? ", bias" : "", k_gdts[j->gdt],
+           mxfp8_enum_name(MXFP8_ENUM_FLOAT8_DTYPE, j->cfg.quant_dtype),
+           mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, j->cfg.scale_rule), mxfp8_enum_name(MXFP8_ENUM_ACTIVATION, j->act),
+           mxfp8_enum_name(MXFP8_ENUM_AFFINITY_OPTION, j->aff), j->cfg.bias ? ", bias" : "", k_gdts[j->gdt],
            info.num_threads, info.num_threads == 1 ? "" : "s", info.isa_name);
     if (j->in_path) printf("inputs: %s (%s)\n", j->in_path, j->x_f64 ? "F64, rounded to F32" : tf_dtype_name(j->x->dtype));
     else
@@ -430,14 +417,11 @@ int cmd_moe_bwd(int argc, char **argv) {
     cli_opt opts[] = {
         {"H", 0, 0, NULL},           {"T", 0, 0, NULL},          {"E", 0, 0, NULL},
         {"B", 0, 0, NULL},           {"topk", 0, 0, NULL},       {"I", 0, 0, NULL},
-        {"seed", 0, 0, NULL},        {"bias", 0, 1, NULL},       {"activation", 0, 0, NULL},
-        {"affinity", 0, 0, NULL},    {"gate-clamp", 0, 0, NULL}, {"up-clamp", 0, 0, NULL},
-        {"float8-dtype", 0, 0, NULL}, {"scale-rule", 0, 0, NULL}, {"grad-dtype", 0, 0, NULL},
+        {"seed", 0, 0, NULL},        CLI_MOE_LAYER_OPTS,         {"grad-dtype", 0, 0, NULL},
         {"threads", 0, 0, NULL},     {"repeat", 0, 0, NULL},     {"inputs", 'i', 0, NULL},
         {"block-size", 0, 0, NULL},  {"single-expert-dense", 0, 1, NULL}, {"output", 'o', 0, NULL},
         {"no-check", 0, 1, NULL},    {"quiet", 'q', 1, NULL},    {"save-inputs", 0, 0, NULL},
-        {"swiglu-alpha", 0, 0, NULL}, {"swiglu-limit", 0, 0, NULL}, {"stochastic-rounding", 0, 0, NULL},
-        {"rounding-seed", 0, 0, NULL}, {"stats", 0, 1, NULL}, {"no-memory-check", 0, 1, NULL}};
+        {"stats", 0, 1, NULL},       {"no-memory-check", 0, 1, NULL}};
     cli_cmdline cl;
     int rc = cli_begin(&cl, j.cmd, argc, argv, opts, CLI_COUNT(opts), 0, help);
     if (rc != CLI_CONTINUE || (rc = parse(&j, &cl))) return rc;

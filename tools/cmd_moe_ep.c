@@ -35,9 +35,11 @@ static void help(void) {
            "a contiguous range of the tokens and of the experts; token rows travel to the ranks owning their\n"
            "experts and the results travel back. The gradients are bitwise equal to the single-process run, which\n"
            "rank 0 checks (unless --no-check). Prints per-rank dispatch / compute / combine times and bytes.\n\n"
-           "options as mxfp8 moe-bwd: --H --T --E --B --topk --I --seed --bias --activation --affinity --gate-clamp\n"
-           "  --up-clamp --float8-dtype --scale-rule --grad-dtype --threads --repeat --inputs --block-size --output\n"
-           "  --no-check --quiet (P <= E; every rank reads the bundle, so it must be readable on every machine;\n"
+           "options as mxfp8 moe-bwd: --H --T --E --B --topk --I --seed --bias --activation --swiglu-alpha\n"
+           "  --swiglu-limit --rounding-seed --affinity --gate-clamp --up-clamp --float8-dtype --scale-rule\n"
+           "  --grad-dtype --threads --repeat --inputs --block-size --output --no-check --quiet (not\n"
+           "  --stochastic-rounding: its random words follow each element's position, which differs here;\n"
+           "  P <= E; every rank reads the bundle, so it must be readable on every machine;\n"
            "  its checkpoints are not used: the expert-parallel forward makes its own)\n"
            "  --wire W      how token rows travel: native (their dtype, default) or mxfp8 (FP8 codes + E8M0 scales\n"
            "                along H, about half the bytes; the check then uses the rows' MX round trip)\n"
@@ -57,9 +59,7 @@ typedef struct run {
 
 static int parse(int argc, char **argv, run *R) {
     cli_opt opts[] = {{"H", 0, 0, NULL}, {"T", 0, 0, NULL}, {"E", 0, 0, NULL}, {"B", 0, 0, NULL},
-                      {"topk", 0, 0, NULL}, {"I", 0, 0, NULL}, {"seed", 0, 0, NULL}, {"bias", 0, 1, NULL},
-                      {"activation", 0, 0, NULL}, {"affinity", 0, 0, NULL}, {"gate-clamp", 0, 0, NULL},
-                      {"up-clamp", 0, 0, NULL}, {"float8-dtype", 0, 0, NULL}, {"scale-rule", 0, 0, NULL},
+                      {"topk", 0, 0, NULL}, {"I", 0, 0, NULL}, {"seed", 0, 0, NULL}, CLI_MOE_LAYER_OPTS,
                       {"grad-dtype", 0, 0, NULL}, {"threads", 0, 0, NULL}, {"repeat", 0, 0, NULL},
                       {"inputs", 'i', 0, NULL}, {"block-size", 0, 0, NULL}, {"output", 'o', 0, NULL},
                       {"no-check", 0, 1, NULL}, {"quiet", 'q', 1, NULL}, {"expert-parallel", 0, 1, NULL},
@@ -74,10 +74,9 @@ static int parse(int argc, char **argv, run *R) {
 #define OPT(n) cli_get(opts, nopts, n)
     int64_t H = 1024, T = 1024, E = 4, B = 512, K = 4, I = 256, seed = 42, bs = 0;
     const int64_t DMAX = (int64_t)1 << 24;
-    static const char *const acts[] = {"silu", "swish", "squared_relu"}, *const affs[] = {"on_i", "on_h"},
-                             *const gdts[] = {"bf16", "f32", "f16"}, *const wires[] = {"native", "mxfp8"};
+    static const char *const gdts[] = {"bf16", "f32", "f16"}, *const wires[] = {"native", "mxfp8"};
     static const tf_dtype gdtv[] = {TF_BF16, TF_F32, TF_F16};
-    int act = 0, aff = 0, gdt = 0, wire = 0;
+    int gdt = 0, wire = 0;
     mxfp8_moe_config_init(&R->cfg);
     R->repeat = 1;
     if (cli_int(k_cmd, "H", OPT("H"), 1, DMAX, &H) || cli_int(k_cmd, "T", OPT("T"), 0, DMAX, &T) ||
@@ -86,19 +85,17 @@ static int parse(int argc, char **argv, run *R) {
         cli_int(k_cmd, "seed", OPT("seed"), 0, INT64_MAX, &seed) ||
         cli_int(k_cmd, "repeat", OPT("repeat"), 1, 1000, &R->repeat) ||
         cli_int(k_cmd, "block-size", OPT("block-size"), 1, DMAX, &bs) ||
-        cli_choice(k_cmd, "activation", OPT("activation"), acts, 3, &act) ||
-        cli_choice(k_cmd, "affinity", OPT("affinity"), affs, 2, &aff) ||
+        cli_moe_layer(k_cmd, opts, nopts, &R->cfg) ||
         cli_choice(k_cmd, "grad-dtype", OPT("grad-dtype"), gdts, 3, &gdt) ||
         cli_choice(k_cmd, "wire", OPT("wire"), wires, 2, &wire) ||
-        cli_clamp(k_cmd, "gate-clamp", OPT("gate-clamp"), &R->cfg.gate_clamp_lower, &R->cfg.gate_clamp_upper) ||
-        cli_clamp(k_cmd, "up-clamp", OPT("up-clamp"), &R->cfg.up_clamp_lower, &R->cfg.up_clamp_upper) ||
-        cli_float8_dtype(k_cmd, OPT("float8-dtype"), &R->cfg.quant_dtype) ||
-        cli_scale_rule(k_cmd, OPT("scale-rule"), &R->cfg.scale_rule) || cli_threads(k_cmd, OPT("threads")))
+        cli_threads(k_cmd, OPT("threads")))
         return CLI_USAGE;
+    if (R->cfg.stochastic_rounding)
+        return cli_error(k_cmd, "--stochastic-rounding does not work with --expert-parallel: the random word of an "
+                         "element comes from its logical index (its position in the dispatched blocks, or its "
+                         "expert's index in the weights), which a rank's own blocks and experts do not share with the "
+                         "single-process layer; run it without --expert-parallel");
     if (!OPT("threads")) moe_ep_default_threads(MPI_COMM_WORLD);
-    R->cfg.activation = (mxfp8_activation)act;
-    R->cfg.affinity_option = (mxfp8_affinity_option)aff;
-    R->cfg.bias = OPT("bias") != NULL;
     R->gdt = gdtv[gdt];
     R->wire = (mxfp8_mpi_wire)wire;
     R->in_path = OPT("inputs");

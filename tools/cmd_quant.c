@@ -116,12 +116,11 @@ static int report_stats(const char *cmd, const char *path, const tf_tensor *x, c
     else if (!doc || quant_stats_compute(x, d, s, deq, ax, qp, qp->stats, &qs, doc)) cli_error(cmd, "out of memory");
     else {
         quant_stats_print(&qs, x->numel, qp);
-        static const char *const rules[] = {"nki", "ocp", "rceil"};
         cJSON_AddStringToObject(doc, "input", path);
         cJSON_AddNumberToObject(doc, "axis", ax);
         cJSON_AddStringToObject(doc, "group", qp->group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32");
-        cJSON_AddStringToObject(doc, "fmt", qp->fmt == MXFP8_FMT_E4M3 ? "e4m3" : "e5m2");
-        cJSON_AddStringToObject(doc, "rule", rules[qp->rule]);
+        cJSON_AddStringToObject(doc, "fmt", mxfp8_enum_name(MXFP8_ENUM_FORMAT, qp->fmt));
+        cJSON_AddStringToObject(doc, "rule", mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, qp->rule));
         rc = CLI_OK;
         if (plot && cli_plot(cmd, "quantize", doc, plot) != CLI_OK) *plot_failed = 1;
         else if (plot) printf("wrote the plot to %s\n", plot);
@@ -143,16 +142,11 @@ int cmd_quantize(int argc, char **argv) {
     if (cl.npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 quantize --help)");
     const char *out_path = cli_val(&cl, "output");
     if (!out_path) return cli_error(cmd, "needs -o OUT.safetensors");
-    static const char *const fmts[] = {"e4m3", "e5m2"};
     int fmt = 0;
     int64_t axis = -1;
     mxfp8_quant_params qp = mxfp8_quant_params_default();
     const char *fs = cli_val(&cl, "fmt");
-    static const char *const f8_names[] = {"float8_e4m3fn", "float8_e5m2"}; /* --float8-dtype's spelling */
-    for (int i = 0; fs && i < 2; i++)
-        if (!strcmp(fs, f8_names[i]))
-            return cli_error(cmd, "--fmt must be e4m3 or e5m2, got '%s' (it spells that format %s)", fs, fmts[i]);
-    if (cli_choice(cmd, "fmt", fs, fmts, 2, &fmt) ||
+    if (cli_enum(cmd, "fmt", fs, MXFP8_ENUM_FORMAT, &fmt) ||
         cli_int(cmd, "axis", cli_val(&cl, "axis"), -MXFP8_MAX_DIMS, MXFP8_MAX_DIMS - 1, &axis) ||
         cli_scale_rule(cmd, cli_val(&cl, "scale-rule"), &qp.rule) ||
         cli_group(cmd, cli_val(&cl, "group"), &qp.group) ||
@@ -231,7 +225,7 @@ int cmd_quantize(int argc, char **argv) {
     printf("%s: wrote data %s %s and scales %s U8 (E8M0; axis %d, %s groups, %s rule)\n", out_path,
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
            tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
-           qp.rule == MXFP8_SCALE_NKI ? "nki" : qp.rule == MXFP8_SCALE_OCP ? "ocp" : "rceil");
+           mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, qp.rule));
     if (plot_failed && !cli_val(&cl, "quiet"))
         fprintf(stderr, "mxfp8 %s: note: %s was written; only the plot %s is missing\n", cmd, out_path, plot);
     rc = plot_failed ? CLI_USAGE : CLI_OK;

@@ -56,6 +56,7 @@ the C compiler's).
 """
 
 import ctypes
+from collections.abc import Mapping, Sequence
 import os
 import threading
 
@@ -137,15 +138,97 @@ def np_dtype(code):
     return _NP_OF_CODE[code]
 
 
-# ---- enumerations ----
-FORMATS = {"e4m3": 0, "e5m2": 1}
-FLOAT8_DTYPES = {"float8_e4m3fn": 0, "float8_e5m2": 1}
-FORMAT_NAMES = {0: "e4m3", 1: "e5m2"}
+# ---- enumerations: the names are the library's (mxfp8_enum_name / mxfp8_enum_from_name), read when first used ----
+ENUM_FORMAT, ENUM_FLOAT8_DTYPE, ENUM_SCALE_RULE, ENUM_GROUP_SCHEME, ENUM_SCALE_LAYOUT, ENUM_ROUNDING = range(6)
+ENUM_ACTIVATION, ENUM_AFFINITY_OPTION, ENUM_LOOP_ORDER, ENUM_DTYPE, ENUM_MOE_OPERAND = range(6, 11)
+
+
+class EnumTable(Mapping):
+    """{name or alias: value} of one of the library's enumerations (mxfp8_enum), read from the library when first
+    used. `parse` looks names up through mxfp8_enum_from_name, so the case rule and the error message are the
+    library's; `names` are the canonical names by value."""
+
+    def __init__(self, enum_id):
+        self.enum_id = enum_id
+        self._d = None
+        self._names = None
+
+    def _load(self):
+        if self._d is None:
+            L = lib()
+            n = L.mxfp8_enum_count(self.enum_id)
+            names = tuple(L.mxfp8_enum_name(self.enum_id, v).decode() for v in range(n))
+            d = {}
+            for v in range(n):
+                d[names[v]] = v
+                i = 0
+                while (a := L.mxfp8_enum_alias(self.enum_id, v, i)) is not None:
+                    d[a.decode()] = v
+                    i += 1
+            self._names, self._d = names, d
+        return self._d
+
+    @property
+    def names(self):
+        self._load()
+        return self._names
+
+    def __getitem__(self, key):
+        return self._load()[key]
+
+    def __iter__(self):
+        return iter(self._load())
+
+    def __len__(self):
+        return len(self._load())
+
+    def __repr__(self):
+        return f"EnumTable({self._load()!r})"
+
+    def parse(self, value, param):
+        """The value of a name (canonical or alias) through the library; ValueError "param: <library message>"."""
+        L = lib()
+        v = ctypes.c_int32(0)
+        name = value if self.enum_id == ENUM_FLOAT8_DTYPE else value.strip()  # float8_dtype: exactly the NKI string
+        if L.mxfp8_enum_from_name(self.enum_id, name.encode(), ctypes.byref(v)) != 0:
+            raise ValueError(f"{param}: {last_error_message()}")
+        return v.value
+
+
+class EnumNames(Sequence):
+    """The canonical names of a library enumeration by value (a lazy tuple)."""
+
+    def __init__(self, enum_id):
+        self._t = EnumTable(enum_id)
+
+    def __getitem__(self, i):
+        return self._t.names[i]
+
+    def __len__(self):
+        return len(self._t.names)
+
+    def __repr__(self):
+        return repr(self._t.names)
+
+    def __eq__(self, other):
+        return tuple(self) == tuple(other)
+
+    def __hash__(self):
+        return hash(tuple(self))
+
+
+FORMATS = EnumTable(ENUM_FORMAT)
+FLOAT8_DTYPES = EnumTable(ENUM_FLOAT8_DTYPE)
+FORMAT_NAMES = EnumNames(ENUM_FORMAT)
 FORMAT_DTYPE = {0: E4M3, 1: E5M2}  # format -> dtype code of its element codes
-SCALE_RULES = {"nki": 0, "ocp": 1, "rceil": 2}
-GROUPS = {"1x32": 0, "wrapx": 1}
-ROUNDINGS = {"nearest": 0, "stochastic": 1}
-LAYOUTS = {"compact": 0, "nki_unpacked": 1, "nki_packed": 2, "swizzle_128x4": 3}
+SCALE_RULES = EnumTable(ENUM_SCALE_RULE)
+GROUPS = EnumTable(ENUM_GROUP_SCHEME)
+ROUNDINGS = EnumTable(ENUM_ROUNDING)
+LAYOUTS = EnumTable(ENUM_SCALE_LAYOUT)
+ACTIVATIONS = EnumTable(ENUM_ACTIVATION)
+AFFINITY = EnumTable(ENUM_AFFINITY_OPTION)
+LOOP_ORDERS = EnumTable(ENUM_LOOP_ORDER)
+MOE_OPERANDS = EnumNames(ENUM_MOE_OPERAND)
 OUT_DTYPES = {"float32": F32, "f32": F32, "bfloat16": BF16, "bf16": BF16, "float16": F16, "f16": F16}
 ISAS = {0: "scalar", 1: "avx512", 2: "amx"}
 
@@ -153,6 +236,8 @@ ISAS = {0: "scalar", 1: "avx512", 2: "amx"}
 def parse(table, value, param):
     """Look `value` up in an enumeration table (case-insensitive string, or one of the table's int values).
     Raises ValueError naming `param` and listing the accepted names."""
+    if isinstance(value, str) and isinstance(table, EnumTable):
+        return table.parse(value, param)
     if isinstance(value, str):
         key = value.strip().lower()
         if key in table:
@@ -189,15 +274,7 @@ def parse_format(value, param="fmt", names=None):
             return 0
         if dt == np.dtype(ml_dtypes.float8_e5m2):
             return 1
-    if isinstance(value, str):
-        key = value.strip().lower() if names is FORMATS else value  # fmt: case-insensitive like the other options
-        if key in names:
-            return names[key]
-        other = FLOAT8_DTYPES if names is FORMATS else FORMATS  # the same format under the other spelling
-        hint = {v: k for k, v in names.items()}.get(other.get(value.strip().lower() if other is FORMATS else value))
-        hint = f"; {param} spells this format {hint!r}" if hint else ""
-        raise ValueError(f"{param}: unknown value {value!r} (expected one of {', '.join(sorted(names))}{hint})")
-    return parse(names, value, param)
+    return parse(names, value, param)  # names: the library's, its case rule and its hint for the other spelling
 
 
 def parse_out_dtype(value, param="out_dtype"):
@@ -400,6 +477,11 @@ _SIGNATURES = {
     "mxfp8_status_string": (ctypes.c_char_p, [_I]),
     "mxfp8_last_error_message": (ctypes.c_char_p, []),
     "mxfp8_dtype_size": (ctypes.c_size_t, [_I]),
+    "mxfp8_enum_count": (ctypes.c_int32, [_I]),
+    "mxfp8_enum_name": (ctypes.c_char_p, [_I, ctypes.c_int32]),
+    "mxfp8_enum_alias": (ctypes.c_char_p, [_I, ctypes.c_int32, ctypes.c_int32]),
+    "mxfp8_enum_what": (ctypes.c_char_p, [_I]),
+    "mxfp8_enum_from_name": (_I, [_I, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32)]),
     "mxfp8_dtype_name": (ctypes.c_char_p, [_I]),
     "mxfp8_tensor_numel": (_I64, [_P]),
     "mxfp8_fp32_to_fp8": (ctypes.c_uint8, [ctypes.c_float, _I]),

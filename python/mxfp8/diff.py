@@ -22,7 +22,7 @@ __all__ = ["diff", "quantize_profile", "PROFILE_FIELDS", "DIFF_CLASSES"]
 
 DIFF_CLASSES = ("nonfinite", "tiny", "zero-sign", "saturation", "pow2", "subnormal", "rounding", "other")
 PROFILE_FIELDS = ("scale_rule", "rounding", "nonfinite", "saturation", "zero")
-_RULES = ("nki", "ocp", "rceil")
+_RULES = _lib.EnumNames(_lib.ENUM_SCALE_RULE)
 
 
 class _Profile(ctypes.Structure):

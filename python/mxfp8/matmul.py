@@ -41,7 +41,7 @@ from . import _lib
 __all__ = ["MatmulMxfp8KernelConfig", "matmul_mxfp8", "matmul_mxfp8_backward", "bias_grad", "matmul_golden_unquantized",
            "matmul_golden_quantized", "matmul_mxfp8_backward_golden", "compare_nki", "BWD_QUANTIZATIONS"]
 
-LOOP_ORDERS = {"mnk": 0, "mkn": 1, "nmk": 2, "nkm": 3, "kmn": 4, "knm": 5}
+LOOP_ORDERS = _lib.LOOP_ORDERS
 
 
 class _Operand(ctypes.Structure):

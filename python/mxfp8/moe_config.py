@@ -15,13 +15,12 @@ from .matmul import MatmulMxfp8KernelConfig, _Config as _MatmulConfig
 
 __all__ = ["MXFP8MOEBwdConfig", "ClampLimits", "SkipMode", "MOE_OPERANDS"]
 
-ACTIVATIONS = {"silu": 0, "swish": 1, "squared_relu": 2, "squaredrelu": 2, "relu2": 2, "gpt_oss_swiglu": 3}
+ACTIVATIONS = _lib.ACTIVATIONS  # the library's names (mxfp8_enum_name), read when first used
 # The GEMM operands of the layer (mxfp8_moe_operand), for MXFP8MOEBwdConfig.stochastic_rounding and the statistics
-MOE_OPERANDS = ("gemm1_x", "gemm1_w1", "gemm2_inter", "gemm2_w2", "p1_dy", "p1_w2", "p2_dgu", "p2_w1", "p3_x",
-                "p3_dgu", "p4_s", "p4_dy")
+MOE_OPERANDS = _lib.MOE_OPERANDS
 # Named sets of operands: the gradients (what stochastic rounding is usually for) and everything
 OPERAND_SETS = {"gradients": ("p1_dy", "p2_dgu", "p3_dgu", "p4_dy"), "all": MOE_OPERANDS}
-AFFINITY = {"affinity_on_i": 0, "on_i": 0, "i": 0, "affinity_on_h": 1, "on_h": 1, "h": 1}
+AFFINITY = _lib.AFFINITY
 SHARD = {"shard_on_free": 0, "shard_on_block": 1, "shard_on_intermediate": 2, "shard_on_i": 2}
 COMPUTE = {"bfloat16": _lib.BF16, "bf16": _lib.BF16, "float32": _lib.F32, "f32": _lib.F32}
 

@@ -1,5 +1,8 @@
 /* config.c -- MatmulMxfp8KernelConfig: defaults, validation, and the resolution of its speed knobs for a kernel. */
+#include <stdio.h>
+
 #include "gemm.h"
+#include "../runtime/enums.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* config                                                                                                      */
@@ -26,21 +29,18 @@ mxfp8_status mxfp8i_check_config(const char *fn, const char *name, const mxfp8_m
         if (*sz[i] < 0)
             return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s = %lld is negative", fn, name, nm[i],
                                 (long long)*sz[i]);
-    if ((unsigned)c->block_loop_order > MXFP8_LOOP_KNM)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.block_loop_order %d is not a loop order", fn, name,
-                            (int)c->block_loop_order);
-    if ((unsigned)c->tile_loop_order > MXFP8_LOOP_KNM)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.tile_loop_order %d is not a loop order", fn, name,
-                            (int)c->tile_loop_order);
-    if ((unsigned)c->float8_dtype > MXFP8_FMT_E5M2)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.float8_dtype %d is not E4M3 (0) or E5M2 (1)", fn,
-                            name, (int)c->float8_dtype);
-    if ((unsigned)c->quant_scheme > MXFP8_GROUP_WRAPX)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.quant_scheme %d is not 1x32 (0) or wrapX (1)", fn,
-                            name, (int)c->quant_scheme);
-    if ((unsigned)c->scale_rule > MXFP8_SCALE_RCEIL)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.scale_rule %d is not a mxfp8_scale_rule", fn, name,
-                            (int)c->scale_rule);
+    const struct { const char *field; mxfp8_enum e; int value; } en[5] = {
+        {"block_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)c->block_loop_order},
+        {"tile_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)c->tile_loop_order},
+        {"float8_dtype", MXFP8_ENUM_FLOAT8_DTYPE, (int)c->float8_dtype},
+        {"quant_scheme", MXFP8_ENUM_GROUP_SCHEME, (int)c->quant_scheme},
+        {"scale_rule", MXFP8_ENUM_SCALE_RULE, (int)c->scale_rule}};
+    for (int i = 0; i < 5; i++) {
+        char param[96];
+        snprintf(param, sizeof param, "%s.%s", name, en[i].field);
+        mxfp8_status st = mxfp8i_check_enum(fn, param, en[i].e, en[i].value);
+        if (st) return st;
+    }
     if (c->lnc_2_shard_rhs < -1 || c->lnc_2_shard_rhs > 1)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.lnc_2_shard_rhs %d is not -1, 0 or 1", fn, name,
                             c->lnc_2_shard_rhs);

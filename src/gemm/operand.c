@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "../quant/layout.h"
+#include "../runtime/enums.h"
 #include "gemm.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -81,10 +82,9 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
     }
     if (!s->data)
         return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s holds FP8 codes but its scales are absent", fn, name);
-    if ((unsigned)op->scale_layout > MXFP8_SCALES_SWIZZLE_128X4)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s scale_layout %d is not a mxfp8_scale_layout", fn,
-                            name, (int)op->scale_layout);
-    char sname[128]; /* messages about the scales view say so ("a scales has ...") */
+    char sname[128];
+    snprintf(sname, sizeof sname, "%s scale_layout", name);
+    if ((st = mxfp8i_check_enum(fn, sname, MXFP8_ENUM_SCALE_LAYOUT, (int)op->scale_layout))) return st; /* messages about the scales view say so ("a scales has ...") */
     snprintf(sname, sizeof sname, "%s scales", name);
     if ((st = mxfp8i_check_view(fn, sname, s))) return st;
     if ((st = mxfp8i_check_dtype(fn, sname, s, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;

@@ -9,6 +9,7 @@
 
 #include "../format/codec.h"
 #include "../format/groups.h"
+#include "../runtime/enums.h"
 #include "../runtime/threads.h"
 #include "../runtime/tensor.h"
 
@@ -124,10 +125,8 @@ static mxfp8_status check_args(const char *fn, const mxfp8_tensor *src, int axis
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, "src", src));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "src", src, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
     MXFP8I_RETURN_ERROR_IF(src->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1", fn);
-    MXFP8I_RETURN_ERROR_IF((unsigned)fmt > MXFP8_FMT_E5M2, MXFP8_ERR_INVALID_ARGUMENT, "%s: fmt %d is unknown", fn,
-                           (int)fmt);
-    MXFP8I_RETURN_ERROR_IF((unsigned)group > MXFP8_GROUP_WRAPX, MXFP8_ERR_INVALID_ARGUMENT,
-                           "%s: group scheme %d is unknown", fn, (int)group);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "fmt", MXFP8_ENUM_FORMAT, (int)fmt));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "group", MXFP8_ENUM_GROUP_SCHEME, (int)group));
     int ax;
     MXFP8I_RETURN_ERROR_IF(!mxfp8i_norm_axis(axis, src->ndim, &ax), MXFP8_ERR_INVALID_ARGUMENT,
                            "%s: axis %d is out of range for a %d-D tensor", fn, axis, (int)src->ndim);
@@ -165,8 +164,7 @@ mxfp8_status mxfp8_quantize_profile(const mxfp8_tensor *src, int axis, mxfp8_for
     static const char *fn = "mxfp8_quantize_profile";
     mxfp8i_clear_error();
     MXFP8I_RETURN_ERROR_IF(!src || !data || !scales || !profile, MXFP8_ERR_NULL_POINTER, "%s: a pointer is NULL", fn);
-    MXFP8I_RETURN_ERROR_IF((unsigned)profile->rule > MXFP8_SCALE_RCEIL, MXFP8_ERR_INVALID_ARGUMENT,
-                           "%s: profile->rule %d is unknown", fn, (int)profile->rule);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "profile->rule", MXFP8_ENUM_SCALE_RULE, (int)profile->rule));
     walk w;
     MXFP8I_FORWARD_IF_ERROR(check_args(fn, src, axis, fmt, group, data, scales, 1, &w));
 #pragma omp parallel for schedule(static) num_threads(w.ngroups < 4096 ? 1 : mxfp8i_num_threads())

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "../gemm/gemm.h"
+#include "../runtime/enums.h"
 #include "../runtime/threads.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__gnu_linux__)
@@ -107,10 +108,10 @@ mxfp8_status mxfp8_gemm_golden_quantized(const mxfp8_tensor *a, const mxfp8_tens
     mxfp8i_clear_error();
     mxfp8_status st;
     if (!params) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: params is NULL", fn);
-    if ((unsigned)params->fmt > MXFP8_FMT_E5M2 || (unsigned)params->rule > MXFP8_SCALE_RCEIL ||
-        (unsigned)params->group > MXFP8_GROUP_WRAPX)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params (fmt %d, rule %d, group %d) out of range", fn,
-                            (int)params->fmt, (int)params->rule, (int)params->group);
+    if ((st = mxfp8i_check_enum(fn, "params->fmt", MXFP8_ENUM_FORMAT, (int)params->fmt)) ||
+        (st = mxfp8i_check_enum(fn, "params->rule", MXFP8_ENUM_SCALE_RULE, (int)params->rule)) ||
+        (st = mxfp8i_check_enum(fn, "params->group", MXFP8_ENUM_GROUP_SCHEME, (int)params->group)))
+        return st;
     if ((st = check_golden_args(fn, a, b, c))) return st;
     int64_t M = a->shape[0], N = b->shape[0], K = a->shape[1];
     if (params->group == MXFP8_GROUP_WRAPX && K % 128)

@@ -8,9 +8,11 @@
  * along N, from its exact dequantized values). Every knob of the phase configs is speed-only (see src/gemm/).
  * Validation happens completely before the first output store.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../gemm/gemm.h"
+#include "../runtime/enums.h"
 #include "../runtime/threads.h"
 #include "../runtime/workspace.h"
 #include "opstats.h"
@@ -67,8 +69,9 @@ static mxfp8_status check_dims(const char *fn, const char *name, const mxfp8_mat
 
 /* The element rounding of an operand quantized on the fly (logical index r*K + k). */
 static mxfp8_status operand_rounding(const char *fn, const char *name, const mxfp8_operand *op, mxfp8i_gop *g) {
-    MXFP8I_RETURN_ERROR_IF((unsigned)op->rounding > MXFP8_ROUND_STOCHASTIC, MXFP8_ERR_INVALID_ARGUMENT,
-                           "%s: %s.rounding %d is not NEAREST (0) or STOCHASTIC (1)", fn, name, (int)op->rounding);
+    char param[96];
+    snprintf(param, sizeof param, "%s.rounding", name);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, param, MXFP8_ENUM_ROUNDING, (int)op->rounding));
     g->sr = mxfp8i_sround_make(op->rounding == MXFP8_ROUND_STOCHASTIC, op->seed, op->stream, 0, g->K, 1);
     return MXFP8_OK;
 }
@@ -302,23 +305,16 @@ static mxfp8_status check_bwd_args(const char *fn, const mxfp8_matmul_bwd_args *
                                fn, flag_nm[i], flag[i]);
     MXFP8I_RETURN_ERROR_IF(args->lnc_2_shard_rhs < -1 || args->lnc_2_shard_rhs > 1, MXFP8_ERR_INVALID_ARGUMENT,
                            "%s: args.lnc_2_shard_rhs %d is not 1 (N), 0 (M) or -1 (auto)", fn, args->lnc_2_shard_rhs);
-    MXFP8I_RETURN_ERROR_IF((unsigned)args->tile_loop_order > MXFP8_LOOP_KNM, MXFP8_ERR_INVALID_ARGUMENT,
-                           "%s: tile_loop_order %d is not a loop order", fn, (int)args->tile_loop_order);
-    MXFP8I_RETURN_ERROR_IF((unsigned)args->float8_dtype > MXFP8_FMT_E5M2, MXFP8_ERR_INVALID_ARGUMENT,
-                           "%s: float8_dtype %d is not E4M3 (0) or E5M2 (1)", fn, (int)args->float8_dtype);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "tile_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)args->tile_loop_order));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "float8_dtype", MXFP8_ENUM_FLOAT8_DTYPE, (int)args->float8_dtype));
     MXFP8I_RETURN_ERROR_IF(!mxfp8i_is_float_dtype(args->output_dtype), MXFP8_ERR_INVALID_ARGUMENT,
                            "%s: output_dtype %d is not f32, bf16 or f16", fn, (int)args->output_dtype);
-    MXFP8I_RETURN_ERROR_IF((unsigned)args->scale_layout > MXFP8_SCALES_SWIZZLE_128X4, MXFP8_ERR_INVALID_ARGUMENT,
-                           "%s: scale_layout %d is not a mxfp8_scale_layout", fn, (int)args->scale_layout);
-    MXFP8I_RETURN_ERROR_IF((unsigned)args->scale_rule > MXFP8_SCALE_RCEIL, MXFP8_ERR_INVALID_ARGUMENT,
-                           "%s: scale_rule %d is not a mxfp8_scale_rule", fn, (int)args->scale_rule);
-    MXFP8I_RETURN_ERROR_IF((unsigned)args->quant_scheme > MXFP8_GROUP_WRAPX, MXFP8_ERR_INVALID_ARGUMENT,
-                           "%s: quant_scheme %d is not 1x32 (0) or wrapX (1)", fn, (int)args->quant_scheme);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "scale_layout", MXFP8_ENUM_SCALE_LAYOUT, (int)args->scale_layout));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "scale_rule", MXFP8_ENUM_SCALE_RULE, (int)args->scale_rule));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "quant_scheme", MXFP8_ENUM_GROUP_SCHEME, (int)args->quant_scheme));
     const mxfp8_rounding rnd[3] = {args->output_grad_rounding, args->weights_rounding, args->input_rounding};
-    static const char *rnd_nm[3] = {"output_grad_rounding", "weights_rounding", "input_rounding"};
-    for (int i = 0; i < 3; i++)
-        MXFP8I_RETURN_ERROR_IF((unsigned)rnd[i] > MXFP8_ROUND_STOCHASTIC, MXFP8_ERR_INVALID_ARGUMENT,
-                               "%s: args.%s %d is not NEAREST (0) or STOCHASTIC (1)", fn, rnd_nm[i], (int)rnd[i]);
+    static const char *rnd_nm[3] = {"args.output_grad_rounding", "args.weights_rounding", "args.input_rounding"};
+    for (int i = 0; i < 3; i++) MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, rnd_nm[i], MXFP8_ENUM_ROUNDING, (int)rnd[i]));
     if (args->input_grad_config)
         MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_config(fn, "input_grad_config", args->input_grad_config));
     if (args->weight_grad_config)

@@ -18,17 +18,12 @@
 #include "mxfp8.h"
 
 static inline bool mxfp8i_layout_known(mxfp8_scale_layout l) {
-    return (unsigned)l <= (unsigned)MXFP8_SCALES_SWIZZLE_128X4;
+    return mxfp8_enum_name(MXFP8_ENUM_SCALE_LAYOUT, (int32_t)l) != NULL;
 }
-/** Name of a scale layout as the Python API spells it ("compact", "nki_unpacked", ...; "unknown" otherwise). */
+/** Name of a scale layout (its canonical name of MXFP8_ENUM_SCALE_LAYOUT; "unknown" otherwise). */
 static inline const char *mxfp8i_layout_name(mxfp8_scale_layout layout) {
-    switch (layout) {
-    case MXFP8_SCALES_COMPACT: return "compact";
-    case MXFP8_SCALES_NKI_UNPACKED: return "nki_unpacked";
-    case MXFP8_SCALES_NKI_PACKED: return "nki_packed";
-    case MXFP8_SCALES_SWIZZLE_128X4: return "swizzle_128x4";
-    default: return "unknown";
-    }
+    const char *name = mxfp8_enum_name(MXFP8_ENUM_SCALE_LAYOUT, (int32_t)layout);
+    return name ? name : "unknown";
 }
 
 /* ceil(a/b) for a >= 0, b > 0, without overflow near INT64_MAX */

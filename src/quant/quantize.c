@@ -16,6 +16,7 @@
 #endif
 
 #include "../format/groups.h"
+#include "../runtime/enums.h"
 #include "../runtime/threads.h"
 #include "../runtime/tensor.h"
 #include "panel.h"
@@ -167,9 +168,7 @@ static mxfp8_status check_scales_shape(const char *fn, const mxfp8_tensor *ref, 
 }
 
 static mxfp8_status check_group(const char *fn, mxfp8_group_scheme group, int64_t len, int axis) {
-    if ((unsigned)group > (unsigned)MXFP8_GROUP_WRAPX)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: group scheme %d is not 1X32 (0) or WRAPX (1)", fn,
-                            (int)group);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "group", MXFP8_ENUM_GROUP_SCHEME, (int)group));
     if (group == MXFP8_GROUP_WRAPX && len % 128 != 0)
         return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
                             "%s: group scheme WRAPX needs the axis length %% 128 == 0; shape[%d] = %lld", fn, axis,
@@ -227,15 +226,10 @@ static mxfp8_status quantize_validate(const char *fn, const mxfp8_tensor *src, i
     MXFP8I_RETURN_ERROR_IF(src->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1, got 0", fn);
     if ((st = mxfp8i_check_dtype(fn, "src", src, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
     mxfp8_quant_params qp = params ? *params : mxfp8_quant_params_default();
-    if ((unsigned)qp.fmt > (unsigned)MXFP8_FMT_E5M2)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params->fmt %d is not E4M3 (0) or E5M2 (1)", fn,
-                            (int)qp.fmt);
-    if ((unsigned)qp.rule > (unsigned)MXFP8_SCALE_RCEIL)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: params->rule %d is not NKI (0), OCP (1) or RCEIL (2)", fn,
-                            (int)qp.rule);
-    if ((unsigned)qp.rounding > (unsigned)MXFP8_ROUND_STOCHASTIC)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT,
-                            "%s: params->rounding %d is not NEAREST (0) or STOCHASTIC (1)", fn, (int)qp.rounding);
+    if ((st = mxfp8i_check_enum(fn, "params->fmt", MXFP8_ENUM_FORMAT, (int)qp.fmt)) ||
+        (st = mxfp8i_check_enum(fn, "params->rule", MXFP8_ENUM_SCALE_RULE, (int)qp.rule)) ||
+        (st = mxfp8i_check_enum(fn, "params->rounding", MXFP8_ENUM_ROUNDING, (int)qp.rounding)))
+        return st;
     int ax;
     if (!mxfp8i_norm_axis(axis, src->ndim, &ax))
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,

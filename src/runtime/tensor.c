@@ -15,9 +15,8 @@ size_t mxfp8_dtype_size(mxfp8_dtype dtype) {
 }
 
 const char *mxfp8_dtype_name(mxfp8_dtype dtype) {
-    static const char *names[] = {"f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "u8", "i32", "f64", "u32"};
-    if ((unsigned)dtype < sizeof names / sizeof names[0]) return names[dtype];
-    return "?";
+    const char *name = mxfp8_enum_name(MXFP8_ENUM_DTYPE, (int32_t)dtype);
+    return name ? name : "?";
 }
 
 mxfp8_tensor mxfp8_tensor_make(void *data, mxfp8_dtype dtype, int32_t ndim, const int64_t *shape) {

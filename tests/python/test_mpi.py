@@ -122,3 +122,39 @@ def test_cli_expert_parallel_errors():
     rc, out = _cli("--expert-parallel", "--T", "64", "--H", "64", "--I", "32", "--E", "4", "--B", "8",
                    "--topk", "2", "--wire", "mxfp8", ranks=2)
     assert rc == 0 and "per rank" in out, out
+
+
+def _enum_names(enum_id):
+    import mxfp8._lib as L
+    lib = L.lib()
+    return [lib.mxfp8_enum_name(enum_id, v).decode() for v in range(lib.mxfp8_enum_count(enum_id))]
+
+
+def test_cli_expert_parallel_takes_every_layer_option(tmp_path):
+    """Every activation, format (float8_dtype), scale rule and affinity option the library names, and the gpt-oss
+    SwiGLU parameters, give byte-identical gradient files with and without --expert-parallel (2 ranks); stochastic
+    rounding is refused under --expert-parallel with the reason; an unknown name gets the same message on both paths."""
+    b, sp, ep = (str(tmp_path / n) for n in ("b.safetensors", "sp.safetensors", "ep.safetensors"))
+    rc, out = _cli("--T", "64", "--H", "64", "--I", "32", "--E", "4", "--B", "16", "--topk", "2", "--bias",
+                   "--save-inputs", b, "--no-check", "--quiet")
+    assert rc == 0, out
+    ACT, F8, RULE, AFF = 6, 1, 2, 7  # MXFP8_ENUM_ACTIVATION, _FLOAT8_DTYPE, _SCALE_RULE, _AFFINITY_OPTION
+    acts, f8s, rules, affs = _enum_names(ACT), _enum_names(F8), _enum_names(RULE), _enum_names(AFF)
+    assert "gpt_oss_swiglu" in acts and len(f8s) == 2 and len(rules) == 3
+    cases = [("--activation", a) for a in acts] + [("--float8-dtype", f) for f in f8s]
+    cases += [("--scale-rule", r) for r in rules] + [("--affinity", a) for a in affs]
+    cases += [("--activation", "gpt_oss_swiglu", "--swiglu-alpha", "1.25", "--swiglu-limit", "2"),
+              ("--stochastic-rounding", "none", "--rounding-seed", "3")]
+    for opts in cases:
+        rc, out = _cli("--inputs", b, "--output", sp, "--no-check", "--quiet", *opts)
+        assert rc == 0, (opts, out)
+        rc, out = _cli("--expert-parallel", "--inputs", b, "--output", ep, "--quiet", *opts, ranks=2)
+        assert rc == 0 and "verdict: PASS" in out, (opts, out)
+        assert open(sp, "rb").read() == open(ep, "rb").read(), opts
+    rc, out = _cli("--expert-parallel", "--inputs", b, "--stochastic-rounding", "gradients", ranks=2)
+    assert rc == 2 and out.count("--stochastic-rounding does not work with --expert-parallel") == 1, out
+    for opt in ("--activation", "--scale-rule", "--float8-dtype", "--affinity"):
+        rc1, out1 = _cli("--inputs", b, opt, "bogus")
+        rc2, out2 = _cli("--expert-parallel", "--inputs", b, opt, "bogus", ranks=2)
+        msg = [ln for ln in out1.splitlines() if "unknown value 'bogus'" in ln]
+        assert rc1 == 2 and rc2 != 0 and len(msg) == 1 and msg[0] in out2, (out1, out2)

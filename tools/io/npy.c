@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tf_internal.h"
+#include "fileaccess.h"
+#include "formats.h"
 
 static const struct {
     const char *descr;

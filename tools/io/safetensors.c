@@ -13,7 +13,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "tf_internal.h"
+#include "fileaccess.h"
+#include "formats.h"
 
 static int dtype_from_name(const char *s) {
     for (int i = 0; i < TF_NUM_DTYPES; i++)

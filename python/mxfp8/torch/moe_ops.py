@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import _lib as _mx
 from .. import moe_config as _moe_cfg
 from .._lib import parse_seed as _parse_seed
 from . import _bridge as B
@@ -29,8 +30,9 @@ from .recipes import get_recipe
 __all__ = ["topk_softmax", "route", "moe"]
 
 _lib = torch.library
-_ACTIVATIONS = ("silu", "swish", "squared_relu", "gpt_oss_swiglu")
-_AFFINITY = ("affinity_on_i", "affinity_on_h")
+# the library's names (mxfp8_enum_name), as plain tables (torch.compile traces the argument checks)
+_ACTIVATIONS, _ACT_NAMES = dict(_mx.ACTIVATIONS), _mx.ACTIVATIONS.names
+_AFFINITY, _AFF_NAMES = dict(_mx.AFFINITY), _mx.AFFINITY.names
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,13 +398,16 @@ def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_
                gate_and_up_proj_bias, down_proj_bias)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size: expected an int >= 1, got {block_size!r}")
+    # canonical names (the custom ops take strings); unknown names: the library's message
     act = activation.strip().lower() if isinstance(activation, str) else activation
     if act not in _ACTIVATIONS:
-        raise ValueError(f"activation: unknown value {activation!r} (expected one of {', '.join(_ACTIVATIONS)})")
+        _mx.ACTIVATIONS.parse(activation if isinstance(activation, str) else repr(activation), "activation")
+    act = _ACT_NAMES[_ACTIVATIONS[act]]
     aff = affinity_option.strip().lower() if isinstance(affinity_option, str) else affinity_option
     if aff not in _AFFINITY:
-        raise ValueError(f"affinity_option: unknown value {affinity_option!r} (expected one of "
-                         f"{', '.join(_AFFINITY)})")
+        _mx.AFFINITY.parse(affinity_option if isinstance(affinity_option, str) else repr(affinity_option),
+                           "affinity_option")
+    aff = _AFF_NAMES[_AFFINITY[aff]]
     tp = _ids32(token_position_to_id, "token_position_to_id")
     be = _ids32(block_to_expert, "block_to_expert")
     if tp.dim() != 1 or tp.numel() % block_size:

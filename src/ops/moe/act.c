@@ -6,6 +6,15 @@
  */
 #include "moe.h"
 
+/* One row per mxfp8_activation (include/mxfp8.h). */
+const mxfp8i_act_desc mxfp8i_moe_acts[] = {
+    [MXFP8_ACT_SILU] = {MXFP8I_ACT_SIGMOID_GATED, 0, 1.0f, 1.0, 0, 0},
+    [MXFP8_ACT_SWISH] = {MXFP8I_ACT_SIGMOID_GATED, 0, 1.702f, 1.702, 0, 0},
+    [MXFP8_ACT_SQUARED_RELU] = {MXFP8I_ACT_SQUARED_RELU, 0, 0.0f, 0.0, 0, 0},
+    [MXFP8_ACT_GPT_OSS_SWIGLU] = {MXFP8I_ACT_SIGMOID_GATED, 1, 0.0f, 0.0, 1, 1},
+};
+_Static_assert(sizeof mxfp8i_moe_acts / sizeof mxfp8i_moe_acts[0] == MXFP8_ACT_GPT_OSS_SWIGLU + 1, "activations");
+
 void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, const float *b1, float *g, float *u,
                         float *act, int act_given, float *inter, int inter_given, float *S, float aq, float *sg) {
     if (gu) {
@@ -15,19 +24,14 @@ void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, c
     }
     if (!act_given && mxfp8i_moe_sigmoid_act(c)) {
         float *s = sg ? sg : act; /* act itself holds the sigmoid until it is overwritten by g * s */
-        if (c->activation == MXFP8_ACT_SWISH)
-            for (int64_t i = 0; i < I; i++) s[i] = expf(-1.702f * g[i]);
-        else if (c->activation == MXFP8_ACT_GPT_OSS_SWIGLU) {
-            const float al = c->swiglu_alpha;
-            for (int64_t i = 0; i < I; i++) s[i] = expf(-al * g[i]);
-        } else
-            for (int64_t i = 0; i < I; i++) s[i] = expf(-g[i]);
+        const float b = mxfp8i_moe_beta(c);
+        for (int64_t i = 0; i < I; i++) s[i] = expf(-b * g[i]);
         for (int64_t i = 0; i < I; i++) s[i] = 1.0f / (1.0f + s[i]);
         for (int64_t i = 0; i < I; i++) act[i] = g[i] * s[i];
     } else if (!act_given) {
         for (int64_t i = 0; i < I; i++) act[i] = mxfp8i_moe_act(c, g[i]);
     }
-    if (!inter_given && c->activation == MXFP8_ACT_GPT_OSS_SWIGLU) /* gpt-oss: act(g) * (u + 1) */
+    if (!inter_given && mxfp8i_moe_act_desc(c)->up_plus_one) /* gpt-oss: act(g) * (u + 1) */
         for (int64_t i = 0; i < I; i++) inter[i] = act[i] * (u[i] + 1.0f);
     else if (!inter_given)
         for (int64_t i = 0; i < I; i++) inter[i] = act[i] * u[i];
@@ -50,16 +54,12 @@ void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, f
         for (int64_t i = 0; i < I; i++) du[i] = aq * dI[i];
     else
         for (int64_t i = 0; i < I; i++) du[i] = dI[i];
-    const float al = c->swiglu_alpha;
-    if (sg && c->activation == MXFP8_ACT_SWISH)
-        for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + 1.702f * g[i] * (1.0f - sg[i]));
-    else if (sg && c->activation == MXFP8_ACT_GPT_OSS_SWIGLU)
-        for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + al * g[i] * (1.0f - sg[i]));
-    else if (sg)
-        for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + g[i] * (1.0f - sg[i]));
-    else
+    if (sg) {
+        const float b = mxfp8i_moe_beta(c);
+        for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + b * g[i] * (1.0f - sg[i]));
+    } else
         for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_moe_dact(c, g[i]);
-    if (c->activation == MXFP8_ACT_GPT_OSS_SWIGLU) /* d_gate = dIv * (u + 1) * act'(g) */
+    if (mxfp8i_moe_act_desc(c)->up_plus_one) /* d_gate = dIv * (u + 1) * act'(g) */
         for (int64_t i = 0; i < I; i++) {
             const int pg = clamp_pass(g[i], gl_on, gl, gh_on, gh);
             const float v = du[i] * (u[i] + 1.0f) * dg[i];

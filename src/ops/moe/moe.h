@@ -182,59 +182,70 @@ static inline int mxfp8i_moe_clamp_pass(double x, double lo, double hi) {
     return (lo == -INFINITY || !(x <= lo)) && (hi == INFINITY || !(x >= hi));
 }
 
-/** act(g) in FP32; the same expression everywhere (forward, checkpoints, recompute) so results are bitwise equal.
- *  gpt-oss SwiGLU: g * sigmoid(alpha g) (its + 1 on u is mxfp8i_moe_up). */
+/** An activation as data: act(g) = g * sigmoid(beta g) for the sigmoid-gated kinds, max(g, 0)^2 for squared ReLU;
+ *  inter = act(g) * (u + 1) when up_plus_one (else act(g) * u, exactly: no + 0 that would turn -0 into +0); the
+ *  config's swiglu_limit tightens the clamp limits when uses_limit (numerics.c). A new sigmoid-gated activation is
+ *  one row of mxfp8i_moe_acts (act.c). */
+typedef enum mxfp8i_act_kind { MXFP8I_ACT_SIGMOID_GATED = 0, MXFP8I_ACT_SQUARED_RELU = 1 } mxfp8i_act_kind;
+typedef struct mxfp8i_act_desc {
+    mxfp8i_act_kind kind;
+    int beta_from_config; /* beta = config.swiglu_alpha (else beta / beta_d below) */
+    float beta;           /* the sigmoid's beta in the FP32 expressions */
+    double beta_d;        /* and in the FP64 ones of the goldens (1.702, not (double)1.702f) */
+    int up_plus_one;      /* inter = act(g) * (u + 1) */
+    int uses_limit;       /* config.swiglu_limit tightens gate_clamp_upper and the up limits */
+} mxfp8i_act_desc;
+/** The descriptors by mxfp8_activation (validated values only). */
+extern const mxfp8i_act_desc mxfp8i_moe_acts[];
+static inline const mxfp8i_act_desc *mxfp8i_moe_act_desc(const mxfp8_moe_config *c) {
+    return &mxfp8i_moe_acts[c->activation];
+}
+static inline float mxfp8i_moe_beta(const mxfp8_moe_config *c) {
+    const mxfp8i_act_desc *a = mxfp8i_moe_act_desc(c);
+    return a->beta_from_config ? c->swiglu_alpha : a->beta;
+}
+static inline double mxfp8i_moe_beta_d(const mxfp8_moe_config *c) {
+    const mxfp8i_act_desc *a = mxfp8i_moe_act_desc(c);
+    return a->beta_from_config ? (double)c->swiglu_alpha : a->beta_d;
+}
+
+/** act(g) in FP32; the same expression everywhere (forward, checkpoints, recompute) so results are bitwise equal. */
 static inline float mxfp8i_moe_act(const mxfp8_moe_config *c, float g) {
-    switch (c->activation) {
-    case MXFP8_ACT_SWISH: return g * (1.0f / (1.0f + expf(-1.702f * g)));
-    case MXFP8_ACT_GPT_OSS_SWIGLU: return g * (1.0f / (1.0f + expf(-c->swiglu_alpha * g)));
-    case MXFP8_ACT_SQUARED_RELU: { float r = !(g <= 0.0f) ? g : 0.0f; return r * r; } /* NaN stays NaN */
-    default: return g * (1.0f / (1.0f + expf(-g)));
+    if (mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SQUARED_RELU) {
+        float r = !(g <= 0.0f) ? g : 0.0f; /* NaN stays NaN */
+        return r * r;
     }
+    return g * (1.0f / (1.0f + expf(-mxfp8i_moe_beta(c) * g)));
 }
-/** act'(g) in FP32. SiLU: s(1 + g(1 - s)); Swish: s(1 + 1.702 g (1 - s)) with s = sigmoid(1.702 g); gpt-oss:
- *  s(1 + alpha g (1 - s)) with s = sigmoid(alpha g); SquaredReLU: 2 max(g, 0). act(NaN) = act'(NaN) = NaN for all. */
+/** act'(g) in FP32. Sigmoid-gated: s(1 + beta g (1 - s)) with s = sigmoid(beta g); squared ReLU: 2 max(g, 0).
+ *  act(NaN) = act'(NaN) = NaN for all. */
 static inline float mxfp8i_moe_dact(const mxfp8_moe_config *c, float g) {
-    switch (c->activation) {
-    case MXFP8_ACT_SWISH: { float s = 1.0f / (1.0f + expf(-1.702f * g)); return s * (1.0f + 1.702f * g * (1.0f - s)); }
-    case MXFP8_ACT_GPT_OSS_SWIGLU: {
-        const float al = c->swiglu_alpha, s = 1.0f / (1.0f + expf(-al * g));
-        return s * (1.0f + al * g * (1.0f - s));
-    }
-    case MXFP8_ACT_SQUARED_RELU: return !(g <= 0.0f) ? 2.0f * g : 0.0f;
-    default: { float s = 1.0f / (1.0f + expf(-g)); return s * (1.0f + g * (1.0f - s)); }
-    }
+    if (mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SQUARED_RELU) return !(g <= 0.0f) ? 2.0f * g : 0.0f;
+    const float b = mxfp8i_moe_beta(c), s = 1.0f / (1.0f + expf(-b * g));
+    return s * (1.0f + b * g * (1.0f - s));
 }
-/** 1 for the activations g * sigmoid(c g) (SiLU, Swish, gpt-oss SwiGLU), whose sigmoid act.c keeps for act'(g). */
+/** 1 for the activations g * sigmoid(beta g), whose sigmoid act.c keeps for act'(g). */
 static inline int mxfp8i_moe_sigmoid_act(const mxfp8_moe_config *c) {
-    return c->activation == MXFP8_ACT_SILU || c->activation == MXFP8_ACT_SWISH ||
-           c->activation == MXFP8_ACT_GPT_OSS_SWIGLU;
+    return mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SIGMOID_GATED;
 }
-/** The up factor of inter = act(g) * up(u): u + 1 for gpt-oss SwiGLU, else u itself. */
+/** The up factor of inter = act(g) * up(u): u + 1 when the descriptor says so, else u itself. */
 static inline float mxfp8i_moe_up(const mxfp8_moe_config *c, float u) {
-    return c->activation == MXFP8_ACT_GPT_OSS_SWIGLU ? u + 1.0f : u;
+    return mxfp8i_moe_act_desc(c)->up_plus_one ? u + 1.0f : u;
 }
 static inline double mxfp8i_moe_act_d(const mxfp8_moe_config *c, double g) {
-    switch (c->activation) {
-    case MXFP8_ACT_SWISH: return g / (1.0 + exp(-1.702 * g));
-    case MXFP8_ACT_GPT_OSS_SWIGLU: return g / (1.0 + exp(-(double)c->swiglu_alpha * g));
-    case MXFP8_ACT_SQUARED_RELU: { double r = !(g <= 0.0) ? g : 0.0; return r * r; }
-    default: return g / (1.0 + exp(-g));
+    if (mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SQUARED_RELU) {
+        double r = !(g <= 0.0) ? g : 0.0;
+        return r * r;
     }
+    return g / (1.0 + exp(-mxfp8i_moe_beta_d(c) * g));
 }
 static inline double mxfp8i_moe_dact_d(const mxfp8_moe_config *c, double g) {
-    switch (c->activation) {
-    case MXFP8_ACT_SWISH: { double s = 1.0 / (1.0 + exp(-1.702 * g)); return s * (1.0 + 1.702 * g * (1.0 - s)); }
-    case MXFP8_ACT_GPT_OSS_SWIGLU: {
-        const double al = (double)c->swiglu_alpha, s = 1.0 / (1.0 + exp(-al * g));
-        return s * (1.0 + al * g * (1.0 - s));
-    }
-    case MXFP8_ACT_SQUARED_RELU: return !(g <= 0.0) ? 2.0 * g : 0.0;
-    default: { double s = 1.0 / (1.0 + exp(-g)); return s * (1.0 + g * (1.0 - s)); }
-    }
+    if (mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SQUARED_RELU) return !(g <= 0.0) ? 2.0 * g : 0.0;
+    const double b = mxfp8i_moe_beta_d(c), s = 1.0 / (1.0 + exp(-b * g));
+    return s * (1.0 + b * g * (1.0 - s));
 }
 static inline double mxfp8i_moe_up_d(const mxfp8_moe_config *c, double u) {
-    return c->activation == MXFP8_ACT_GPT_OSS_SWIGLU ? u + 1.0 : u;
+    return mxfp8i_moe_act_desc(c)->up_plus_one ? u + 1.0 : u;
 }
 
 /** The elementwise work of one real position (act.c), the same FP32 expressions as mxfp8i_moe_act, _dact and

@@ -15,7 +15,7 @@ mxfp8_status mxfp8i_moe_numerics_config(const char *fn, mxfp8_moe_config *c) {
     MXFP8I_RETURN_ERROR_IF(c->stochastic_rounding >> MXFP8_MOE_NUM_OPERANDS, MXFP8_ERR_INVALID_ARGUMENT,
                            "%s: config.stochastic_rounding 0x%x has bits beyond the %d operands", fn,
                            (unsigned)c->stochastic_rounding, MXFP8_MOE_NUM_OPERANDS);
-    if (c->activation != MXFP8_ACT_GPT_OSS_SWIGLU) return MXFP8_OK;
+    if (!mxfp8i_moe_act_desc(c)->uses_limit) return MXFP8_OK;
     MXFP8I_RETURN_ERROR_IF(!isfinite(c->swiglu_alpha), MXFP8_ERR_INVALID_ARGUMENT,
                            "%s: config.swiglu_alpha %g is not finite", fn, (double)c->swiglu_alpha);
     MXFP8I_RETURN_ERROR_IF(!(c->swiglu_limit > 0.0f), MXFP8_ERR_INVALID_ARGUMENT,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "moe.h"
+#include "../../runtime/enums.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Validation helpers                                                                                         */
@@ -77,16 +78,11 @@ static mxfp8_status check_config(const char *fn, const mxfp8_moe_config *c) {
     if (c->compute_dtype != MXFP8_DTYPE_BF16 && c->compute_dtype != MXFP8_DTYPE_F32)
         return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.compute_dtype %d is not bf16 or f32", fn,
                             (int)c->compute_dtype);
-    if (c->quant_dtype != MXFP8_FMT_E4M3 && c->quant_dtype != MXFP8_FMT_E5M2)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.quant_dtype %d is not e4m3 (0) or e5m2 (1)", fn,
-                            (int)c->quant_dtype);
-    if ((unsigned)c->scale_rule > MXFP8_SCALE_RCEIL)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.scale_rule %d is unknown", fn, (int)c->scale_rule);
-    if ((unsigned)c->activation > MXFP8_ACT_GPT_OSS_SWIGLU)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.activation %d is unknown", fn, (int)c->activation);
-    if ((unsigned)c->affinity_option > MXFP8_AFFINITY_ON_H)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.affinity_option %d is unknown", fn,
-                            (int)c->affinity_option);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "config.quant_dtype", MXFP8_ENUM_FLOAT8_DTYPE, (int)c->quant_dtype));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "config.scale_rule", MXFP8_ENUM_SCALE_RULE, (int)c->scale_rule));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "config.activation", MXFP8_ENUM_ACTIVATION, (int)c->activation));
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_check_enum(fn, "config.affinity_option", MXFP8_ENUM_AFFINITY_OPTION, (int)c->affinity_option));
     const float lim[4] = {c->gate_clamp_lower, c->gate_clamp_upper, c->up_clamp_lower, c->up_clamp_upper};
     const char *lname[4] = {"gate_clamp_lower", "gate_clamp_upper", "up_clamp_lower", "up_clamp_upper"};
     for (int i = 0; i < 4; i++)
@@ -144,7 +140,7 @@ static mxfp8_status check_weight(const char *fn, const char *name, const mxfp8_t
     if (mxfp8i_is_fp8_dtype(w->dtype) || w->dtype == MXFP8_DTYPE_U8) {
         if (w->dtype != MXFP8_DTYPE_U8 && w->dtype != mxfp8i_fmt_dtype(fmt))
             return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: %s holds %s codes but config.quant_dtype is %s", fn, name,
-                                mxfp8_dtype_name(w->dtype), fmt == MXFP8_FMT_E5M2 ? "e5m2" : "e4m3");
+                                mxfp8_dtype_name(w->dtype), mxfp8_enum_name(MXFP8_ENUM_FORMAT, (int32_t)fmt));
         if (!present(s))
             return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s holds FP8 codes but %s is absent", fn, name, sname);
         mxfp8_status st = mxfp8i_check_rank(fn, sname, s, ndim);

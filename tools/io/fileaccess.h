@@ -1,6 +1,7 @@
-/* tf_internal.h -- helpers shared by the .npy and .safetensors readers/writers (not used outside tools/io). */
-#ifndef MXFP8_TOOLS_TF_INTERNAL_H
-#define MXFP8_TOOLS_TF_INTERNAL_H
+/* fileaccess.h -- hardened file access shared by the tensor-file readers and writers (fileaccess.c; not used outside
+ * tools/io): error messages, input files, UTF-8 validation, atomic output. */
+#ifndef MXFP8_TOOLS_IO_FILEACCESS_H
+#define MXFP8_TOOLS_IO_FILEACCESS_H
 
 #include <stdio.h>
 #include <sys/types.h>
@@ -33,12 +34,7 @@ int tf_atomic_open(tf_atomic *a, const char *path, char *err, size_t errlen);
 int tf_atomic_write(tf_atomic *a, const void *buf, size_t n, char *err, size_t errlen);
 int tf_atomic_commit(tf_atomic *a, char *err, size_t errlen);
 void tf_atomic_abort(tf_atomic *a);
+/* The directory part of `path` (".", "/" or the prefix before the last slash), malloc'd; NULL when out of memory. */
+char *tf_dir_of(const char *path);
 
-/* Format readers / writers (path checks and atomicity handled by the callers above). */
-int tf_npy_load(const char *path, tf_set *out, char *err, size_t errlen);
-int tf_npy_write(tf_atomic *a, const tf_tensor *t, char *err, size_t errlen);
-int tf_npy_dtype_ok(tf_dtype d);
-int tf_st_load(const char *path, tf_set *out, char *err, size_t errlen);
-int tf_st_write(tf_atomic *a, const tf_set *set, char *err, size_t errlen);
-
-#endif
+#endif /* MXFP8_TOOLS_IO_FILEACCESS_H */
