@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_moe_lm import load_corpus, windows  # noqa: E402  (the same corpus and batches)
+from train_moe_lm import load_corpus, lr_at, windows  # noqa: E402  (the same corpus, batches and schedule)
 
 import mxfp8  # noqa: E402
 import mxfp8.torch as mt  # noqa: E402
@@ -62,13 +62,6 @@ def build(a, run):
         if not summary["experts"]:
             sys.exit(f"finetune_hf_moe: the experts were not converted: {summary['kept']}")
     return model
-
-
-def lr_at(step, a):
-    if step <= a.warmup:
-        return a.lr * step / a.warmup
-    t = (step - a.warmup) / max(1, a.steps - a.warmup)
-    return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
 def losses(model, x, y):
