@@ -158,6 +158,7 @@ def _matmul_config(elem_dtype, scale_rule):
     _lib.function("mxfp8_matmul_config_init")(ctypes.byref(c))
     c.float8_dtype = FORMAT_OF[elem_dtype]
     c.scale_rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
+    c.workspace = _lib.workspace()  # the calling thread's scratch, kept across calls (speed only)
     return c
 
 
@@ -181,6 +182,7 @@ def matmul_backward_into(dy2, w, x2, elem_dtype, scale_rule, dx2, dw):
     a.float8_dtype = FORMAT_OF[elem_dtype]
     a.output_dtype = CODE[dx2.dtype]
     a.scale_rule = _lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule")
+    a.workspace = _lib.workspace()
     vdx, vdw = view(dx2, "grad_input"), view(dw, "grad_weight")
     invoke("mxfp8_matmul_backward", ctypes.byref(a), ctypes.byref(vdx), ctypes.byref(vdw))
 
@@ -232,6 +234,7 @@ def _fill_moe_inputs(args, cc, inputs):
     args.down_proj_bias = opt_view(inputs.get("down_proj_bias"), "down_proj_bias")
     args.block_size = int(inputs["block_size"])
     args.config = ctypes.pointer(cc)
+    args.workspace = _lib.workspace()
 
 
 def moe_forward_into(cc, inputs, output, gate_up_ckpt, down_out_ckpt):
