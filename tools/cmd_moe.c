@@ -400,7 +400,12 @@ static int run(moe_job *j) {
         if (tf_save(j->out_path, &j->grads, err, sizeof err)) return cli_error(j->cmd, "%s", err);
         printf("wrote %d gradients to %s\n", ngr, j->out_path);
     }
-    if (!j->check) return CLI_OK;
+    if (!j->check) {
+        if (j->cfg.stochastic_rounding)
+            printf("verdict: none -- with stochastic rounding there is no reference to judge against (the golden "
+                   "references round to nearest)\n");
+        return CLI_OK;
+    }
     char bt[1024];
     bound_text(j, bt, sizeof bt);
     int rc = cli_print_verdict(gc, ngr, &k_crit, bt);

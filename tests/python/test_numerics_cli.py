@@ -113,3 +113,10 @@ def test_moe_bwd_stats_and_rounding(tmp_path):
     for bad in (("--stochastic-rounding", "p1_dy,nope"), ("--swiglu-limit", "abc"), ("--rounding-seed", "-3")):
         r = run("moe-bwd", *SMALL, *bad)
         assert r.returncode == 2 and "error" in r.stderr, bad
+
+
+def test_moe_bwd_stochastic_rounding_says_there_is_no_verdict():
+    r = run("moe-bwd", *SMALL, "--stochastic-rounding", "gemm1_x")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verdict: none -- with stochastic rounding there is no reference" in r.stdout
+    assert "verdict: PASS" not in r.stdout and "verdict: FAIL" not in r.stdout

@@ -354,6 +354,17 @@ def test_blockwise_moe_router_kept_unless_asked():
     assert type(moe[0].router) is mt.MXFP8Linear
 
 
+def test_quantize_routers_warns_for_transformers_routers():
+    """transformers' router modules hold raw parameters: quantize_routers=True cannot convert them, and says so."""
+    model = tiny_model("mixtral")
+    with pytest.warns(UserWarning, match=r"quantize_routers=True, but model\.layers\.0\.mlp\.gate \(MixtralTopKRouter\) .* stays in torch"):
+        _, summary = mt.convert_to_mxfp8(model, quantize_routers=True, block_size=BS, return_summary=True)
+    assert "router" in summary["kept"]["model.layers.0.mlp.gate"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mt.convert_to_mxfp8(tiny_model("mixtral"), block_size=BS)  # the default: kept, no warning
+
+
 def test_torch_compile_equals_eager():
     model = tiny_model("mixtral")
     mt.convert_to_mxfp8(model, block_size=BS)

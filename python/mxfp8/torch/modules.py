@@ -68,8 +68,10 @@ def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None, *, quantize_routers=
     recipe: a name in mxfp8.torch.RECIPES or an MXFP8Recipe (linear layers and experts). filter_fn(module, fqn) ->
     bool: convert only the layers / experts modules it accepts (fqn is the module's fully qualified name, e.g.
     "layers.0.attn.qkv"); None converts all. quantize_routers: also convert the routers and gates of MoE layers
-    (BlockwiseMoE.router, nn.Linear layers named "router", "gate" or "*_gate"); False by default, because MXFP8
-    routers change the top-k choice of a few percent of the tokens. experts: convert transformers' experts modules
+    (BlockwiseMoE.router, nn.Linear layers named "router", "gate" or "*_gate"; transformers' router modules hold
+    raw parameters and stay in torch, with a UserWarning when quantize_routers asks otherwise); False by default,
+    because MXFP8 routers change the top-k choice of a few percent of the tokens. The experts implementation is
+    set on the model's config, which transformers shares with the config object the model was built from. experts: convert transformers' experts modules
     (an unsupported one, or a model whose experts cannot all be converted, is left in torch with a UserWarning
     naming the reason). block_size: the experts' block size (mxfp8.torch.hf.DEFAULT_BLOCK_SIZE when None).
     state_dict keys and values are unchanged: checkpoints load into the converted and the unconverted model alike.
@@ -106,6 +108,10 @@ def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None, *, quantize_routers=
                     summary["kept"][fqn] = "filter_fn"
             elif type(child).__name__.lower().endswith("router") and "transformers" in type(child).__module__:
                 summary["kept"][fqn] = "router of a transformers MoE block (raw parameters, computed in torch)"
+                if quantize_routers:
+                    warnings.warn(f"convert_to_mxfp8: quantize_routers=True, but {fqn} ({type(child).__name__}) "
+                                  "holds raw parameters, not an nn.Linear: it stays in torch", UserWarning,
+                                  stacklevel=3)
             else:
                 swap(child, fqn)
 
