@@ -228,7 +228,7 @@ static int64_t ref_elems(const char *src, int dt, int n, const uint8_t *s, int s
             c = (uint8_t)(nan | (signbit(x) ? 0x80 : 0));
             v = NAN;
         } else {
-            c = mxfp8_fp32_to_fp8(x * ldexpf(1.0f, 127 - (int)sc), (mxfp8_format)fmt);
+            c = mxfp8_fp32_to_fp8(mxfp8i_clamp_elem(x, (mxfp8_format)fmt) * ldexpf(1.0f, 127 - (int)sc), (mxfp8_format)fmt);
             v = mxfp8_fp8_to_fp32(c, (mxfp8_format)fmt) * mxfp8_e8m0_to_fp32(sc);
         }
         switch (ok) {
