@@ -210,6 +210,16 @@ typedef enum mxfp8_scale_rule {
     MXFP8_SCALE_OCP = 1,   /**< e = floor(log2 amax) - emax [OCP §6.3]; scaled values past max normal saturate. */
     MXFP8_SCALE_RCEIL = 2  /**< e = ceil(log2(amax / max_normal)) (cuBLAS, TransformerEngine). */
 } mxfp8_scale_rule;
+/* Values near FLT_MAX. The MX value of an element is X = S * P [OCP §6.3], S = 2^e its group's scale and P its FP8
+ * value, and every consumer of this library computes X in FP32, so X must stay finite. Under the nki rule (which
+ * targets P in [2^(emax-1), 2^emax)) and the rceil rule, a group whose amax lies in the top FP32 binade gets the top
+ * scale, e = 120 (E4M3, E8M0 code 247) or e = 113 (E5M2, code 240), and an element that rounds up to 2^emax (256
+ * resp. 2^15: a valid FP8 value) would give X = 2^128 = +-inf. Such elements, and only those, are clamped to the
+ * largest FP8 value whose product with that scale is finite: 240 (code 0x77, X = 1.875 * 2^127) for E4M3, 28672
+ * (code 0x77, X = 1.75 * 2^127) for E5M2, under nearest and stochastic rounding alike, and they count as `saturated`
+ * in the statistics. Equivalently: |x| is clamped to 240 * 2^120 resp. 1.75 * 2^127 before scaling, which leaves
+ * every element of every other group (and every OCP result, whose top scale is 2^119 resp. 2^112) unchanged. No
+ * finite input element quantizes to a non-finite dequantized value. */
 
 /** Which 32 indices along the quantization axis form one group. */
 typedef enum mxfp8_group_scheme {
@@ -319,7 +329,8 @@ typedef enum mxfp8_rounding {
  * every count and sum is the same for any thread count, tiling and ISA path. Per group: the scale code enters the
  * histogram; a group with a NaN or Inf counts as nonfinite (its elements are counted in `elements` only); an all-zero
  * group counts as zero. Per element of the other groups, with y = x * 2^-e before saturation: saturated when
- * |y| > max normal (only the OCP rule can saturate finite values), flushed_to_zero when x != 0 gets a zero code,
+ * |y| > max normal (under the OCP rule), or when |x| exceeds the top-scale limit of "Values near FLT_MAX" (240 * 2^120
+ * for E4M3, 1.75 * 2^127 for E5M2: under nki and rceil only there), flushed_to_zero when x != 0 gets a zero code,
  * subnormal when the code is an FP8 subnormal; sum_sq_error = sum (x - q)^2 and sum_sq_signal = sum x^2 (q the
  * dequantized element), each group's in FP32 in its scaled domain in a fixed order (relative error ~1e-7), then
  * scaled by 2^(2e) exactly, summed over groups exactly and rounded once to FP64.
@@ -333,7 +344,7 @@ typedef enum mxfp8_rounding {
 typedef struct mxfp8_quant_stats {
     int64_t elements;              /**< elements quantized */
     int64_t groups;                /**< groups quantized (= sum of scale_histogram) */
-    int64_t saturated;             /**< |x / 2^e| above max normal before clamping */
+    int64_t saturated;             /**< |x / 2^e| above max normal, or |x| above the top-scale limit, before clamping */
     int64_t flushed_to_zero;       /**< x != 0 whose code is +-0 */
     int64_t subnormal;             /**< codes with exponent field 0 and a nonzero fraction */
     int64_t nonfinite_groups;      /**< groups holding a NaN or Inf (scale code 255) */
@@ -370,7 +381,7 @@ MXFP8_API mxfp8_quant_params mxfp8_quant_params_default(void);
  *  Per group: amax over the group's values (the zero padding of a short last group never enters amax); all-zero
  *  group -> scale code 0 and zero elements; any NaN or +-Inf in the group -> scale code 255 and every element code
  *  NaN (E4M3 0x7F/0xFF, E5M2 0x7E/0xFE, keeping each sign); else e from `rule`, elements RNE(x * 2^-e), saturating
- *  (or stochastically rounded with params->rounding = STOCHASTIC: see "Stochastic rounding"; the logical index of an
+ *  (at the top scale to the largest value whose dequantized value is finite: see "Values near FLT_MAX"; or stochastically rounded with params->rounding = STOCHASTIC: see "Stochastic rounding"; the logical index of an
  *  element is its row-major index in src's shape, whatever the strides). params->stats, when not NULL, receives the
  *  statistics of the call (see "Quantization statistics").
  *  Errors: NULL_POINTER, INVALID_ARGUMENT (axis, enum values), DTYPE, SHAPE_MISMATCH, SIZE_OVERFLOW, ALIASING,

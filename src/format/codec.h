@@ -26,6 +26,21 @@ static inline mxfp8i_fmt_info mxfp8i_fmt(mxfp8_format f) {
     mxfp8i_fmt_info e4 = {8, 448.0f, 0x7F}, e5 = {15, 57344.0f, 0x7E};
     return f == MXFP8_FMT_E5M2 ? e5 : e4;
 }
+/** The largest |x| an element may carry into the conversion so that its decoded value stays finite in FP32:
+ *  240 * 2^120 (E4M3) and 28672 * 2^113 = 1.75 * 2^127 (E5M2), the largest FP8 value v with v * 2^e <= FLT_MAX at
+ *  the top scale e the nki and rceil rules reach (E8M0 247 resp. 240). Clamping |x| to it before scaling changes
+ *  only elements of groups at that scale (|x| >= about 3.3e38); at every lower scale it lies above max normal * 2^e,
+ *  where the element saturates anyway. The MX value X = S * P [OCP §6.3] must be representable by its FP32
+ *  consumers: without the clamp such an element rounds to 2^(emax+1) (valid FP8 at 256 resp. 2^15 only as the next
+ *  binade) and S * P = 2^128 = inf. */
+static inline float mxfp8i_elem_cap(mxfp8_format f) {
+    return f == MXFP8_FMT_E5M2 ? 0x1.cp127f /* 1.75 * 2^127 */ : 0x1.ep127f /* 1.875 * 2^127 = 240 * 2^120 */;
+}
+/** x with its magnitude clamped to mxfp8i_elem_cap (sign kept; NaN passes through). */
+static inline float mxfp8i_clamp_elem(float x, mxfp8_format f) {
+    const float c = mxfp8i_elem_cap(f);
+    return x > c ? c : x < -c ? -c : x;
+}
 static inline mxfp8_dtype mxfp8i_fmt_dtype(mxfp8_format f) {
     return f == MXFP8_FMT_E5M2 ? MXFP8_DTYPE_E5M2 : MXFP8_DTYPE_E4M3;
 }

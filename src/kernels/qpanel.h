@@ -7,8 +7,8 @@
  * cols = (ls = 1, ks = ld). K may be any length (the last 1x32 group may be short); wrapX needs K % 128 == 0
  * (the caller checks). src dtype: F32, BF16 or F16.
  *   Quantize: out_dtype E4M3/E5M2/U8 stores codes; F32/BF16/F16 stores the quantize-dequantize ("qdq") values
- *     v = fp8(code) * 2^(scale - 127), computed in FP32 (exact, except that a group whose amax lies at the very top
- *     of FP32's range can round up to 2^128 = Inf, as the reference does; a NaN group gives 0x7FC00000), rounded RNE
+ *     v = fp8(code) * 2^(scale - 127), computed in FP32 (exact and finite: at the top scale elements are clamped so that
+ *     v stays at most FLT_MAX, see codec.h's mxfp8i_elem_cap; a NaN group gives 0x7FC00000), rounded RNE
  *     for BF16/F16. Scales (may be NULL) at scales[l*sc_ls + g*sc_gs], g < ceil(K/32) in compact group order.
  *   Dequantize: codes + scales in, values out.
  *   Both return the number of elements whose BF16/F16 value differs from the exact FP32 value (0 for F32 and code

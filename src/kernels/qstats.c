@@ -115,7 +115,7 @@ void mxfp8i_qstats_group(mxfp8i_qstats *s, const float *x, const uint8_t *codes,
         const float y = fabsf(x[i] * inv), r = fabsf(mxfp8i_fp8_to_fp32(codes[i], fmt));
         const int mag = codes[i] & 0x7F;
         nonzero |= x[i] != 0.0f;
-        if (y > fi.max_normal) s->saturated++;
+        if (y > fi.max_normal || fabsf(x[i]) > mxfp8i_elem_cap(fmt)) s->saturated++;
         if (x[i] != 0.0f && mag == 0) s->flushed++;
         if (mag != 0 && mag < (1 << m)) s->subnormal++;
         const float d = y - r;

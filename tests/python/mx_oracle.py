@@ -20,6 +20,8 @@ Rules:
     ml_dtypes. Clipping first equals RNE-then-saturate: anything above max normal would round to max normal or
     past it, and both saturate to max normal. (ml_dtypes' own cast does not saturate: 465 -> NaN in E4M3,
     61440 -> Inf in E5M2; and its float64 cast rounds via float32, so we hand it float32.)
+  * values near FLT_MAX: a code whose value times 2^e exceeds FLT_MAX (possible only at the top scale of the nki
+    and rceil rules) steps down to the largest code whose dequantized value is finite (include/mxfp8.h).
 """
 
 import ml_dtypes
@@ -144,6 +146,16 @@ def quantize(x, fmt="e4m3", axis=-1, rule="nki", group="1x32"):
     scales = np.where(nonfinite, 255, scales).astype(np.uint8)
     scaled = vals.astype(np.float64) * np.exp2(-e.astype(np.float64))[..., None]
     codes = encode(scaled, fmt)
+    # The dequantized value must stay finite in FP32 (include/mxfp8.h, "Values near FLT_MAX"): step a magnitude down
+    # to the largest code whose value times 2^e is at most FLT_MAX (only at the top scale of the nki/rceil rules).
+    flt_max = float(np.finfo(np.float32).max)
+    while True:
+        with np.errstate(invalid="ignore", over="ignore"):
+            val = codes.view(f["dtype"]).astype(np.float64) * np.exp2(e.astype(np.float64))[..., None]
+        over = ~nonfinite[..., None] & np.isfinite(scaled) & (np.abs(val) > flt_max)
+        if not over.any():
+            break
+        codes = np.where(over, codes - np.uint8(1), codes).astype(np.uint8)
     sign = np.signbit(vals).astype(np.uint8) << 7
     codes = np.where(nonfinite[..., None], np.uint8(f["nan"]) | sign, codes).astype(np.uint8)
     out = np.zeros((R, L), np.uint8)

@@ -84,6 +84,16 @@ def sr_oracle(x, scales, fmt, axis, seed, stream):
 
 
 # ---- statistics ----
+def top_finite(fmt, s):
+    """Per scale code s: the largest FP8 value times 2^(s - 127) that is at most FLT_MAX (an element beyond it is
+    saturated: include/mxfp8.h, "Values near FLT_MAX")."""
+    g = GRID[fmt][np.isfinite(GRID[fmt])]
+    with np.errstate(over="ignore", invalid="ignore"):
+        prod = g[None, :] * np.ldexp(1.0, np.clip(np.asarray(s, np.int64), 0, 254) - 127).reshape(-1, 1)
+    ok = prod <= float(np.finfo(np.float32).max)
+    return np.where(ok, prod, 0).max(axis=1).reshape(np.shape(s))
+
+
 def stats_oracle(x, fmt, axis, rule):
     """Counts and sums of quantizing x (float32) along axis, 1x32, from the oracle's codes and float64 arithmetic."""
     codes, scales = mx_oracle.quantize(x, fmt, axis, rule, "1x32")
@@ -106,7 +116,7 @@ def stats_oracle(x, fmt, axis, rule):
     use = finite & valid
     return {
         "elements": int(x.size), "groups": int(sm.size),
-        "saturated": int(np.sum(use & (y > mx_oracle.FMT[fmt]["max_normal"]))),
+        "saturated": int(np.sum(use & ((y > mx_oracle.FMT[fmt]["max_normal"]) | (np.abs(xg) > top_finite(fmt, s))))),
         "flushed_to_zero": int(np.sum(use & (xg != 0) & (mag == 0))),
         "subnormal": int(np.sum(use & (mag != 0) & (mag < (1 << m)))),
         "nonfinite_groups": int(np.sum(sm == 255)), "zero_groups": int(np.sum(zero_group)),

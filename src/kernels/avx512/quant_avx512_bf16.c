@@ -22,6 +22,9 @@
 AI __m512i set1w(int v) { return _mm512_set1_epi16((short)v); }
 AI __m512i bf16_codes(__m512i v, __m512i k2, int fmt, int sat) {
     const int m = fmt == MXFP8_FMT_E5M2 ? 2 : 3;
+    if (!sat) /* nki/rceil: clamp |x| to codec.h's mxfp8i_elem_cap (BF16 bits 0x7F70 / 0x7F60), sign kept */
+        v = _mm512_or_si512(_mm512_min_epu16(_mm512_and_si512(v, set1w(0x7FFF)), set1w(fmt == MXFP8_FMT_E5M2 ? 0x7F60 : 0x7F70)),
+                            _mm512_and_si512(v, set1w(0x8000)));
     __m512i a = _mm512_and_si512(v, set1w(0x7FFF));
     __m512i bx = _mm512_srli_epi16(a, 7);
     __m512i sig = _mm512_ternarylogic_epi32(v, set1w(0x7F), set1w(0x80), 0xEA); /* (v & 0x7F) | 0x80 */
@@ -44,6 +47,9 @@ AI __m512i bf16_codes(__m512i v, __m512i k2, int fmt, int sat) {
  * reference's -0 code gives -0.0). For s >= Q16_SMIN every value is a BF16 normal or zero. */
 AI __m512i bf16_qdq(__m512i v, __m512i k2, int fmt, int sat) {
     const int m = fmt == MXFP8_FMT_E5M2 ? 2 : 3;
+    if (!sat) /* nki/rceil: clamp |x| to codec.h's mxfp8i_elem_cap (BF16 bits 0x7F70 / 0x7F60), sign kept */
+        v = _mm512_or_si512(_mm512_min_epu16(_mm512_and_si512(v, set1w(0x7FFF)), set1w(fmt == MXFP8_FMT_E5M2 ? 0x7F60 : 0x7F70)),
+                            _mm512_and_si512(v, set1w(0x8000)));
     __m512i a = _mm512_and_si512(v, set1w(0x7FFF));
     __m512i bx = _mm512_srli_epi16(a, 7);
     __m512i sig = _mm512_ternarylogic_epi32(v, set1w(0x7F), set1w(0x80), 0xEA); /* (v & 0x7F) | 0x80 */

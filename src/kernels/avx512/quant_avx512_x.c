@@ -134,6 +134,11 @@ AI __m512i half_codes(__m512 ax, __m512 inv, int fmt, int sat, const __m512i *rn
     *y = a;
     *satm = _mm512_cmp_ps_mask(a, set1f_bits(f_maxn(fmt)), _CMP_GT_OQ);
     if (sat) a = _mm512_min_ps(a, set1f_bits(f_maxn(fmt)));
+    else { /* nki/rceil: the top-scale clamp of codec.h's mxfp8i_elem_cap (counted as saturated) */
+        const __m512 cap = _mm512_set1_ps(mxfp8i_elem_cap(fmt));
+        *satm |= _mm512_cmp_ps_mask(ax, cap, _CMP_GT_OQ);
+        a = _mm512_mul_ps(_mm512_min_ps(ax, cap), inv);
+    }
     __m512i Ci = rne_magic(a, fmt);
     __m512 C = _mm512_castsi512_ps(Ci);
     __m512i base = _mm512_sub_epi32(_mm512_srli_epi32(Ci, sh), set1(k)); /* (E - emin) << m */

@@ -229,7 +229,7 @@ static int64_t ref_elems(const char *src, int dt, int n, const uint8_t *s, int s
             c = (uint8_t)(nan | (signbit(x) ? 0x80 : 0));
             v = NAN;
         } else {
-            c = mxfp8_fp32_to_fp8(x * ldexpf(1.0f, 127 - (int)sc), (mxfp8_format)fmt);
+            c = mxfp8_fp32_to_fp8(mxfp8i_clamp_elem(x, (mxfp8_format)fmt) * ldexpf(1.0f, 127 - (int)sc), (mxfp8_format)fmt);
             v = mxfp8_fp8_to_fp32(c, (mxfp8_format)fmt) * mxfp8_e8m0_to_fp32(sc);
         }
         switch (ok) {
@@ -295,11 +295,12 @@ typedef struct qctx {
     int sat;        /* scaled values can exceed max normal (ocp only: nki and rceil keep amax * 2^-e <= max) */
 } qctx;
 
-/* min(|x| * 2^-e, max normal); the min only where the rule can overshoot (a finite group under nki/rceil never
- * does: amax * 2^-e < 2^emax resp. <= max normal, and RNE cannot round past max normal from below it). */
+/* min(|x| * 2^-e, max normal) under ocp; under nki/rceil (amax * 2^-e < 2^emax resp. <= max normal, no saturation)
+ * min(|x|, mxfp8i_elem_cap) * 2^-e, which changes only elements of a group at the top scale, where rounding up to
+ * 2^emax would decode past FLT_MAX (codec.h). Under ocp the cap lies above max normal * 2^e: nothing to do. */
 AI __m512 scaled_abs(__m512 x, __m512 inv, int fmt, int sat) {
-    __m512 a = _mm512_mul_ps(x, inv);
-    return sat ? _mm512_min_ps(a, set1f_bits(f_maxn(fmt))) : a;
+    if (!sat) return _mm512_mul_ps(_mm512_min_ps(x, _mm512_set1_ps(mxfp8i_elem_cap(fmt))), inv); /* top scale */
+    return _mm512_min_ps(_mm512_mul_ps(x, inv), set1f_bits(f_maxn(fmt)));
 }
 
 /* One block: quantize the magnitudes with multipliers (ilo, ihi) and store codes or qdq values (scale values

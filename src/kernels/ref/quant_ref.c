@@ -5,7 +5,9 @@
  *
  *  amax over the n values (zero padding never enters); any NaN/Inf -> scale 255 and NaN codes (sign kept);
  *  amax == 0 -> scale 0 and elements RNE(x * 2^127) = signed zeros; else e = rule(amax), codes RNE(x * 2^-e)
- *  saturating. x * 2^-e is computed in FP32: a multiplication by an exact power of two (e in [-127, 127]) is exact
+ *  saturating; |x| is first clamped to mxfp8i_elem_cap (codec.h), so that at the top scale the nki and rceil rules
+ *  reach (2^120 for E4M3, 2^113 for E5M2) no element rounds to a value whose product with the scale overflows FP32
+ *  (it becomes 240 resp. 28672 and counts as saturated); every other code is unchanged. x * 2^-e is computed in FP32: a multiplication by an exact power of two (e in [-127, 127]) is exact
  *  except in FP32's subnormal range, which lies far below half the smallest FP8 subnormal, so no double rounding
  *  can change a code. Stochastic rounding (qpanel.h's sr) replaces RNE by mxfp8i_fp32_to_fp8_sr with each element's
  *  Philox word (src/format/philox.h); statistics go through mxfp8i_qstats_group (qstats.h).
@@ -41,9 +43,9 @@ uint8_t mxfp8i_quantize_group_sr(const float *x, int n, mxfp8_format fmt, mxfp8_
     uint8_t s = mxfp8i_scale_code(amax, fmt, rule);
     float inv = pow2f(127 - (int)s); /* 2^-e, e = s - 127 */
     if (rnd)
-        for (int i = 0; i < n; i++) codes[i] = mxfp8i_fp32_to_fp8_sr(x[i] * inv, fmt, rnd[i]);
+        for (int i = 0; i < n; i++) codes[i] = mxfp8i_fp32_to_fp8_sr(mxfp8i_clamp_elem(x[i], fmt) * inv, fmt, rnd[i]);
     else
-        for (int i = 0; i < n; i++) codes[i] = mxfp8i_fp32_to_fp8(x[i] * inv, fmt);
+        for (int i = 0; i < n; i++) codes[i] = mxfp8i_fp32_to_fp8(mxfp8i_clamp_elem(x[i], fmt) * inv, fmt);
     return s;
 }
 

@@ -5,7 +5,8 @@
  *    compact index k0/32 + j;
  *  - a group: amax over its values (a short group has no padding values); any NaN or Inf -> scale 255 and NaN codes
  *    with each element's sign; amax 0 -> scale 0 (zero codes keep their sign); else the rule's scale code s and codes
- *    = the FP8 encoding of x * 2^(127 - s), computed exactly in double (the encoding saturates) [OCP 6.3];
+ *    = the FP8 encoding of x * 2^(127 - s), computed exactly in double (the encoding saturates) [OCP 6.3], then stepped down to the largest code whose
+ *    dequantized value is at most FLT_MAX (include/mxfp8.h, "Values near FLT_MAX");
  *  - dequantization: value(code) * 2^(s - 127), exact; s = 255 -> NaN;
  *  - GEMM: C = fmaf chain over k ascending from +0 of the dequantized operands.
  */
@@ -55,7 +56,13 @@ int orc_quant_group(const double *x, int n, int fmt, int rule, uint8_t *codes) {
     }
     const int s = orc_scale_code(amax, fmt, rule);
     const double inv = orc_e8m0_value((unsigned)(254 - s)); /* 2^(127 - s): x * inv is exact in double */
-    for (int i = 0; i < n; i++) codes[i] = orc_fp8_encode(x[i] * inv, fmt);
+    for (int i = 0; i < n; i++) {
+        codes[i] = orc_fp8_encode(x[i] * inv, fmt);
+        /* the dequantized value must stay finite in FP32 (include/mxfp8.h, "Values near FLT_MAX"): step the
+           magnitude down to the largest code whose value times 2^(s - 127) is at most FLT_MAX */
+        while (fabs(orc_fp8_value(codes[i], fmt) * orc_e8m0_value((unsigned)s)) > 3.4028234663852886e38)
+            codes[i] = (uint8_t)(codes[i] - 1);
+    }
     return s;
 }
 
