@@ -7,13 +7,9 @@
 #include "bwd_state.h"
 #include "../../kernels/registry.h"
 
-/* Element (n, i, q) of an [N, I, B] checkpoint / (n, j, i, q) of [N, 2, I, B] / (n, q, h) of [N, B, H]. */
+/* Element (n, i, q) of an [N, I, B] checkpoint / (n, q, h) of [N, B, H]. */
 static inline float ck3(const mxfp8_tensor *t, int64_t n, int64_t x, int64_t y) {
     return mxfp8i_load_f32(t->data, t->dtype, n * t->strides[0] + x * t->strides[1] + y * t->strides[2]);
-}
-static inline float ck4(const mxfp8_tensor *t, int64_t n, int64_t j, int64_t i, int64_t q) {
-    return mxfp8i_load_f32(t->data, t->dtype,
-                           n * t->strides[0] + j * t->strides[1] + i * t->strides[2] + q * t->strides[3]);
 }
 
 /* X and dY rows of the block's tokens (padding rows zero); X in mxfp8i_moe_xb_dtype, dY in FP32. */
