@@ -117,23 +117,19 @@ static const special sp_matmul[] = {
 /* mxfp8_matmul_backward                                                                                    */
 /* ======================================================================================================== */
 /* t0 dY [M, N], t1 W [N, K], t2 X [M, K], t3 input_grad [M, K], t4 weight_grad [N, K] */
-static mxfp8_status call_mbwd(fx *f) {
+/* The args of the call and of its validate entry, from the fixture's views. */
+static const mxfp8_matmul_bwd_args *fill_mbwd(fx *f) {
     f->mb.output_grad = f->t[0];
     f->mb.weights = f->t[1];
     f->mb.input_activation = f->t[2];
     f->mb.input_grad_config = f->cfgp;
     f->mb.weight_grad_config = f->cfgp2;
     if (f->nt > 5) f->mb.output_grad_scales = f->t[5];
-    return mxfp8_matmul_backward(f->argp ? &f->mb : NULL, f->tp[3], f->tp[4]);
+    return f->argp ? &f->mb : NULL;
 }
+static mxfp8_status call_mbwd(fx *f) { return mxfp8_matmul_backward(fill_mbwd(f), f->tp[3], f->tp[4]); }
 static mxfp8_status validate_mbwd(fx *f, size_t *ws) {
-    f->mb.output_grad = f->t[0];
-    f->mb.weights = f->t[1];
-    f->mb.input_activation = f->t[2];
-    f->mb.input_grad_config = f->cfgp;
-    f->mb.weight_grad_config = f->cfgp2;
-    if (f->nt > 5) f->mb.output_grad_scales = f->t[5];
-    return mxfp8_matmul_backward_validate(f->argp ? &f->mb : NULL, f->tp[3], f->tp[4], ws);
+    return mxfp8_matmul_backward_validate(fill_mbwd(f), f->tp[3], f->tp[4], ws);
 }
 static void setup_mbwd(fx *f) {
     f->fn = "mxfp8_matmul_backward";
