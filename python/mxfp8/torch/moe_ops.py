@@ -35,6 +35,15 @@ _ACTIVATIONS, _ACT_NAMES = dict(_mx.ACTIVATIONS), _mx.ACTIVATIONS.names
 _AFFINITY, _AFF_NAMES = dict(_mx.AFFINITY), _mx.AFFINITY.names
 
 
+def _canonical(table, plain, names, value, param):
+    """The canonical name of `value` in the library's enumeration `table` (`plain` / `names`: its plain copies);
+    an unknown name raises the library's message for `param`."""
+    key = value.strip().lower() if isinstance(value, str) else value
+    if key not in plain:
+        table.parse(value if isinstance(value, str) else repr(value), param)
+    return names[plain[key]]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # ids
 # ---------------------------------------------------------------------------------------------------------------
@@ -399,15 +408,8 @@ def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size: expected an int >= 1, got {block_size!r}")
     # canonical names (the custom ops take strings); unknown names: the library's message
-    act = activation.strip().lower() if isinstance(activation, str) else activation
-    if act not in _ACTIVATIONS:
-        _mx.ACTIVATIONS.parse(activation if isinstance(activation, str) else repr(activation), "activation")
-    act = _ACT_NAMES[_ACTIVATIONS[act]]
-    aff = affinity_option.strip().lower() if isinstance(affinity_option, str) else affinity_option
-    if aff not in _AFFINITY:
-        _mx.AFFINITY.parse(affinity_option if isinstance(affinity_option, str) else repr(affinity_option),
-                           "affinity_option")
-    aff = _AFF_NAMES[_AFFINITY[aff]]
+    act = _canonical(_mx.ACTIVATIONS, _ACTIVATIONS, _ACT_NAMES, activation, "activation")
+    aff = _canonical(_mx.AFFINITY, _AFFINITY, _AFF_NAMES, affinity_option, "affinity_option")
     tp = _ids32(token_position_to_id, "token_position_to_id")
     be = _ids32(block_to_expert, "block_to_expert")
     if tp.dim() != 1 or tp.numel() % block_size:
