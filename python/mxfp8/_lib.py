@@ -650,3 +650,14 @@ def workspace():
     if ws is None:
         ws = _tls.ws = _Workspace()
     return ws.handle
+
+
+def workspace_bytes():
+    """Bytes held by the calling thread's workspace (0 before its first use)."""
+    ws = getattr(_tls, "ws", None)
+    return int(function("mxfp8_workspace_bytes")(ws.handle)) if ws is not None else 0
+
+
+def release_workspace():
+    """Free the calling thread's workspace; the next call that wants one creates it anew."""
+    _tls.ws = None

@@ -23,6 +23,10 @@ views: data_ptr and strides, any strides the library accepts):
 Modules: MXFP8Linear, convert_to_mxfp8, BlockwiseMoE. Hugging Face transformers: ``import mxfp8.torch.hf`` registers
 the "mxfp8" experts implementation (model.set_experts_implementation("mxfp8")); convert_to_mxfp8 uses it.
 Recipes: RECIPES ("nki", "mxfp8", "ocp"), MXFP8Recipe.
+Memory: the ops' output buffers (activations, gradients, MoE checkpoints) are reused by later calls of the same
+shape once nothing refers to them, so a training step of fixed shapes allocates no fresh memory after the first:
+empty_cache() releases what is kept, memory_reserved() tells its size, set_buffer_reuse(False) turns reuse off
+(mxfp8.torch._buffers says the rules).
 Statistics: ``with collect_stats(model) as stats:`` records the quantization statistics of every layer during a
 training step (mxfp8.torch.stats).
 The registered ops live in torch.ops.mxfp8 (quantize, dequantize, linear, linear_backward, topk_softmax,
@@ -44,7 +48,9 @@ from .recipes import RECIPES, MXFP8Recipe, get_recipe  # noqa: F401
 from . import routing  # noqa: F401
 from .routing import load_balancing_loss, select_experts  # noqa: F401
 from .stats import collect_stats  # noqa: F401
+from ._buffers import buffer_stats, empty_cache, memory_reserved, set_buffer_reuse  # noqa: F401
 
 __all__ = ["quantize", "dequantize", "linear", "linear_backward", "topk_softmax", "route", "moe", "MXFP8Linear",
            "convert_to_mxfp8", "BlockwiseMoE", "RECIPES", "MXFP8Recipe", "get_recipe", "collect_stats",
-           "load_balancing_loss", "select_experts"]
+           "load_balancing_loss", "select_experts", "empty_cache", "memory_reserved", "set_buffer_reuse",
+           "buffer_stats"]

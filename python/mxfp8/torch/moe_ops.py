@@ -25,6 +25,7 @@ from .. import _lib as _mx
 from .. import moe_config as _moe_cfg
 from .._lib import parse_seed as _parse_seed
 from . import _bridge as B
+from . import _buffers
 from .recipes import get_recipe
 
 __all__ = ["topk_softmax", "route", "moe"]
@@ -229,9 +230,9 @@ def _moe(hidden_states: Tensor, expert_affinities_masked: Tensor, gate_up_proj_w
          checkpoint: bool) -> tuple[Tensor, Tensor, Tensor]:
     s_gu, s_down = _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size,
                                 affinity_option, checkpoint)
-    output = torch.empty(hidden_states.shape, dtype=hidden_states.dtype)
-    gate_up = torch.empty(s_gu, dtype=torch.float32)
-    down = torch.empty(s_down, dtype=torch.float32)
+    output = _buffers.empty(hidden_states.shape, hidden_states.dtype)
+    gate_up = _buffers.empty(s_gu, torch.float32)
+    down = _buffers.empty(s_down, torch.float32)
     bias = gate_and_up_proj_bias is not None or down_proj_bias is not None
     cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias, swiglu,
                       rounding)
@@ -266,7 +267,8 @@ def _moe_backward(grad_output: Tensor, hidden_states: Tensor, expert_affinities_
                   scale_rule: str, skip_token: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     bias = gate_and_up_proj_bias is not None or down_proj_bias is not None
     grads = _grad_buffers(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
-                          gate_and_up_proj_bias, down_proj_bias, torch.empty)
+                          gate_and_up_proj_bias, down_proj_bias,
+                          lambda shape, dtype: _buffers.empty(shape, dtype))
     cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias, swiglu,
                       rounding)
     inputs = _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,

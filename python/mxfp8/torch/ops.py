@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from . import _bridge as B
+from . import _buffers
 from .recipes import get_recipe
 
 __all__ = ["quantize", "dequantize", "linear", "linear_backward"]
@@ -182,7 +183,7 @@ def _linear_impl(input, weight, bias, elem_dtype, scale_rule, out):
         B.matmul_into(x2, weight, elem_dtype, scale_rule, o2)
         return
     # the bias is added to the FP32 GEMM result, then rounded once to the output dtype
-    acc = o2 if o2.dtype == torch.float32 else torch.empty(o2.shape, dtype=torch.float32)
+    acc = o2 if o2.dtype == torch.float32 else _buffers.empty(o2.shape, torch.float32)
     B.matmul_into(x2, weight, elem_dtype, scale_rule, acc)
     acc.add_(bias.to(torch.float32))
     if acc is not o2:
@@ -192,7 +193,7 @@ def _linear_impl(input, weight, bias, elem_dtype, scale_rule, out):
 @_lib.custom_op("mxfp8::linear", mutates_args=())
 def _linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], elem_dtype: torch.dtype,
             scale_rule: str) -> Tensor:
-    out = torch.empty((*input.shape[:-1], weight.shape[0]), dtype=input.dtype)
+    out = _buffers.empty((*input.shape[:-1], weight.shape[0]), input.dtype)
     _linear_impl(input, weight, bias, elem_dtype, scale_rule, out)
     return out
 
@@ -222,9 +223,8 @@ def _linear_backward_impl(grad_output, input, weight, elem_dtype, scale_rule, gr
         return
     # the library writes both gradients in one dtype: compute in FP32 and round each once to its own dtype
     # (RNE from the FP32 result, the same rounding the library applies)
-    gi_acc = gi2 if gi2.dtype == torch.float32 else torch.empty(gi2.shape, dtype=torch.float32)
-    gw_acc = grad_weight if grad_weight.dtype == torch.float32 else torch.empty(grad_weight.shape,
-                                                                                 dtype=torch.float32)
+    gi_acc = gi2 if gi2.dtype == torch.float32 else _buffers.empty(gi2.shape, torch.float32)
+    gw_acc = grad_weight if grad_weight.dtype == torch.float32 else _buffers.empty(grad_weight.shape, torch.float32)
     B.matmul_backward_into(dy2, weight, x2, elem_dtype, scale_rule, gi_acc, gw_acc)
     if gi_acc is not gi2:
         gi2.copy_(gi_acc)
@@ -235,7 +235,7 @@ def _linear_backward_impl(grad_output, input, weight, elem_dtype, scale_rule, gr
 def _bias_grad(grad_output, bias_dtype):
     """sum of dY over every row (mxfp8_bias_grad: FP32 in one fixed order, rounded once to the bias dtype)."""
     dy2 = _rows(grad_output, grad_output.shape[-1])
-    gb = torch.empty((dy2.shape[1],), dtype=bias_dtype)
+    gb = _buffers.empty((dy2.shape[1],), bias_dtype)
     vdy, vgb = B.view(dy2, "grad_output"), B.view(gb, "grad_bias")
     B.invoke("mxfp8_bias_grad", ctypes.byref(vdy), ctypes.byref(vgb))
     return gb
@@ -244,8 +244,8 @@ def _bias_grad(grad_output, bias_dtype):
 @_lib.custom_op("mxfp8::linear_backward", mutates_args=())
 def _linear_backward(grad_output: Tensor, input: Tensor, weight: Tensor, elem_dtype: torch.dtype, scale_rule: str,
                      bias_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor, Tensor]:
-    gi = torch.empty(input.shape, dtype=input.dtype)
-    gw = torch.empty(weight.shape, dtype=weight.dtype)
+    gi = _buffers.empty(input.shape, input.dtype)
+    gw = _buffers.empty(weight.shape, weight.dtype)
     _linear_backward_impl(grad_output, input, weight, elem_dtype, scale_rule, gi, gw)
     gb = torch.empty(0) if bias_dtype is None else _bias_grad(grad_output, bias_dtype)
     return gi, gw, gb

@@ -7,8 +7,11 @@
  * Every input is validated before an output is written.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "moe.h"
+
+#define ROUTE_STACK_EXPERTS 512
 
 static int64_t ceil_div_signed(int64_t num, int64_t den) { /* den > 0; rounds toward +inf */
     return num >= 0 ? (num + den - 1) / den : -((-num) / den);
@@ -136,16 +139,17 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
                                         token_position_to_id, block_to_expert, expert_affinities_masked, &N));
     const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], E = num_experts, B = block_size;
     const int64_t NB = N * B, TE = T * E;
-    int64_t *count = (int64_t *)calloc((size_t)E, sizeof(int64_t));
-    int64_t *cursor = (int64_t *)calloc((size_t)E, sizeof(int64_t));
-    int64_t *seen = (int64_t *)malloc((size_t)E * sizeof(int64_t));
-    if (!count || !cursor || !seen) {
-        free(count); free(cursor); free(seen);
+    /* three counters per expert: on the stack up to ROUTE_STACK_EXPERTS experts (a training step's routing then
+       allocates nothing), else on the heap */
+    int64_t onstack[3 * ROUTE_STACK_EXPERTS];
+    int64_t *heap = NULL;
+    if (E > ROUTE_STACK_EXPERTS && !(heap = (int64_t *)malloc(3 * (size_t)E * sizeof(int64_t))))
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld expert counters", fn, (long long)E);
-    }
+    int64_t *count = heap ? heap : onstack, *cursor = count + E, *seen = cursor + E;
+    memset(count, 0, 2 * (size_t)E * sizeof(int64_t));
     mxfp8_status st = count_ids(fn, topk_ids, E, B, N, count, cursor, seen);
     if (st) {
-        free(count); free(cursor); free(seen);
+        free(heap);
         return st;
     }
     const int32_t *ids = (const int32_t *)topk_ids->data;
@@ -175,6 +179,6 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
             else
                 mxfp8i_store_f32(a->data, a->dtype, (t * E + e) * a->strides[0], w);
         }
-    free(count); free(cursor); free(seen);
+    free(heap);
     return MXFP8_OK;
 }
