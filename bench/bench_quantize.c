@@ -105,9 +105,11 @@ static void row(bench_ctx *b, cJSON *ja, const quant_bufs *qb, int ax, int nt, d
 void bench_quantize(bench_ctx *b) {
     const int64_t R = 4096, C = 4096;
     cJSON *ja = cJSON_AddArrayToObject(b->root, "quantize");
-    bench_say(b, "\nquantize: BF16 %lldx%lld -> E4M3 codes + E8M0 scales (nki rule, 1x32), mxfp8_quantize; "
+    const mxfp8_quant_params qd = mxfp8_quant_params_default();
+    bench_say(b, "\nquantize: BF16 %lldx%lld -> E4M3 codes + E8M0 scales (%s rule, %s), mxfp8_quantize; "
               "GB/s = (bytes read + written) / time; memcpy of the BF16 input, same threads, GB/s = 2 x bytes / "
-              "time\n", (long long)R, (long long)C);
+              "time\n", (long long)R, (long long)C, mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, qd.rule),
+              mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, qd.group));
     size_t in_bytes = (size_t)(R * C * 2);
     quant_bufs qb = {R, C, bench_alloc(in_bytes), bench_alloc((size_t)(R * C)), bench_alloc((size_t)(R * C / 32)),
                      bench_alloc(in_bytes)};

@@ -164,6 +164,10 @@ MXFP8_API const char *mxfp8_enum_name(mxfp8_enum e, int32_t value);
 /** The i-th accepted alias (i = 0, 1, ...) of `value` in enumeration `e`, or NULL past the last one (or for an unknown
  *  `e`, `value` or a negative i). */
 MXFP8_API const char *mxfp8_enum_alias(mxfp8_enum e, int32_t value, int32_t i);
+/** The definition of `value` of enumeration `e` in one line, for help texts ("OCP MX v1.0 6.3: floor(log2 amax) -
+ *  emax; ..."; a static string, "" where the table gives none: loop orders, dtypes, MoE operands); NULL if `e` is
+ *  unknown or `value` is outside 0 .. count - 1. */
+MXFP8_API const char *mxfp8_enum_doc(mxfp8_enum e, int32_t value);
 /** What enumeration `e` is, in words for messages ("scale rule", "float8 dtype", ...); NULL if unknown. */
 MXFP8_API const char *mxfp8_enum_what(mxfp8_enum e);
 /** Parse `name` (a canonical name or an alias; see the table above for the case rule) into *value.

@@ -139,6 +139,28 @@ int cli_enum(const char *cmd, const char *opt, const char *s, mxfp8_enum e, int 
     return CLI_OK;
 }
 
+const char *cli_names(mxfp8_enum e, const char *sep, int def) {
+    static char ring[8][256];
+    static int next;
+    char *buf = ring[next++ & 7];
+    size_t n = 0;
+    const int count = mxfp8_enum_count(e);
+    buf[0] = 0;
+    for (int v = 0; v < count && n < sizeof ring[0]; v++) {
+        const char *between = v == 0 ? "" : sep ? sep : v + 1 == count ? " or " : ", ";
+        int w = snprintf(buf + n, sizeof ring[0] - n, "%s%s%s", between, mxfp8_enum_name(e, v),
+                         !sep && v == def ? " (default)" : "");
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+    return buf;
+}
+
+void cli_help_values(const char *indent, mxfp8_enum e, int def) {
+    for (int v = 0; v < mxfp8_enum_count(e); v++)
+        printf("%s%s%s: %s\n", indent, mxfp8_enum_name(e, v), v == def ? " (default)" : "", mxfp8_enum_doc(e, v));
+}
+
 int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out) {
     int v = (int)*out;
     int rc = cli_enum(cmd, "scale-rule", s, MXFP8_ENUM_SCALE_RULE, &v);

@@ -83,6 +83,13 @@ int cli_choice(const char *cmd, const char *opt, const char *s, const char *cons
 /** --OPT NAME of the library's enumeration e (a canonical name or an alias; mxfp8_enum_from_name), into *out; no
  *  change when s is NULL. An unknown name is a usage error with the library's message (it lists the names). */
 int cli_enum(const char *cmd, const char *opt, const char *s, mxfp8_enum e, int *out);
+/** The canonical names of enumeration e for help texts, from the library's table: joined by sep ("e4m3|e5m2"), or
+ *  with sep NULL as a phrase, the value def marked ("nki (default), ocp or rceil"; def < 0: none marked). The string
+ *  stays valid for the next 7 calls (a ring of buffers, so one printf can take several). */
+const char *cli_names(mxfp8_enum e, const char *sep, int def);
+/** Help lines of an option whose value is a name of enumeration e: "<indent>name: its definition" per value
+ *  (mxfp8_enum_doc), "(default)" after the value def. */
+void cli_help_values(const char *indent, mxfp8_enum e, int def);
 int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out);  /* the library's scale rule names */
 int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out);     /* the library's group scheme names */
 /** --float8-dtype: the library's float8_dtype names (MXFP8_ENUM_FLOAT8_DTYPE, exact). */

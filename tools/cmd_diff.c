@@ -18,10 +18,11 @@
 #include "io/tensorfile.h"
 
 static void help(void) {
-    printf("usage: mxfp8 diff INPUT OTHER.safetensors [--fmt e4m3|e5m2] [--axis A] [--group 1x32|wrapx]\n"
-           "                  [--tensor NAME] [--scale-layout L] [--examples N]\n\n"
-           "Explains another stack's MXFP8 result for a high-precision tensor: re-quantizes INPUT under every profile\n"
-           "of this library (scale rule nki|ocp|rceil x rounding nearest-even|toward-zero x NaN/Inf as a NaN group |\n"
+    printf("usage: mxfp8 diff INPUT OTHER.safetensors [--fmt %s] [--axis A] [--group %s]\n"
+           "                  [--tensor NAME] [--scale-layout L] [--examples N]\n\n",
+           cli_names(MXFP8_ENUM_FORMAT, "|", -1), cli_names(MXFP8_ENUM_GROUP_SCHEME, "|", -1));
+    printf("Explains another stack's MXFP8 result for a high-precision tensor: re-quantizes INPUT under every profile\n"
+           "of this library (scale rule %s x rounding nearest-even|toward-zero x NaN/Inf as a NaN group |\n"
            "per element x saturate | no saturation x signed | unsigned zeros), reports the profile that reproduces\n"
            "the most groups bit for bit, and classifies the groups it does not reproduce: nonfinite (NaN/Inf in the\n"
            "group), tiny (amax near the bottom of E8M0), zero-sign (only the sign of zeros differs), saturation\n"
@@ -30,17 +31,20 @@ static void help(void) {
            "  INPUT              .npy or .safetensors with the high-precision tensor (F32, BF16, F16; F64 -> F32)\n"
            "  OTHER              .safetensors with `data` (F8_E4M3 / F8_E5M2 / U8 codes, INPUT's shape, or U32\n"
            "                     x4-packed along the axis) and `scales` (U8 / F8_E8M0)\n"
-           "  --fmt F            e4m3 | e5m2 (default: from data's dtype; needed for U8 / U32 codes)\n"
+           "  --fmt F            %s (default: from data's dtype; needed for U8 / U32 codes)\n"
            "  --axis A           the quantization axis (default: where the scales' shape differs, else -1)\n"
-           "  --group G          1x32 (default) or wrapx\n"
+           "  --group G          %s\n"
            "  --tensor NAME      which tensor of a .safetensors INPUT (default: the only one)\n"
-           "  --scale-layout L   compact (default), nki-unpacked, nki-packed or swizzle128x4 (2-D INPUT, last axis)\n"
+           "  --scale-layout L   %s (2-D INPUT, last axis)\n"
            "  --examples N       examples printed per class (default 3, at most 4)\n"
            "  --threads N        threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
            "  --quiet            accepted as by every command (diff prints no notes or progress)\n\n"
            "When OTHER describes itself (the safetensors metadata mx.format, mx.group, mx.axis, mx.scale_layout that\n"
            "mxfp8 quantize writes), those are the defaults, and a flag that contradicts them is an error.\n\n"
-           "exit status: 0 a profile reproduces OTHER bit for bit, 1 it does not, 2 bad usage or input\n");
+           "exit status: 0 a profile reproduces OTHER bit for bit, 1 it does not, 2 bad usage or input\n",
+           cli_names(MXFP8_ENUM_SCALE_RULE, "|", -1), cli_names(MXFP8_ENUM_FORMAT, " | ", -1),
+           cli_names(MXFP8_ENUM_GROUP_SCHEME, NULL, MXFP8_GROUP_1X32),
+           cli_names(MXFP8_ENUM_SCALE_LAYOUT, NULL, MXFP8_SCALES_COMPACT));
 }
 
 /* The axis indices of group g (1x32 or wrapX, as the library's groups). */
@@ -264,7 +268,7 @@ int cmd_diff(int argc, char **argv) {
     if (fp.have_group) {
         if (group_s && group != fp.group) {
             mx_meta_conflict(cmd, "group", group_s, pos[1],
-                             fp.group == MXFP8_GROUP_WRAPX ? "wrapx groups" : "1x32 groups");
+                             mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, fp.group));
             goto done;
         }
         group = fp.group;
@@ -272,8 +276,8 @@ int cmd_diff(int argc, char **argv) {
     if (fp.layout) {
         int32_t fl = -1;
         if (mxfp8_enum_from_name(MXFP8_ENUM_SCALE_LAYOUT, fp.layout, &fl) != MXFP8_OK) {
-            cli_error(cmd, "%s: the metadata's scale layout '%s' is not one of compact, nki-unpacked, nki-packed, "
-                      "swizzle128x4", pos[1], fp.layout);
+            cli_error(cmd, "%s: the metadata's scale layout '%s' is not %s", pos[1], fp.layout,
+                      cli_names(MXFP8_ENUM_SCALE_LAYOUT, NULL, -1));
             goto done;
         }
         if (layout_s && layout != fl) {
@@ -298,7 +302,8 @@ int cmd_diff(int argc, char **argv) {
     }
     if (fmt < 0) {
         if (d0->dtype != TF_F8_E4M3 && d0->dtype != TF_F8_E5M2) {
-            cli_error(cmd, "%s: 'data' has dtype %s: give --fmt e4m3|e5m2", pos[1], tf_dtype_name(d0->dtype));
+            cli_error(cmd, "%s: 'data' has dtype %s: give --fmt %s", pos[1], tf_dtype_name(d0->dtype),
+                      cli_names(MXFP8_ENUM_FORMAT, "|", -1));
             goto done;
         }
         fmt = d0->dtype == TF_F8_E5M2;
@@ -331,7 +336,7 @@ int cmd_diff(int argc, char **argv) {
     printf("mxfp8 diff: %s '%s' %s %s vs %s data %s %s, scales %s (axis %d, %s groups, %s)\n", pos[0], x->name,
            tf_shape_str(x->ndim, x->shape, b1, sizeof b1), tf_dtype_name(x->dtype), pos[1],
            tf_shape_str(d0->ndim, d0->shape, b2, sizeof b2), tf_dtype_name(d0->dtype),
-           tf_shape_str(s0->ndim, s0->shape, b3, sizeof b3), ax, group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
+           tf_shape_str(s0->ndim, s0->shape, b3, sizeof b3), ax, mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, group),
            mxfp8_enum_name(MXFP8_ENUM_FORMAT, fmt));
     mxfp8_diff_result r;
     mxfp8_status st = mxfp8_diff(&xv, ax, f, group, &dv, &sv, &r);

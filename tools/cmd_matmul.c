@@ -29,10 +29,12 @@
 static const cli_nki_criteria k_crit = {0.2, 1e-3, 0.995, 0.10, "allclose: atol = 0.2 x max|golden|, rtol = 1e-3"};
 
 static void help(void) {
+    mxfp8_matmul_bwd_args d;
+    mxfp8_matmul_bwd_args_init(&d);
     printf(
         "usage: mxfp8 matmul-bwd [--M M --N N --K K] [--inputs BUNDLE.safetensors] [--output GRADS.safetensors]\n"
-        "                        [--float8-dtype float8_e5m2|float8_e4m3fn] [--scale-rule nki|ocp|rceil]\n"
-        "                        [--group 1x32|wrapx] [--output-dtype bf16|f16|f32] [--threads N] [--seed S]\n"
+        "                        [--float8-dtype %s] [--scale-rule %s]\n"
+        "                        [--group %s] [--output-dtype bf16|f16|f32] [--threads N] [--seed S]\n"
         "                        [--repeat R] [--no-check] [--quiet] [--stats] [--stochastic-rounding L]\n"
         "                        [--rounding-seed S] [--scale-layout L] [--save-inputs BUNDLE.safetensors]\n\n"
         "Backward of a linear layer Y = X @ W^T in MXFP8 (NKI matmul_mxfp8_backward):\n"
@@ -50,11 +52,10 @@ static void help(void) {
         "                      (F32, BF16 or F16), optionally pre-quantized: FP8 codes plus output_grad_scales,\n"
         "                      weight_scales, input_scales (layout: --scale-layout); no other names\n"
         "  --output FILE       write input_grad and weight_grad to a .safetensors file\n"
-        "  --float8-dtype D    float8_e5m2 (default, as the NKI page) or float8_e4m3fn\n"
-        "  --scale-rule R      nki (default), ocp or rceil\n"
-        "  --group G           quantization groups: 1x32 (default) or wrapx (needs M, N %% 128 == 0)\n"
-        "  --scale-layout L    layout of pre-quantized scales: compact (default), nki-unpacked, nki-packed,\n"
-        "                      swizzle128x4\n"
+        "  --float8-dtype D    %s, the NKI page's default\n"
+        "  --scale-rule R      %s\n"
+        "  --group G           quantization groups: %s (%s needs M, N %% 128 == 0)\n"
+        "  --scale-layout L    layout of pre-quantized scales: %s\n"
         "  --output-dtype D    bf16 (default), f16 or f32\n"
         "  --threads N         threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
         "  --seed S            seed of the random problem (default 42); data ~ N(0, 1), rounded to BF16\n"
@@ -72,7 +73,13 @@ static void help(void) {
         "                      stochastically (Philox-4x32-10 by each element's index); the check against the\n"
         "                      quantized reference (which rounds to nearest) is then skipped\n"
         "  --rounding-seed S   the seed of stochastic rounding (default 0)\n\n"
-        "exit status: 0 ok, 1 the kernel's result is wrong, 2 bad usage, bad input or IO error\n");
+        "exit status: 0 ok, 1 the kernel's result is wrong, 2 bad usage, bad input or IO error\n",
+        cli_names(MXFP8_ENUM_FLOAT8_DTYPE, "|", -1), cli_names(MXFP8_ENUM_SCALE_RULE, "|", -1),
+        cli_names(MXFP8_ENUM_GROUP_SCHEME, "|", -1), cli_names(MXFP8_ENUM_FLOAT8_DTYPE, NULL, (int)d.float8_dtype),
+        cli_names(MXFP8_ENUM_SCALE_RULE, NULL, (int)d.scale_rule),
+        cli_names(MXFP8_ENUM_GROUP_SCHEME, NULL, (int)d.quant_scheme),
+        mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, MXFP8_GROUP_WRAPX),
+        cli_names(MXFP8_ENUM_SCALE_LAYOUT, NULL, MXFP8_SCALES_COMPACT));
 }
 
 typedef struct mm_job {
@@ -378,7 +385,7 @@ static void header(const mm_job *j) {
            (long long)j->M, (long long)j->N, (long long)j->K,
            mxfp8_enum_name(MXFP8_ENUM_FLOAT8_DTYPE, j->args.float8_dtype),
            mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, j->args.scale_rule),
-           j->args.quant_scheme == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32", k_odts[j->odt], info.num_threads,
+           mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, j->args.quant_scheme), k_odts[j->odt], info.num_threads,
            info.num_threads == 1 ? "" : "s", info.isa_name);
     if (j->in_path)
         printf("inputs: %s (%s%s)\n", j->in_path,

@@ -54,21 +54,36 @@ static void help(void) {
         "  --bias                               the layer has biases b1 [E, 2, I], b2 [E, H] (~ U(-0.1, 0.1));\n"
         "                                       their gradients are checked and written too\n"
         "layer and kernel:\n"
-        "  --activation A        silu (default), swish, squared_relu or gpt_oss_swiglu (gpt-oss: g * sigmoid(alpha\n"
-        "                        g) * (u + 1), g clamped above at limit, u to [-limit, limit])\n"
-        "  --swiglu-alpha A      gpt_oss_swiglu's alpha (default 1.702)\n"
-        "  --swiglu-limit L      gpt_oss_swiglu's limit (default 7; inf: none)\n"
-        "  --stochastic-rounding L  GEMM operands rounded stochastically: comma-separated names (gemm1_x, gemm1_w1,\n"
-        "                        gemm2_inter, gemm2_w2, p1_dy, p1_w2, p2_dgu, p2_w1, p3_x, p3_dgu, p4_s, p4_dy),\n"
-        "                        gradients (= p1_dy,p2_dgu,p3_dgu,p4_dy), all or none; the check against the\n"
-        "                        quantized reference (which rounds to nearest) is then skipped\n"
-        "  --rounding-seed S     the seed of stochastic rounding (default 0)\n"
-        "  --stats               print the statistics of every GEMM operand of the backward, per expert\n"
-        "  --affinity A          on_i (default: the affinity scales the intermediate) or on_h (scales dY)\n"
-        "  --gate-clamp LO,HI    clamp limits of the gate projection (either may be empty: no limit)\n"
-        "  --up-clamp LO,HI      clamp limits of the up projection\n"
-        "  --float8-dtype D      float8_e4m3fn (default, as the NKI page) or float8_e5m2\n"
-        "  --scale-rule R        nki (default), ocp or rceil\n"
+        "  --activation A        act(g) of the gate projection g, which multiplies the up projection u:\n");
+    mxfp8_moe_config d;
+    mxfp8_moe_config_init(&d);
+    const char *gpt_oss = mxfp8_enum_name(MXFP8_ENUM_ACTIVATION, MXFP8_ACT_GPT_OSS_SWIGLU);
+    char operands[2][160] = {"", ""}; /* the MoE operand names, the forward's and the backward's GEMMs */
+    for (int v = 0, n = mxfp8_enum_count(MXFP8_ENUM_MOE_OPERAND); v < n; v++) {
+        char *o = operands[v >= MXFP8_MOE_P1_DY];
+        size_t len = strlen(o);
+        snprintf(o + len, sizeof operands[0] - len, "%s%s", len ? ", " : "", mxfp8_enum_name(MXFP8_ENUM_MOE_OPERAND, v));
+    }
+    cli_help_values("                          ", MXFP8_ENUM_ACTIVATION, (int)d.activation);
+    printf("  --swiglu-alpha A      %s's alpha (default 1.702)\n"
+           "  --swiglu-limit L      %s's limit (default 7; inf: none)\n"
+           "  --stochastic-rounding L  GEMM operands rounded stochastically: comma-separated names\n"
+           "                        (%s,\n"
+           "                        %s),\n"
+           "                        gradients (= p1_dy,p2_dgu,p3_dgu,p4_dy), all or none; the check against the\n"
+           "                        quantized reference (which rounds to nearest) is then skipped\n"
+           "  --rounding-seed S     the seed of stochastic rounding (default 0)\n"
+           "  --stats               print the statistics of every GEMM operand of the backward, per expert\n"
+           "  --affinity A          where the backward applies the affinity:\n",
+           gpt_oss, gpt_oss, operands[0], operands[1]);
+    cli_help_values("                          ", MXFP8_ENUM_AFFINITY_OPTION, (int)d.affinity_option);
+    printf("  --gate-clamp LO,HI    clamp limits of the gate projection (either may be empty: no limit)\n"
+           "  --up-clamp LO,HI      clamp limits of the up projection\n"
+           "  --float8-dtype D      %s, the NKI page's default\n"
+           "  --scale-rule R        %s\n",
+           cli_names(MXFP8_ENUM_FLOAT8_DTYPE, NULL, (int)d.quant_dtype),
+           cli_names(MXFP8_ENUM_SCALE_RULE, NULL, (int)d.scale_rule));
+    printf(
         "  --grad-dtype D        dtype of the gradients: bf16 (default), f32 or f16\n"
         "  --threads N           threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
         "  --repeat R            run the backward R times after one untimed warm-up call, report the best time\n"

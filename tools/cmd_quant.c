@@ -17,26 +17,34 @@
 #include "quant_stats.h"
 
 static void help_quantize(void) {
-    printf("usage: mxfp8 quantize IN -o OUT.safetensors [--fmt e4m3|e5m2] [--axis A] [--scale-rule nki|ocp|rceil]\n"
-           "                      [--group 1x32|wrapx] [--tensor NAME] [--stats] [--plot STATS.png]\n"
-           "                      [--rounding nearest|stochastic] [--rounding-seed S]\n\n"
-           "MX-quantizes a tensor along one axis (OCP MX v1.0): groups of 32 values share one E8M0 scale.\n\n"
+    const mxfp8_quant_params d = mxfp8_quant_params_default();
+    printf("usage: mxfp8 quantize IN -o OUT.safetensors [--fmt %s] [--axis A] [--scale-rule %s]\n"
+           "                      [--group %s] [--tensor NAME] [--stats] [--plot STATS.png]\n"
+           "                      [--rounding %s] [--rounding-seed S]\n\n",
+           cli_names(MXFP8_ENUM_FORMAT, "|", -1), cli_names(MXFP8_ENUM_SCALE_RULE, "|", -1),
+           cli_names(MXFP8_ENUM_GROUP_SCHEME, "|", -1), cli_names(MXFP8_ENUM_ROUNDING, "|", -1));
+    printf("MX-quantizes a tensor along one axis (OCP MX v1.0): groups of 32 values share one E8M0 scale.\n\n"
            "  IN                 .npy or .safetensors file; F32, BF16 or F16 values (F64 is rounded to F32 first)\n"
            "  -o, --output OUT   .safetensors file to write, holding:\n"
            "                       data    F8_E4M3 / F8_E5M2 codes, IN's shape\n"
            "                       scales  U8 E8M0 codes, IN's shape with the axis replaced by ceil(len/32)\n"
-           "                     and, as safetensors metadata, how they were made: mx.format (e4m3|e5m2),\n"
-           "                     mx.scale_rule, mx.group, mx.axis (0-based), mx.scale_layout (compact),\n"
-           "                     mx.rounding (nearest|stochastic); mxfp8 dequantize reads them\n"
-           "  --fmt F            element format: e4m3 (default) or e5m2\n"
-           "  --axis A           quantization axis (the contraction axis of the consuming GEMM); default -1 (last)\n"
-           "  --scale-rule R     nki (default; Trainium quantize_mx: floor(log2 amax) - (emax-1), never saturates),\n"
-           "                     ocp (OCP MX v1.0 6.3: floor(log2 amax) - emax), rceil (ceil(log2(amax/max_normal)))\n"
-           "  --group G          1x32 (default: 32 contiguous values) or wrapx (Trainium's tiling; axis %% 128 == 0)\n"
-           "  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n"
-           "  --rounding R       element rounding: nearest (default; ties to even) or stochastic (Philox-4x32-10\n"
-           "                     keyed by the seed, indexed by each element's row-major position: reproducible)\n"
-           "  --rounding-seed S  the seed of stochastic rounding (default 0; decimal or 0x hex)\n"
+           "                     and, as safetensors metadata, how they were made: mx.format (%s),\n"
+           "                     mx.scale_rule, mx.group, mx.axis (0-based), mx.scale_layout (%s),\n"
+           "                     mx.rounding (%s); mxfp8 dequantize reads them\n"
+           "  --fmt F            element format:\n",
+           cli_names(MXFP8_ENUM_FORMAT, "|", -1), mxfp8_enum_name(MXFP8_ENUM_SCALE_LAYOUT, MXFP8_SCALES_COMPACT),
+           cli_names(MXFP8_ENUM_ROUNDING, "|", -1));
+    cli_help_values("                       ", MXFP8_ENUM_FORMAT, (int)d.fmt);
+    printf("  --axis A           quantization axis (the contraction axis of the consuming GEMM); default -1 (last)\n"
+           "  --scale-rule R     the exponent e of a group's scale 2^e, from its amax (emax: the format's largest\n"
+           "                     exponent):\n");
+    cli_help_values("                       ", MXFP8_ENUM_SCALE_RULE, (int)d.rule);
+    printf("  --group G          which values form a group:\n");
+    cli_help_values("                       ", MXFP8_ENUM_GROUP_SCHEME, (int)d.group);
+    printf("  --tensor NAME      which tensor of a .safetensors input (default: the only one)\n"
+           "  --rounding R       element rounding:\n");
+    cli_help_values("                       ", MXFP8_ENUM_ROUNDING, (int)d.rounding);
+    printf("  --rounding-seed S  the seed of stochastic rounding (default 0; decimal or 0x hex)\n"
            "  --stats            print what the quantization did: the scale codes' range, saturated, flushed-to-zero\n"
            "                     and subnormal elements, SQNR, the per-group relative error ||x - x_hat|| / ||x||\n"
            "  --plot FILE        --stats, and draw the histograms of the scale codes and of the per-group relative\n"
@@ -47,15 +55,17 @@ static void help_quantize(void) {
 }
 
 static void help_dequantize(void) {
-    printf("usage: mxfp8 dequantize IN.safetensors -o OUT(.npy|.safetensors) [--axis A] [--group 1x32|wrapx]\n"
-           "                        [--dtype f32|bf16|f16]\n\n"
-           "Dequantizes the `data` and `scales` tensors written by mxfp8 quantize: value = fp8(data) * 2^(scale-127),\n"
+    const char *groups = cli_names(MXFP8_ENUM_GROUP_SCHEME, "|", -1);
+    const char *g_default = mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, MXFP8_GROUP_1X32);
+    printf("usage: mxfp8 dequantize IN.safetensors -o OUT(.npy|.safetensors) [--axis A] [--group %s]\n"
+           "                        [--dtype f32|bf16|f16]\n\n", groups);
+    printf("Dequantizes the `data` and `scales` tensors written by mxfp8 quantize: value = fp8(data) * 2^(scale-127),\n"
            "exact in F32 (rounded to nearest even for BF16/F16). Scale code 255 decodes to NaN.\n\n"
            "  IN                 .safetensors with `data` (F8_E4M3 / F8_E5M2) and `scales` (U8 or F8_E8M0)\n"
            "  -o, --output OUT   .npy (F32/F16 only) or .safetensors (tensor `dequantized`)\n"
            "  --axis A           the quantization axis; default: the file's (see below), else the axis where the\n"
            "                     scales' shape differs, else -1\n"
-           "  --group G          the group scheme used to quantize: 1x32 or wrapx; default: the file's, else 1x32\n"
+           "  --group G          the group scheme used to quantize: %s; default: the file's, else %s\n"
            "  --dtype D          output dtype: f32 (default), bf16 or f16\n"
            "  --threads N        threads (default: MXFP8_NUM_THREADS, OMP_NUM_THREADS, else all cores)\n"
            "  --quiet            accepted as by every command (dequantize prints no notes or progress)\n\n"
@@ -63,7 +73,8 @@ static void help_dequantize(void) {
            "mx.scale_rule, mx.group, mx.axis, mx.scale_layout, mx.rounding): their group scheme and axis are used,\n"
            "and a --group or --axis that contradicts them is an error. Files without that metadata (other stacks)\n"
            "are read with the flags.\n\n"
-           "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n");
+           "exit status: 0 ok, 2 bad usage, bad input or IO error (no output file is left behind)\n",
+           cli_names(MXFP8_ENUM_GROUP_SCHEME, NULL, -1), g_default);
 }
 
 /* "'a', 'b', 'c'" (the names of a set; "..." once they no longer fit), for messages. len >= 8. */
@@ -118,7 +129,7 @@ static int report_stats(const char *cmd, const char *path, const tf_tensor *x, c
         quant_stats_print(&qs, x->numel, qp);
         cJSON_AddStringToObject(doc, "input", path);
         cJSON_AddNumberToObject(doc, "axis", ax);
-        cJSON_AddStringToObject(doc, "group", qp->group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32");
+        cJSON_AddStringToObject(doc, "group", mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, qp->group));
         cJSON_AddStringToObject(doc, "fmt", mxfp8_enum_name(MXFP8_ENUM_FORMAT, qp->fmt));
         cJSON_AddStringToObject(doc, "rule", mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, qp->rule));
         rc = CLI_OK;
@@ -224,7 +235,7 @@ int cmd_quantize(int argc, char **argv) {
     char sb1[160], sb2[160];
     printf("%s: wrote data %s %s and scales %s U8 (E8M0; axis %d, %s groups, %s rule)\n", out_path,
            tf_shape_str(d->ndim, d->shape, sb1, sizeof sb1), tf_dtype_name(d->dtype),
-           tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, qp.group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32",
+           tf_shape_str(s->ndim, s->shape, sb2, sizeof sb2), ax, mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, qp.group),
            mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, qp.rule));
     if (plot_failed && !cli_val(&cl, "quiet"))
         fprintf(stderr, "mxfp8 %s: note: %s was written; only the plot %s is missing\n", cmd, out_path, plot);
@@ -291,15 +302,17 @@ int cmd_dequantize(int argc, char **argv) {
      * than a silently wrong result. */
     mx_file_params fp;
     if (mx_meta_read(cmd, &in, cl.pos[0], d->ndim, d->dtype, &fp)) goto done;
-    if (fp.layout && strcmp(fp.layout, "compact")) {
-        cli_error(cmd, "%s: the metadata says scale layout '%s'; dequantize reads compact scales", cl.pos[0],
-                  fp.layout);
+    int32_t layout = MXFP8_SCALES_COMPACT;
+    if (fp.layout && (mxfp8_enum_from_name(MXFP8_ENUM_SCALE_LAYOUT, fp.layout, &layout) != MXFP8_OK ||
+                      layout != MXFP8_SCALES_COMPACT)) {
+        cli_error(cmd, "%s: the metadata says scale layout '%s'; dequantize reads %s scales", cl.pos[0], fp.layout,
+                  mxfp8_enum_name(MXFP8_ENUM_SCALE_LAYOUT, MXFP8_SCALES_COMPACT));
         goto done;
     }
     if (fp.have_group) {
         if (group_given && fp.group != group) {
             mx_meta_conflict(cmd, "group", cli_val(&cl, "group"), cl.pos[0],
-                             fp.group == MXFP8_GROUP_WRAPX ? "wrapx groups" : "1x32 groups");
+                             mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, fp.group));
             goto done;
         }
         group = fp.group;
@@ -353,7 +366,7 @@ int cmd_dequantize(int argc, char **argv) {
         goto done;
     }
     printf("%s: wrote %s %s (axis %d, %s groups)\n", out_path, tf_shape_str(o->ndim, o->shape, sb1, sizeof sb1),
-           tf_dtype_name(o->dtype), ax, group == MXFP8_GROUP_WRAPX ? "wrapX" : "1x32");
+           tf_dtype_name(o->dtype), ax, mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, group));
     rc = CLI_OK;
 done:
     tf_free(&in);

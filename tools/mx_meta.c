@@ -11,16 +11,22 @@ static const char *const k_fmt = "mx.format", *const k_rule = "mx.scale_rule", *
                          *const k_rounding = "mx.rounding";
 
 int mx_meta_record(tf_set *out, int ax, const mxfp8_quant_params *qp, char *err, size_t errlen) {
-    static const char *const rules[] = {"nki", "ocp", "rceil"};
     char axs[16];
     snprintf(axs, sizeof axs, "%d", ax);
-    return tf_meta_set(out, k_fmt, qp->fmt == MXFP8_FMT_E4M3 ? "e4m3" : "e5m2", err, errlen) ||
-           tf_meta_set(out, k_rule, rules[qp->rule], err, errlen) ||
-           tf_meta_set(out, k_group, qp->group == MXFP8_GROUP_WRAPX ? "wrapx" : "1x32", err, errlen) ||
-           tf_meta_set(out, k_axis, axs, err, errlen) || tf_meta_set(out, k_layout, "compact", err, errlen) ||
-           tf_meta_set(out, k_rounding, qp->rounding == MXFP8_ROUND_STOCHASTIC ? "stochastic" : "nearest", err,
-                       errlen)
+    return tf_meta_set(out, k_fmt, mxfp8_enum_name(MXFP8_ENUM_FORMAT, qp->fmt), err, errlen) ||
+           tf_meta_set(out, k_rule, mxfp8_enum_name(MXFP8_ENUM_SCALE_RULE, qp->rule), err, errlen) ||
+           tf_meta_set(out, k_group, mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, qp->group), err, errlen) ||
+           tf_meta_set(out, k_axis, axs, err, errlen) ||
+           tf_meta_set(out, k_layout, mxfp8_enum_name(MXFP8_ENUM_SCALE_LAYOUT, MXFP8_SCALES_COMPACT), err, errlen) ||
+           tf_meta_set(out, k_rounding, mxfp8_enum_name(MXFP8_ENUM_ROUNDING, qp->rounding), err, errlen)
                ? -1 : 0;
+}
+
+/* The value of key `key` as a name of enumeration e; an unknown one is the file's error. */
+static int meta_enum(const char *cmd, const char *path, const char *key, const char *s, mxfp8_enum e, int32_t *v) {
+    if (mxfp8_enum_from_name(e, s, v) != MXFP8_OK)
+        return cli_error(cmd, "%s: the metadata's %s '%s' is not %s", path, key, s, cli_names(e, NULL, -1));
+    return CLI_OK;
 }
 
 int mx_meta_read(const char *cmd, const tf_set *in, const char *path, int ndim, tf_dtype data_dtype,
@@ -28,20 +34,19 @@ int mx_meta_read(const char *cmd, const tf_set *in, const char *path, int ndim, 
     memset(p, 0, sizeof *p);
     const char *f = tf_meta_get(in, k_fmt), *g = tf_meta_get(in, k_group), *a = tf_meta_get(in, k_axis);
     p->layout = tf_meta_get(in, k_layout);
+    int32_t ev;
     if (f) {
-        if (strcmp(f, "e4m3") && strcmp(f, "e5m2"))
-            return cli_error(cmd, "%s: the metadata's %s '%s' is not e4m3 or e5m2", path, k_fmt, f);
+        if (meta_enum(cmd, path, k_fmt, f, MXFP8_ENUM_FORMAT, &ev)) return CLI_USAGE;
         p->have_fmt = 1;
-        p->fmt_e5m2 = !strcmp(f, "e5m2");
+        p->fmt_e5m2 = ev == MXFP8_FMT_E5M2;
         if ((data_dtype == TF_F8_E4M3 && p->fmt_e5m2) || (data_dtype == TF_F8_E5M2 && !p->fmt_e5m2))
             return cli_error(cmd, "%s: the metadata says format %s but 'data' holds %s codes", path, f,
                              tf_dtype_name(data_dtype));
     }
     if (g) {
-        if (strcmp(g, "1x32") && strcmp(g, "wrapx"))
-            return cli_error(cmd, "%s: the metadata's %s '%s' is not 1x32 or wrapx", path, k_group, g);
+        if (meta_enum(cmd, path, k_group, g, MXFP8_ENUM_GROUP_SCHEME, &ev)) return CLI_USAGE;
         p->have_group = 1;
-        p->group = !strcmp(g, "wrapx") ? MXFP8_GROUP_WRAPX : MXFP8_GROUP_1X32;
+        p->group = (mxfp8_group_scheme)ev;
     }
     if (a) {
         char *end;

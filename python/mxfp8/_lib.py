@@ -481,6 +481,7 @@ _SIGNATURES = {
     "mxfp8_enum_name": (ctypes.c_char_p, [_I, ctypes.c_int32]),
     "mxfp8_enum_alias": (ctypes.c_char_p, [_I, ctypes.c_int32, ctypes.c_int32]),
     "mxfp8_enum_what": (ctypes.c_char_p, [_I]),
+    "mxfp8_enum_doc": (ctypes.c_char_p, [_I, ctypes.c_int32]),
     "mxfp8_enum_from_name": (_I, [_I, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32)]),
     "mxfp8_dtype_name": (ctypes.c_char_p, [_I]),
     "mxfp8_tensor_numel": (_I64, [_P]),

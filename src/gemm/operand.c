@@ -35,8 +35,11 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
     case MXFP8_DTYPE_U8: out->prequant = 1; break;
     case MXFP8_DTYPE_U32: out->prequant = 1; out->x4 = 1; break;
     default:
-        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: %s has dtype %s (want f32, bf16, f16, e4m3, e5m2, u8 or u32)", fn,
-                            name, mxfp8_dtype_name(v->dtype));
+        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: %s has dtype %s (want %s, %s, %s, %s, %s, %s or %s)", fn, name,
+                            mxfp8_dtype_name(v->dtype), mxfp8_dtype_name(MXFP8_DTYPE_F32),
+                            mxfp8_dtype_name(MXFP8_DTYPE_BF16), mxfp8_dtype_name(MXFP8_DTYPE_F16),
+                            mxfp8_dtype_name(MXFP8_DTYPE_E4M3), mxfp8_dtype_name(MXFP8_DTYPE_E5M2),
+                            mxfp8_dtype_name(MXFP8_DTYPE_U8), mxfp8_dtype_name(MXFP8_DTYPE_U32));
     }
     if (out->swizzled) {
         out->K = v->shape[0] * 4;

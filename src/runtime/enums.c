@@ -10,13 +10,14 @@
 #define MXFP8I_MAX_ALIASES 4
 
 typedef struct enum_value {
-    const char *name;                          /* canonical */
-    const char *alias[MXFP8I_MAX_ALIASES];     /* NULL-terminated */
+    const char *name;                      /* canonical */
+    const char *alias[MXFP8I_MAX_ALIASES]; /* NULL-terminated */
+    const char *doc;                       /* its definition in one line (help texts), or NULL */
 } enum_value;
 
 typedef struct enum_table {
-    const char *what;       /* the enumeration in a message ("scale rule") */
-    int exact_case;         /* names compare case-sensitively (float8_dtype: exactly the NKI page's strings) */
+    const char *what;          /* the enumeration in a message ("scale rule") */
+    int exact_case;            /* names compare case-sensitively (float8_dtype: exactly the NKI page's strings) */
     mxfp8_enum other_spelling; /* an enumeration of the same values in another spelling (or -1): its names get a hint */
     int count;
     const enum_value *v;
@@ -25,30 +26,45 @@ typedef struct enum_table {
 #define N_(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* mxfp8_format, quantize's spelling */
-static const enum_value k_format[] = {{"e4m3", {0}}, {"e5m2", {0}}};
+#define DOC_E4M3 "FP8 E4M3 (OCP MX v1.0 5.3): max normal 448, no infinities"
+#define DOC_E5M2 "FP8 E5M2 (OCP MX v1.0 5.3): max normal 57344, IEEE infinities"
+static const enum_value k_format[] = {{"e4m3", {0}, DOC_E4M3}, {"e5m2", {0}, DOC_E5M2}};
 /* mxfp8_format, the NKI pages' float8_dtype ("float8_e4m3" would be ml_dtypes' IEEE-like e4m3, a different format) */
-static const enum_value k_float8_dtype[] = {{"float8_e4m3fn", {0}}, {"float8_e5m2", {0}}};
-static const enum_value k_scale_rule[] = {{"nki", {0}}, {"ocp", {0}}, {"rceil", {0}}};
-static const enum_value k_group[] = {{"1x32", {0}}, {"wrapx", {0}}};
-static const enum_value k_layout[] = {{"compact", {0}},
-                                      {"nki_unpacked", {"nki-unpacked", 0}},
-                                      {"nki_packed", {"nki-packed", 0}},
-                                      {"swizzle_128x4", {"swizzle128x4", "swizzle-128x4", 0}}};
-static const enum_value k_rounding[] = {{"nearest", {0}}, {"stochastic", {0}}};
-static const enum_value k_activation[] = {{"silu", {0}},
-                                          {"swish", {0}},
-                                          {"squared_relu", {"squaredrelu", "relu2", 0}},
-                                          {"gpt_oss_swiglu", {0}}};
-static const enum_value k_affinity[] = {{"affinity_on_i", {"on_i", "i", 0}}, {"affinity_on_h", {"on_h", "h", 0}}};
-static const enum_value k_loop[] = {{"mnk", {0}}, {"mkn", {0}}, {"nmk", {0}}, {"nkm", {0}}, {"kmn", {0}}, {"knm", {0}}};
-static const enum_value k_dtype[] = {{"f32", {"float32", 0}}, {"bf16", {"bfloat16", 0}}, {"f16", {"float16", 0}},
-                                     {"e4m3", {0}},           {"e5m2", {0}},              {"e8m0", {0}},
-                                     {"u8", {"uint8", 0}},    {"i32", {"int32", 0}},      {"f64", {"float64", 0}},
-                                     {"u32", {"uint32", 0}}};
-static const enum_value k_moe_operand[] = {{"gemm1_x", {0}}, {"gemm1_w1", {0}}, {"gemm2_inter", {0}},
-                                           {"gemm2_w2", {0}}, {"p1_dy", {0}},    {"p1_w2", {0}},
-                                           {"p2_dgu", {0}},   {"p2_w1", {0}},    {"p3_x", {0}},
-                                           {"p3_dgu", {0}},   {"p4_s", {0}},     {"p4_dy", {0}}};
+static const enum_value k_float8_dtype[] = {{"float8_e4m3fn", {0}, DOC_E4M3}, {"float8_e5m2", {0}, DOC_E5M2}};
+static const enum_value k_scale_rule[] = {
+    {"nki", {0}, "Trainium's quantize_mx: floor(log2 amax) - (emax - 1)"},
+    {"ocp", {0}, "OCP MX v1.0 6.3: floor(log2 amax) - emax; scaled values past max normal saturate"},
+    {"rceil", {0}, "ceil(log2(amax / max_normal)) (cuBLAS, TransformerEngine)"}};
+static const enum_value k_group[] = {
+    {"1x32", {0}, "32 contiguous values along the axis (OCP MX v1.0 6)"},
+    {"wrapx", {0}, "Trainium's tiling of the axis in 512/256/128-tiles (axis length % 128 == 0)"}};
+static const enum_value k_layout[] = {
+    {"compact", {0}, "[F, ceil(K/32)] row-major"},
+    {"nki_unpacked", {"nki-unpacked", 0}, "the NKI quadrant layout [ceil(K/4) in 32-row quadrants, F]"},
+    {"nki_packed", {"nki-packed", 0}, "the NKI packed layout [ceil(K/2048) * 128, F]"},
+    {"swizzle_128x4", {"swizzle128x4", "swizzle-128x4", 0}, "the cuBLAS / CUTLASS block-scaled swizzle"}};
+static const enum_value k_rounding[] = {
+    {"nearest", {0}, "round to nearest, ties to even (OCP MX v1.0 6.3)"},
+    {"stochastic", {0}, "Philox-4x32-10 keyed by the seed, by each element's position (reproducible)"}};
+static const enum_value k_activation[] = {
+    {"silu", {0}, "g * sigmoid(g) (SiLU)"},
+    {"swish", {0}, "g * sigmoid(1.702 g)"},
+    {"squared_relu", {"squaredrelu", "relu2", 0}, "max(g, 0)^2"},
+    {"gpt_oss_swiglu", {0}, "gpt-oss: g * sigmoid(alpha g), times u + 1; g <= limit, |u| <= limit"}};
+static const enum_value k_affinity[] = {
+    {"affinity_on_i", {"on_i", "i", 0}, "the affinity scales the intermediate (the I side)"},
+    {"affinity_on_h", {"on_h", "h", 0}, "the affinity scales dY (the H side)"}};
+static const enum_value k_loop[] = {{"mnk", {0}, NULL}, {"mkn", {0}, NULL}, {"nmk", {0}, NULL},
+                                    {"nkm", {0}, NULL}, {"kmn", {0}, NULL}, {"knm", {0}, NULL}};
+static const enum_value k_dtype[] = {{"f32", {"float32", 0}, NULL}, {"bf16", {"bfloat16", 0}, NULL},
+                                     {"f16", {"float16", 0}, NULL}, {"e4m3", {0}, NULL},
+                                     {"e5m2", {0}, NULL},           {"e8m0", {0}, NULL},
+                                     {"u8", {"uint8", 0}, NULL},    {"i32", {"int32", 0}, NULL},
+                                     {"f64", {"float64", 0}, NULL}, {"u32", {"uint32", 0}, NULL}};
+static const enum_value k_moe_operand[] = {{"gemm1_x", {0}, NULL},  {"gemm1_w1", {0}, NULL}, {"gemm2_inter", {0}, NULL},
+                                           {"gemm2_w2", {0}, NULL}, {"p1_dy", {0}, NULL},    {"p1_w2", {0}, NULL},
+                                           {"p2_dgu", {0}, NULL},   {"p2_w1", {0}, NULL},    {"p3_x", {0}, NULL},
+                                           {"p3_dgu", {0}, NULL},   {"p4_s", {0}, NULL},     {"p4_dy", {0}, NULL}};
 
 static const enum_table k_tables[MXFP8_NUM_ENUMS] = {
     [MXFP8_ENUM_FORMAT] = {"format", 0, MXFP8_ENUM_FLOAT8_DTYPE, N_(k_format), k_format},
@@ -76,9 +92,7 @@ _Static_assert(N_(k_loop) == MXFP8_LOOP_KNM + 1, "loop orders");
 _Static_assert(N_(k_dtype) == MXFP8_DTYPE_U32 + 1, "dtypes");
 _Static_assert(N_(k_moe_operand) == MXFP8_MOE_NUM_OPERANDS, "MoE operands");
 
-static const enum_table *table(mxfp8_enum e) {
-    return (unsigned)e < (unsigned)MXFP8_NUM_ENUMS ? &k_tables[e] : NULL;
-}
+static const enum_table *table(mxfp8_enum e) { return (unsigned)e < (unsigned)MXFP8_NUM_ENUMS ? &k_tables[e] : NULL; }
 
 int32_t mxfp8_enum_count(mxfp8_enum e) {
     const enum_table *t = table(e);
@@ -98,6 +112,11 @@ const char *mxfp8_enum_alias(mxfp8_enum e, int32_t value, int32_t i) {
     return t->v[value].alias[i];
 }
 
+const char *mxfp8_enum_doc(mxfp8_enum e, int32_t value) {
+    const enum_table *t = table(e);
+    if (!t || value < 0 || value >= t->count) return NULL;
+    return t->v[value].doc ? t->v[value].doc : "";
+}
 const char *mxfp8_enum_what(mxfp8_enum e) {
     const enum_table *t = table(e);
     return t ? t->what : NULL;

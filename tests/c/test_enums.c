@@ -84,6 +84,18 @@ static void test_round_trips(void) {
     }
     TU_CHECK(mxfp8_enum_count((mxfp8_enum)MXFP8_NUM_ENUMS) == -1 && mxfp8_enum_count((mxfp8_enum)-1) == -1, "bad id");
     TU_CHECK(mxfp8_enum_name((mxfp8_enum)99, 0) == NULL && mxfp8_enum_what((mxfp8_enum)99) == NULL, "bad id names");
+    /* every value of the enumerations the help texts describe has its one-line definition; the others "" */
+    const mxfp8_enum documented[] = {MXFP8_ENUM_FORMAT,       MXFP8_ENUM_FLOAT8_DTYPE, MXFP8_ENUM_SCALE_RULE,
+                                     MXFP8_ENUM_GROUP_SCHEME, MXFP8_ENUM_SCALE_LAYOUT, MXFP8_ENUM_ROUNDING,
+                                     MXFP8_ENUM_ACTIVATION,   MXFP8_ENUM_AFFINITY_OPTION};
+    for (int i = 0; i < (int)(sizeof documented / sizeof documented[0]); i++)
+        for (int v = 0; v < mxfp8_enum_count(documented[i]); v++)
+            TU_CHECK(mxfp8_enum_doc(documented[i], v) && strlen(mxfp8_enum_doc(documented[i], v)) > 10,
+                     "enum %d value %d has a definition", (int)documented[i], v);
+    TU_CHECK(mxfp8_enum_doc(MXFP8_ENUM_LOOP_ORDER, 0) && !*mxfp8_enum_doc(MXFP8_ENUM_LOOP_ORDER, 0), "no doc: empty");
+    TU_CHECK(mxfp8_enum_doc(MXFP8_ENUM_SCALE_RULE, 3) == NULL && mxfp8_enum_doc(MXFP8_ENUM_SCALE_RULE, -1) == NULL &&
+                 mxfp8_enum_doc((mxfp8_enum)99, 0) == NULL,
+             "doc outside the range");
     for (int d = 0; d <= MXFP8_DTYPE_U32; d++)
         TU_CHECK(!strcmp(mxfp8_dtype_name((mxfp8_dtype)d), k_spec[9].names[d]), "mxfp8_dtype_name(%d)", d);
 }

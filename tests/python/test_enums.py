@@ -81,3 +81,52 @@ def test_unknown_name_same_message_in_cli_and_python(cmd, opt, param, enum_id):
     assert f"{opt}: {py[len(param) + 2:]}" in r.stderr, (r.stderr, py)
     names = SPEC[enum_id][0]
     assert all(n in py for n in names)
+
+
+def _string_literals(path):
+    """The string literals of a C file (comments removed first; escapes kept as written)."""
+    import re
+    text = open(path, encoding="utf-8").read()
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        elif c == "'":  # a character literal
+            m = re.match(r"'(\\.|[^'\\])*'", text[i:])
+            i += len(m.group(0)) if m else 1
+        elif c == '"':
+            m = re.match(r'"(\\.|[^"\\])*"', text[i:], re.S)
+            out.append(m.group(0)[1:-1])
+            i += len(m.group(0))
+        else:
+            i += 1
+    return out
+
+
+def test_no_c_file_spells_a_format_rule_or_activation_name():
+    """Every scale-rule, format and activation name (canonical or alias) comes from the library's table
+    (src/runtime/enums.c): no other C file of the library, the CLI or the bench holds one in a string literal."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    names = set()
+    for e in (_lib.ENUM_FORMAT, _lib.ENUM_FLOAT8_DTYPE, _lib.ENUM_SCALE_RULE, _lib.ENUM_ACTIVATION):
+        names |= set(SPEC[e][0]) | set(SPEC[e][1])
+    word = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) +
+                      r")(?![A-Za-z0-9_])")
+    found = []
+    for top in ("src", "tools", "bench"):
+        for d, _, files in os.walk(os.path.join(root, top)):
+            for f in files:
+                p = os.path.join(d, f)
+                if not f.endswith((".c", ".h")) or p.endswith(os.path.join("src", "runtime", "enums.c")):
+                    continue
+                for lit in _string_literals(p):
+                    for m in word.finditer(lit):
+                        found.append(f"{os.path.relpath(p, root)}: {m.group(1)!r} in \"{lit[:60]}\"")
+    assert not found, "\n".join(found)
