@@ -21,35 +21,53 @@ void mxfp8_matmul_config_init(mxfp8_matmul_config *config) {
 }
 
 mxfp8_status mxfp8i_check_config(const char *fn, const char *name, const mxfp8_matmul_config *c) {
-    const int64_t *sz[] = {&c->M, &c->K, &c->N, &c->tile_m, &c->tile_k, &c->tile_n, &c->tiles_in_block_m,
-                           &c->tiles_in_block_n, &c->tiles_in_block_k, &c->tiles_in_load_m, &c->tiles_in_load_n};
-    static const char *nm[] = {"M", "K", "N", "tile_m", "tile_k", "tile_n", "tiles_in_block_m", "tiles_in_block_n",
-                               "tiles_in_block_k", "tiles_in_load_m", "tiles_in_load_n"};
+    const int64_t *sz[] = {&c->M,
+                           &c->K,
+                           &c->N,
+                           &c->tile_m,
+                           &c->tile_k,
+                           &c->tile_n,
+                           &c->tiles_in_block_m,
+                           &c->tiles_in_block_n,
+                           &c->tiles_in_block_k,
+                           &c->tiles_in_load_m,
+                           &c->tiles_in_load_n};
+    static const char *nm[] = {"M",
+                               "K",
+                               "N",
+                               "tile_m",
+                               "tile_k",
+                               "tile_n",
+                               "tiles_in_block_m",
+                               "tiles_in_block_n",
+                               "tiles_in_block_k",
+                               "tiles_in_load_m",
+                               "tiles_in_load_n"};
     for (int i = 0; i < 11; i++)
-        if (*sz[i] < 0)
-            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s = %lld is negative", fn, name, nm[i],
-                                (long long)*sz[i]);
-    const struct { const char *field; mxfp8_enum e; int value; } en[5] = {
-        {"block_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)c->block_loop_order},
-        {"tile_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)c->tile_loop_order},
-        {"float8_dtype", MXFP8_ENUM_FLOAT8_DTYPE, (int)c->float8_dtype},
-        {"quant_scheme", MXFP8_ENUM_GROUP_SCHEME, (int)c->quant_scheme},
-        {"scale_rule", MXFP8_ENUM_SCALE_RULE, (int)c->scale_rule}};
+        MXFP8I_RETURN_ERROR_IF(*sz[i] < 0, MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s = %lld is negative", fn, name, nm[i],
+                               (long long)*sz[i]);
+    const struct {
+        const char *field;
+        mxfp8_enum e;
+        int value;
+    } en[5] = {{"block_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)c->block_loop_order},
+               {"tile_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)c->tile_loop_order},
+               {"float8_dtype", MXFP8_ENUM_FLOAT8_DTYPE, (int)c->float8_dtype},
+               {"quant_scheme", MXFP8_ENUM_GROUP_SCHEME, (int)c->quant_scheme},
+               {"scale_rule", MXFP8_ENUM_SCALE_RULE, (int)c->scale_rule}};
     for (int i = 0; i < 5; i++) {
         char param[96];
         snprintf(param, sizeof param, "%s.%s", name, en[i].field);
         mxfp8_status st = mxfp8i_check_enum(fn, param, en[i].e, en[i].value);
         if (st) return st;
     }
-    if (c->lnc_2_shard_rhs < -1 || c->lnc_2_shard_rhs > 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.lnc_2_shard_rhs %d is not -1, 0 or 1", fn, name,
-                            c->lnc_2_shard_rhs);
+    MXFP8I_RETURN_ERROR_IF(c->lnc_2_shard_rhs < -1 || c->lnc_2_shard_rhs > 1, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: %s.lnc_2_shard_rhs %d is not -1, 0 or 1", fn, name, c->lnc_2_shard_rhs);
     const int flag[3] = {c->enable_scale_packing, c->run_with_lnc2, c->spill_reload};
     static const char *flag_nm[3] = {"enable_scale_packing", "run_with_lnc2", "spill_reload"};
     for (int i = 0; i < 3; i++) /* booleans are 0 or 1, not "any nonzero" */
-        if (flag[i] != 0 && flag[i] != 1)
-            return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s %d is not 0 or 1", fn, name, flag_nm[i],
-                                flag[i]);
+        MXFP8I_RETURN_ERROR_IF(flag[i] != 0 && flag[i] != 1, MXFP8_ERR_INVALID_ARGUMENT, "%s: %s.%s %d is not 0 or 1",
+                               fn, name, flag_nm[i], flag[i]);
     return MXFP8_OK;
 }
 

@@ -24,15 +24,14 @@ static mxfp8_status check_injective(const char *fn, const char *name, const mxfp
     int64_t a1 = t->strides[1] < 0 ? -t->strides[1] : t->strides[1];
     if (n0 == 0 || n1 == 0) return MXFP8_OK;
     if (n0 <= 1 || n1 <= 1) {
-        if ((n0 > 1 && a0 == 0) || (n1 > 1 && a1 == 0))
-            return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s has a zero stride, so elements overlap", fn, name);
+        MXFP8I_RETURN_ERROR_IF((n0 > 1 && a0 == 0) || (n1 > 1 && a1 == 0), MXFP8_ERR_BAD_STRIDES,
+                               "%s: %s has a zero stride, so elements overlap", fn, name);
         return MXFP8_OK;
     }
     int ok = (a1 >= 1 && a0 >= a1 * n1) || (a0 >= 1 && a1 >= a0 * n0);
-    if (!ok)
-        return mxfp8i_error(MXFP8_ERR_BAD_STRIDES,
-                            "%s: %s strides [%lld, %lld] make elements of shape [%lld, %lld] overlap", fn, name,
-                            (long long)t->strides[0], (long long)t->strides[1], (long long)n0, (long long)n1);
+    MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_BAD_STRIDES,
+                           "%s: %s strides [%lld, %lld] make elements of shape [%lld, %lld] overlap", fn, name,
+                           (long long)t->strides[0], (long long)t->strides[1], (long long)n0, (long long)n1);
     return MXFP8_OK;
 }
 
@@ -44,26 +43,23 @@ static mxfp8_status check_out_alias(const char *fn, const char *oname, const mxf
 
 static mxfp8_status check_output(const char *fn, const char *name, const mxfp8_tensor *c, int64_t M, int64_t N,
                                  int need_f32) {
-    mxfp8_status st;
-    if (!c) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
-    if ((st = mxfp8i_check_rank(fn, name, c, 2))) return st;
-    if ((st = mxfp8i_check_dtype(fn, name, c, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
-    if (need_f32 && c->dtype != MXFP8_DTYPE_F32)
-        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: accumulate needs an f32 %s, got %s", fn, name,
-                            mxfp8_dtype_name(c->dtype));
-    if (c->shape[0] != M || c->shape[1] != N)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s has shape [%lld, %lld], expected [%lld, %lld]", fn,
-                            name, (long long)c->shape[0], (long long)c->shape[1], (long long)M, (long long)N);
+    MXFP8I_RETURN_ERROR_IF(!c, MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, name, c, 2));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, name, c, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
+    MXFP8I_RETURN_ERROR_IF(need_f32 && c->dtype != MXFP8_DTYPE_F32, MXFP8_ERR_DTYPE,
+                           "%s: accumulate needs an f32 %s, got %s", fn, name, mxfp8_dtype_name(c->dtype));
+    MXFP8I_RETURN_ERROR_IF(c->shape[0] != M || c->shape[1] != N, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: %s has shape [%lld, %lld], expected [%lld, %lld]", fn, name, (long long)c->shape[0],
+                           (long long)c->shape[1], (long long)M, (long long)N);
     return check_injective(fn, name, c);
 }
 
 static mxfp8_status check_dims(const char *fn, const char *name, const mxfp8_matmul_config *c, int64_t M, int64_t K,
                                int64_t N) {
-    if ((c->M && c->M != M) || (c->K && c->K != K) || (c->N && c->N != N))
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                            "%s: %s (M, K, N) = (%lld, %lld, %lld) disagrees with the tensors' (%lld, %lld, %lld)", fn,
-                            name, (long long)c->M, (long long)c->K, (long long)c->N, (long long)M, (long long)K,
-                            (long long)N);
+    MXFP8I_RETURN_ERROR_IF((c->M && c->M != M) || (c->K && c->K != K) || (c->N && c->N != N), MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: %s (M, K, N) = (%lld, %lld, %lld) disagrees with the tensors' (%lld, %lld, %lld)", fn,
+                           name, (long long)c->M, (long long)c->K, (long long)c->N, (long long)M, (long long)K,
+                           (long long)N);
     return MXFP8_OK;
 }
 
@@ -113,13 +109,13 @@ static mxfp8_status gemm_validate(const char *fn, const char *na, const mxfp8_op
                                   const char *nc, const mxfp8_tensor *c, gemm_job *j) {
     mxfp8_status st;
     mxfp8_matmul_config defaults;
-    if (!a) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, na);
-    if (!b) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, nb);
-    if (!c) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, nc);
-    if (accumulate != 0 && accumulate != 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: accumulate %d is not 0 or 1", fn, accumulate);
+    MXFP8I_RETURN_ERROR_IF(!a, MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, na);
+    MXFP8I_RETURN_ERROR_IF(!b, MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, nb);
+    MXFP8I_RETURN_ERROR_IF(!c, MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, nc);
+    MXFP8I_RETURN_ERROR_IF(accumulate != 0 && accumulate != 1, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: accumulate %d is not 0 or 1", fn, accumulate);
     if (config) {
-        if ((st = mxfp8i_check_config(fn, "config", config))) return st;
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_config(fn, "config", config));
     } else {
         mxfp8_matmul_config_init(&defaults);
         config = &defaults;
@@ -129,29 +125,31 @@ static mxfp8_status gemm_validate(const char *fn, const char *na, const mxfp8_op
         const mxfp8_operand *ops[2] = {a, b};
         const char *nms[2] = {na, nb};
         for (int i = 0; i < 2; i++)
-            if (ops[i]->scales.data && ops[i]->scale_layout != MXFP8_SCALES_NKI_PACKED)
-                return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT,
-                                    "%s: config.enable_scale_packing is set but %s's scale_layout is %d, not "
-                                    "MXFP8_SCALES_NKI_PACKED (2)",
-                                    fn, nms[i], (int)ops[i]->scale_layout);
+            MXFP8I_RETURN_ERROR_IF(ops[i]->scales.data && ops[i]->scale_layout != MXFP8_SCALES_NKI_PACKED,
+                                   MXFP8_ERR_INVALID_ARGUMENT,
+                                   "%s: config.enable_scale_packing is set but %s's scale_layout is %d, not "
+                                   "MXFP8_SCALES_NKI_PACKED (2)",
+                                   fn, nms[i], (int)ops[i]->scale_layout);
     }
     /* Contraction length: config->K, else the output-independent operand that knows it. */
     int64_t hint = config->K > 0 ? config->K : -1;
     int a_x4 = a->values.dtype == MXFP8_DTYPE_U32 && !a->swizzled;
     /* a config.K that disagrees with a plain operand's K is the config's error, not the operand's */
-    if (hint > 0 && !a_x4 && !a->swizzled && a->values.ndim == 2 && a->values.shape[1] >= 0 &&
-        a->values.shape[1] != hint)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: config.K = %lld disagrees with %s's K = %lld", fn,
-                            (long long)hint, na, (long long)a->values.shape[1]);
+    MXFP8I_RETURN_ERROR_IF(hint > 0 && !a_x4 && !a->swizzled && a->values.ndim == 2 && a->values.shape[1] >= 0 &&
+                               a->values.shape[1] != hint,
+                           MXFP8_ERR_SHAPE_MISMATCH, "%s: config.K = %lld disagrees with %s's K = %lld", fn,
+                           (long long)hint, na, (long long)a->values.shape[1]);
     if (hint < 0 && a_x4) {
-        if ((st = mxfp8i_gop_from_operand(fn, nb, b, -1, config->float8_dtype, config->quant_scheme, &j->gb)))
-            return st;
+        MXFP8I_FORWARD_IF_ERROR(
+            mxfp8i_gop_from_operand(fn, nb, b, -1, config->float8_dtype, config->quant_scheme, &j->gb));
         if (!(j->gb.x4 && !j->gb.swizzled)) hint = j->gb.K;
     }
-    if ((st = mxfp8i_gop_from_operand(fn, na, a, hint, config->float8_dtype, config->quant_scheme, &j->ga))) return st;
-    if ((st = mxfp8i_gop_from_operand(fn, nb, b, j->ga.K, config->float8_dtype, config->quant_scheme, &j->gb))) return st;
-    if ((st = check_dims(fn, "config", config, j->ga.R, j->ga.K, j->gb.R))) return st;
-    if ((st = check_output(fn, nc, c, j->ga.R, j->gb.R, accumulate))) return st;
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_gop_from_operand(fn, na, a, hint, config->float8_dtype, config->quant_scheme, &j->ga));
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_gop_from_operand(fn, nb, b, j->ga.K, config->float8_dtype, config->quant_scheme, &j->gb));
+    MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "config", config, j->ga.R, j->ga.K, j->gb.R));
+    MXFP8I_FORWARD_IF_ERROR(check_output(fn, nc, c, j->ga.R, j->gb.R, accumulate));
     if ((st = check_out_alias(fn, nc, c, na, &a->values)) || (st = check_out_alias(fn, nc, c, na, &a->scales)) ||
         (st = check_out_alias(fn, nc, c, nb, &b->values)) || (st = check_out_alias(fn, nc, c, nb, &b->scales)))
         return st;
@@ -167,10 +165,10 @@ static mxfp8_status gemm_validate(const char *fn, const char *na, const mxfp8_op
 static mxfp8_status gemm_reserve_job(const void *p) {
     const gemm_job *j = (const gemm_job *)p;
     const int nt = mxfp8i_num_threads();
-    if (j->stats && mxfp8i_gop_stats_reserve(j->ga.K, nt))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the statistics pass", j->fn);
-    if (mxfp8i_gemm_reserve(j->ga.R, j->gb.R, j->ga.K, &j->cfg, nt, -1))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the packed operands", j->fn);
+    MXFP8I_RETURN_ERROR_IF(j->stats && mxfp8i_gop_stats_reserve(j->ga.K, nt), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: out of memory for the statistics pass", j->fn);
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_gemm_reserve(j->ga.R, j->gb.R, j->ga.K, &j->cfg, nt, -1), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: out of memory for the packed operands", j->fn);
     return MXFP8_OK;
 }
 
@@ -184,8 +182,8 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     os.n = 2, os.op[0] = &j.ga, os.op[1] = &j.gb, os.out[0] = a->stats, os.out[1] = b->stats;
     const mxfp8_matmul_config *cfgs[2] = {&j.cfg, &j.cfg};
     mxfp8i_scope scope;
-    if (mxfp8i_scope_begin(&scope, j.cfg.workspace))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the workspace", fn);
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, j.cfg.workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: out of memory for the workspace", fn);
     st = mxfp8i_ws_plan(fn, gemm_reserve_job, &j, NULL);
     if (!st && j.stats) st = stats_collect(fn, &os, cfgs);
     if (st) {
@@ -194,15 +192,15 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     }
     st = mxfp8i_gemm_gop(&j.ga, &j.gb, &j.cfg, accumulate, c, mxfp8i_num_threads());
     mxfp8i_scope_end(&scope);
-    if (st) return mxfp8i_error(st, "%s: out of memory for the packed operands", fn);
+    MXFP8I_RETURN_ERROR_IF(st, st, "%s: out of memory for the packed operands", fn);
     stats_export(&os);
     return MXFP8_OK;
 }
 
 /* The _validate entries: the call's checks, then its workspace size (the same reservation, on a sizing arena). */
 static mxfp8_status gemm_size(const char *fn, const char *na, const mxfp8_operand *a, const char *nb,
-                              const mxfp8_operand *b, const mxfp8_matmul_config *config, int accumulate,
-                              const char *nc, const mxfp8_tensor *c, size_t *workspace_bytes) {
+                              const mxfp8_operand *b, const mxfp8_matmul_config *config, int accumulate, const char *nc,
+                              const mxfp8_tensor *c, size_t *workspace_bytes) {
     gemm_job j;
     size_t bytes = 0;
     mxfp8_status st = gemm_validate(fn, na, a, nb, b, config, accumulate, nc, c, &j);
@@ -226,8 +224,8 @@ mxfp8_status mxfp8_gemm_validate(const mxfp8_operand *a, const mxfp8_operand *b,
 mxfp8_status mxfp8_matmul(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
                           const mxfp8_matmul_config *config, mxfp8_tensor *output) {
     mxfp8i_clear_error();
-    return gemm_checked("mxfp8_matmul", "input_activation", input_activation, "weights", weights, config, 0,
-                        "output", output);
+    return gemm_checked("mxfp8_matmul", "input_activation", input_activation, "weights", weights, config, 0, "output",
+                        output);
 }
 
 mxfp8_status mxfp8_matmul_validate(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
@@ -296,16 +294,17 @@ static void phase_config(const mxfp8_matmul_bwd_args *a, const mxfp8_matmul_conf
 
 /* The scalar arguments and the phase configs. */
 static mxfp8_status check_bwd_args(const char *fn, const mxfp8_matmul_bwd_args *args) {
-    const int flag[6] = {args->run_with_lnc2, args->use_scale_packing, args->spill_reload,
+    const int flag[6] = {args->run_with_lnc2,           args->use_scale_packing,   args->spill_reload,
                          args->output_grad_is_swizzled, args->weights_is_swizzled, args->input_is_swizzled};
-    static const char *flag_nm[6] = {"run_with_lnc2", "use_scale_packing", "spill_reload", "output_grad_is_swizzled",
-                                     "weights_is_swizzled", "input_is_swizzled"};
+    static const char *flag_nm[6] = {"run_with_lnc2",           "use_scale_packing",   "spill_reload",
+                                     "output_grad_is_swizzled", "weights_is_swizzled", "input_is_swizzled"};
     for (int i = 0; i < 6; i++) /* booleans are 0 or 1, not "any nonzero" */
         MXFP8I_RETURN_ERROR_IF(flag[i] != 0 && flag[i] != 1, MXFP8_ERR_INVALID_ARGUMENT, "%s: args.%s %d is not 0 or 1",
                                fn, flag_nm[i], flag[i]);
     MXFP8I_RETURN_ERROR_IF(args->lnc_2_shard_rhs < -1 || args->lnc_2_shard_rhs > 1, MXFP8_ERR_INVALID_ARGUMENT,
                            "%s: args.lnc_2_shard_rhs %d is not 1 (N), 0 (M) or -1 (auto)", fn, args->lnc_2_shard_rhs);
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "tile_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)args->tile_loop_order));
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_check_enum(fn, "tile_loop_order", MXFP8_ENUM_LOOP_ORDER, (int)args->tile_loop_order));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "float8_dtype", MXFP8_ENUM_FLOAT8_DTYPE, (int)args->float8_dtype));
     MXFP8I_RETURN_ERROR_IF(!mxfp8i_is_float_dtype(args->output_dtype), MXFP8_ERR_INVALID_ARGUMENT,
                            "%s: output_dtype %d is not f32, bf16 or f16", fn, (int)args->output_dtype);
@@ -314,7 +313,8 @@ static mxfp8_status check_bwd_args(const char *fn, const mxfp8_matmul_bwd_args *
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "quant_scheme", MXFP8_ENUM_GROUP_SCHEME, (int)args->quant_scheme));
     const mxfp8_rounding rnd[3] = {args->output_grad_rounding, args->weights_rounding, args->input_rounding};
     static const char *rnd_nm[3] = {"args.output_grad_rounding", "args.weights_rounding", "args.input_rounding"};
-    for (int i = 0; i < 3; i++) MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, rnd_nm[i], MXFP8_ENUM_ROUNDING, (int)rnd[i]));
+    for (int i = 0; i < 3; i++)
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, rnd_nm[i], MXFP8_ENUM_ROUNDING, (int)rnd[i]));
     if (args->input_grad_config)
         MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_config(fn, "input_grad_config", args->input_grad_config));
     if (args->weight_grad_config)
@@ -337,15 +337,15 @@ static mxfp8_status check_bwd_shapes(const char *fn, const mxfp8_matmul_bwd_args
         fits &= t[i]->shape[0] == want[i][0] && t[i]->shape[1] == want[i][1];
     }
     if (fits) return MXFP8_OK;
-    return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                        "%s: the shapes do not fit Y = X @ W^T: output_grad (dY) [%lld, %lld], weights (W) [%lld, %lld],"
-                        " input_activation (X) [%lld, %lld]; with M = %lld, N = %lld, K = %lld (from input_grad [M, K] "
-                        "and weight_grad [N, K]) they must be dY [M, N] = [%lld, %lld], W [N, K] = [%lld, %lld], "
-                        "X [M, K] = [%lld, %lld]",
-                        fn, (long long)t[0]->shape[0], (long long)t[0]->shape[1], (long long)t[1]->shape[0],
-                        (long long)t[1]->shape[1], (long long)t[2]->shape[0], (long long)t[2]->shape[1],
-                        (long long)M, (long long)N, (long long)K, (long long)M, (long long)N, (long long)N,
-                        (long long)K, (long long)M, (long long)K);
+    return mxfp8i_error(
+        MXFP8_ERR_SHAPE_MISMATCH,
+        "%s: the shapes do not fit Y = X @ W^T: output_grad (dY) [%lld, %lld], weights (W) [%lld, %lld],"
+        " input_activation (X) [%lld, %lld]; with M = %lld, N = %lld, K = %lld (from input_grad [M, K] "
+        "and weight_grad [N, K]) they must be dY [M, N] = [%lld, %lld], W [N, K] = [%lld, %lld], "
+        "X [M, K] = [%lld, %lld]",
+        fn, (long long)t[0]->shape[0], (long long)t[0]->shape[1], (long long)t[1]->shape[0], (long long)t[1]->shape[1],
+        (long long)t[2]->shape[0], (long long)t[2]->shape[1], (long long)M, (long long)N, (long long)K, (long long)M,
+        (long long)N, (long long)N, (long long)K, (long long)M, (long long)K);
 }
 
 /* The three operands for (M, N, K) read from the outputs, as descriptors; shapes, wrapX and aliasing. */
@@ -380,10 +380,10 @@ static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *ar
     MXFP8I_RETURN_ERROR_IF(grp == MXFP8_GROUP_WRAPX && M % 128, MXFP8_ERR_UNSUPPORTED,
                            "%s: quant_scheme wrapX needs M %% 128 == 0 (dY is quantized along M), but M = %lld", fn,
                            (long long)M);
-    const mxfp8_tensor *ins[6] = {&args->output_grad, &args->weights, &args->input_activation,
+    const mxfp8_tensor *ins[6] = {&args->output_grad,        &args->weights,       &args->input_activation,
                                   &args->output_grad_scales, &args->weight_scales, &args->input_scales};
-    static const char *inames[6] = {"output_grad", "weights", "input_activation", "output_grad_scales",
-                                    "weight_scales", "input_scales"};
+    static const char *inames[6] = {"output_grad",        "weights",       "input_activation",
+                                    "output_grad_scales", "weight_scales", "input_scales"};
     for (int i = 0; i < 6; i++) {
         MXFP8I_FORWARD_IF_ERROR(check_out_alias(fn, "input_grad", input_grad, inames[i], ins[i]));
         MXFP8I_FORWARD_IF_ERROR(check_out_alias(fn, "weight_grad", weight_grad, inames[i], ins[i]));
@@ -408,13 +408,13 @@ static mxfp8_status bwd_reserve_job(const void *p) {
     const int64_t M = j->M, K = j->K, N = j->N;
     const int nt = mxfp8i_num_threads();
     int64_t n = 0;
-    if (bwd_need_dyf(j) && (!mxfp8i_mul_size(M, N * 4, &n) || !mxfp8i_ws_get(MXFP8I_WS_MATMUL_DY, (size_t)n)))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for dY's [%lld, %lld] buffer", j->fn,
-                            (long long)M, (long long)N);
-    if (j->args->stats && mxfp8i_gop_stats_reserve(M > N ? M : N, nt))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the statistics pass", j->fn);
-    if (mxfp8i_gemm_reserve(M, K, N, &j->cx, nt, -1) || mxfp8i_gemm_reserve(N, K, M, &j->cw, nt, -1))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the packed operands", j->fn);
+    MXFP8I_RETURN_ERROR_IF(
+        bwd_need_dyf(j) && (!mxfp8i_mul_size(M, N * 4, &n) || !mxfp8i_ws_get(MXFP8I_WS_MATMUL_DY, (size_t)n)),
+        MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for dY's [%lld, %lld] buffer", j->fn, (long long)M, (long long)N);
+    MXFP8I_RETURN_ERROR_IF(j->args->stats && mxfp8i_gop_stats_reserve(M > N ? M : N, nt), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: out of memory for the statistics pass", j->fn);
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_gemm_reserve(M, K, N, &j->cx, nt, -1) || mxfp8i_gemm_reserve(N, K, M, &j->cw, nt, -1),
+                           MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the packed operands", j->fn);
     return MXFP8_OK;
 }
 
@@ -437,8 +437,8 @@ static mxfp8_status backward_scoped(const bwd_job *j, mxfp8_tensor *input_grad, 
             mxfp8i_gop_load_row(g_dy, m, args->float8_dtype, args->quant_scheme, dyf + m * N);
         g_dyt = mxfp8i_gop_hp(dyf, MXFP8_DTYPE_F32, N, M, 1, N);
     }
-    g_dyt.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, args->rounding_seed, 2, 0,
-                                  1, N); /* (n, m) */
+    g_dyt.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, args->rounding_seed, 2, 0, 1,
+                                  N); /* (n, m) */
     mxfp8_quant_stats *so = args->stats;
     op_stats os;
     const mxfp8i_gop *ops[4] = {g_dy, g_w, &g_dyt, g_x};
@@ -448,7 +448,7 @@ static mxfp8_status backward_scoped(const bwd_job *j, mxfp8_tensor *input_grad, 
     if (so) MXFP8I_FORWARD_IF_ERROR(stats_collect(fn, &os, cfgs));
     mxfp8_status st = mxfp8i_gemm_gop(g_dy, g_w, cx, 0, input_grad, nt);
     if (!st) st = mxfp8i_gemm_gop(&g_dyt, g_x, cw, 0, weight_grad, nt);
-    if (st) return mxfp8i_error(MXFP8_ERR_INTERNAL, "%s: a GEMM failed after its reservation", fn);
+    MXFP8I_RETURN_ERROR_IF(st, MXFP8_ERR_INTERNAL, "%s: a GEMM failed after its reservation", fn);
     stats_export(&os);
     return MXFP8_OK;
 }
@@ -472,16 +472,18 @@ static mxfp8_status bwd_validate(const char *fn, const mxfp8_matmul_bwd_args *ar
                            mxfp8_dtype_name(args->output_dtype));
     phase_config(args, args->input_grad_config, &j->cx);
     phase_config(args, args->weight_grad_config, &j->cw);
-    if (args->input_grad_config) MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "input_grad_config", args->input_grad_config, M, N, K));
+    if (args->input_grad_config)
+        MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "input_grad_config", args->input_grad_config, M, N, K));
     if (args->weight_grad_config)
         MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "weight_grad_config", args->weight_grad_config, N, M, K));
     MXFP8I_FORWARD_IF_ERROR(bwd_operands(fn, args, input_grad, weight_grad, M, N, K, &j->g_dy, &j->g_w, &j->g_x));
 
     /* the four quantizations: stream q, the row-major index of the element in its own tensor */
     const uint64_t seed = args->rounding_seed;
-    j->g_dy.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, seed, 0, 0, N, 1); /* (m, n) */
-    j->g_w.sr = mxfp8i_sround_make(args->weights_rounding == MXFP8_ROUND_STOCHASTIC, seed, 1, 0, 1, K);     /* (k, n) */
-    j->g_x.sr = mxfp8i_sround_make(args->input_rounding == MXFP8_ROUND_STOCHASTIC, seed, 3, 0, 1, K);       /* (k, m) */
+    j->g_dy.sr =
+        mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, seed, 0, 0, N, 1);     /* (m, n) */
+    j->g_w.sr = mxfp8i_sround_make(args->weights_rounding == MXFP8_ROUND_STOCHASTIC, seed, 1, 0, 1, K); /* (k, n) */
+    j->g_x.sr = mxfp8i_sround_make(args->input_rounding == MXFP8_ROUND_STOCHASTIC, seed, 3, 0, 1, K);   /* (k, m) */
     j->fn = fn;
     j->args = args;
     j->M = M, j->K = K, j->N = N;
@@ -495,8 +497,8 @@ mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, mxfp8_tens
     bwd_job j;
     MXFP8I_FORWARD_IF_ERROR(bwd_validate(fn, args, input_grad, weight_grad, &j));
     mxfp8i_scope scope;
-    if (mxfp8i_scope_begin(&scope, args->workspace))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the workspace", fn);
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, args->workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: out of memory for the workspace", fn);
     mxfp8_status st = backward_scoped(&j, input_grad, weight_grad);
     mxfp8i_scope_end(&scope);
     return st;

@@ -22,15 +22,13 @@ mxfp8_status mxfp8_scale_layout_shape(mxfp8_scale_layout layout, int64_t F, int6
     static const char *fn = "mxfp8_scale_layout_shape";
     mxfp8i_clear_error();
     MXFP8I_RETURN_ERROR_IF(!shape, MXFP8_ERR_NULL_POINTER, "%s: shape is NULL", fn);
-    if (!mxfp8i_layout_known(layout))
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
-    if (F < 0 || K < 0)
-        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: F %lld and K %lld must be >= 0", fn, (long long)F,
-                            (long long)K);
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_layout_known(layout), MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
+    MXFP8I_RETURN_ERROR_IF(F < 0 || K < 0, MXFP8_ERR_SIZE_OVERFLOW, "%s: F %lld and K %lld must be >= 0", fn,
+                           (long long)F, (long long)K);
     int64_t s[2];
-    if (!mxfp8i_layout_shape(layout, F, K, s))
-        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: the layout's size overflows for F %lld, K %lld", fn,
-                            (long long)F, (long long)K);
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_layout_shape(layout, F, K, s), MXFP8_ERR_SIZE_OVERFLOW,
+                           "%s: the layout's size overflows for F %lld, K %lld", fn, (long long)F, (long long)K);
     shape[0] = s[0];
     shape[1] = s[1];
     return MXFP8_OK;
@@ -48,31 +46,27 @@ static int64_t layout_offset(const mxfp8_tensor *t, mxfp8_scale_layout layout, i
 /* Validate a layout view `t` (name) for (F, K): dtype E8M0/U8, shape = the layout's (swizzle: also flat 1-D). */
 static mxfp8_status check_layout_view(const char *fn, const char *name, const mxfp8_tensor *t,
                                       mxfp8_scale_layout layout, int64_t F, int64_t K, int64_t shape[2]) {
-    mxfp8_status st;
-    if ((st = mxfp8i_check_view(fn, name, t))) return st;
-    if ((st = mxfp8i_check_dtype(fn, name, t, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
-    if (!mxfp8i_layout_shape(layout, F, K, shape))
-        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: the layout's size overflows for F %lld, K %lld", fn,
-                            (long long)F, (long long)K);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, name, t));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, name, t, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8));
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_layout_shape(layout, F, K, shape), MXFP8_ERR_SIZE_OVERFLOW,
+                           "%s: the layout's size overflows for F %lld, K %lld", fn, (long long)F, (long long)K);
     bool ok = t->ndim == 2 && t->shape[0] == shape[0] && t->shape[1] == shape[1];
     if (layout == MXFP8_SCALES_SWIZZLE_128X4 && t->ndim == 1) ok = t->shape[0] == shape[0] * shape[1];
     char sb[160];
-    if (!ok)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                            "%s: %s must have shape [%lld, %lld] for layout %s, F %lld, K %lld; got %s", fn, name,
-                            (long long)shape[0], (long long)shape[1], mxfp8i_layout_name(layout), (long long)F,
-                            (long long)K, mxfp8i_shape_str(t, sb, sizeof sb));
+    MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: %s must have shape [%lld, %lld] for layout %s, F %lld, K %lld; got %s", fn, name,
+                           (long long)shape[0], (long long)shape[1], mxfp8i_layout_name(layout), (long long)F,
+                           (long long)K, mxfp8i_shape_str(t, sb, sizeof sb));
     return MXFP8_OK;
 }
 
 static mxfp8_status check_compact(const char *fn, const mxfp8_tensor *c, int64_t K) {
-    mxfp8_status st;
-    if ((st = mxfp8i_check_rank(fn, "compact", c, 2))) return st;
-    if ((st = mxfp8i_check_dtype(fn, "compact", c, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "compact", c, 2));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "compact", c, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8));
     MXFP8I_RETURN_ERROR_IF(K < 0, MXFP8_ERR_SIZE_OVERFLOW, "%s: K %lld is negative", fn, (long long)K);
-    if (c->shape[1] != cdiv(K, 32))
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: compact has %lld columns but K %lld needs ceil(K/32) = %lld",
-                            fn, (long long)c->shape[1], (long long)K, (long long)cdiv(K, 32));
+    MXFP8I_RETURN_ERROR_IF(c->shape[1] != cdiv(K, 32), MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: compact has %lld columns but K %lld needs ceil(K/32) = %lld", fn,
+                           (long long)c->shape[1], (long long)K, (long long)cdiv(K, 32));
     return MXFP8_OK;
 }
 
@@ -80,14 +74,13 @@ mxfp8_status mxfp8_scales_to_layout(const mxfp8_tensor *compact, int64_t K, mxfp
                                     mxfp8_tensor *out) {
     static const char *fn = "mxfp8_scales_to_layout";
     mxfp8i_clear_error();
-    mxfp8_status st;
-    if ((st = check_compact(fn, compact, K))) return st;
-    if (!mxfp8i_layout_known(layout))
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
+    MXFP8I_FORWARD_IF_ERROR(check_compact(fn, compact, K));
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_layout_known(layout), MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
     int64_t F = compact->shape[0], G = compact->shape[1], sh[2];
-    if ((st = check_layout_view(fn, "out", out, layout, F, K, sh))) return st;
-    if ((st = mxfp8i_check_distinct(fn, "out", out))) return st;
-    if ((st = mxfp8i_check_no_alias(fn, "out", out, "compact", compact))) return st;
+    MXFP8I_FORWARD_IF_ERROR(check_layout_view(fn, "out", out, layout, F, K, sh));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_distinct(fn, "out", out));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "out", out, "compact", compact));
     uint8_t *o = (uint8_t *)out->data;
     const uint8_t *c = (const uint8_t *)compact->data;
     if (out->ndim == 1) {
@@ -106,14 +99,13 @@ mxfp8_status mxfp8_scales_from_layout(const mxfp8_tensor *in, int64_t K, mxfp8_s
                                       mxfp8_tensor *compact) {
     static const char *fn = "mxfp8_scales_from_layout";
     mxfp8i_clear_error();
-    mxfp8_status st;
-    if ((st = check_compact(fn, compact, K))) return st;
-    if (!mxfp8i_layout_known(layout))
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
+    MXFP8I_FORWARD_IF_ERROR(check_compact(fn, compact, K));
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_layout_known(layout), MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: layout %d is not a mxfp8_scale_layout", fn, (int)layout);
     int64_t F = compact->shape[0], G = compact->shape[1], sh[2];
-    if ((st = check_layout_view(fn, "in", in, layout, F, K, sh))) return st;
-    if ((st = mxfp8i_check_distinct(fn, "compact", compact))) return st;
-    if ((st = mxfp8i_check_no_alias(fn, "compact", compact, "in", in))) return st;
+    MXFP8I_FORWARD_IF_ERROR(check_layout_view(fn, "in", in, layout, F, K, sh));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_distinct(fn, "compact", compact));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "compact", compact, "in", in));
     uint8_t *c = (uint8_t *)compact->data;
     const uint8_t *i8 = (const uint8_t *)in->data;
     for (int64_t f = 0; f < F; f++)
@@ -138,23 +130,20 @@ static bool odometer_next(int64_t *idx, const int64_t *shape, int ndim, int skip
 /* Common checks: `bytes` (E4M3/E5M2/U8, L along the axis) and `words` (U32, ceil(L/4) along it, rest equal). */
 static mxfp8_status check_x4(const char *fn, const char *nb, const mxfp8_tensor *bytes, const char *nw,
                              const mxfp8_tensor *words, int axis, int *ax) {
-    mxfp8_status st;
-    if ((st = mxfp8i_check_view(fn, nb, bytes))) return st;
-    if ((st = mxfp8i_check_view(fn, nw, words))) return st;
-    if ((st = mxfp8i_check_dtype(fn, nb, bytes, 3, MXFP8_DTYPE_E4M3, MXFP8_DTYPE_E5M2, MXFP8_DTYPE_U8))) return st;
-    if ((st = mxfp8i_check_dtype(fn, nw, words, 1, MXFP8_DTYPE_U32))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, nb, bytes));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, nw, words));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, nb, bytes, 3, MXFP8_DTYPE_E4M3, MXFP8_DTYPE_E5M2, MXFP8_DTYPE_U8));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, nw, words, 1, MXFP8_DTYPE_U32));
     MXFP8I_RETURN_ERROR_IF(bytes->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must have rank >= 1", fn, nb);
-    if (!mxfp8i_norm_axis(axis, bytes->ndim, ax))
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,
-                            (int)bytes->ndim);
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_norm_axis(axis, bytes->ndim, ax), MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: axis %d is out of range for a %d-D tensor", fn, axis, (int)bytes->ndim);
     bool ok = words->ndim == bytes->ndim;
     for (int i = 0; ok && i < bytes->ndim; i++)
         ok = words->shape[i] == (i == *ax ? mxfp8i_ceil_div(bytes->shape[i], 4) : bytes->shape[i]);
-    if (!ok)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must have %s's shape with shape[%d] = ceil(%lld/4)", fn,
-                            nw, nb, *ax, (long long)bytes->shape[*ax]);
+    MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must have %s's shape with shape[%d] = ceil(%lld/4)",
+                           fn, nw, nb, *ax, (long long)bytes->shape[*ax]);
     /* the output ("out") must address distinct elements */
-    if ((st = mxfp8i_check_distinct(fn, "out", strcmp(nw, "out") == 0 ? words : bytes))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_distinct(fn, "out", strcmp(nw, "out") == 0 ? words : bytes));
     return mxfp8i_check_no_alias(fn, nw, words, nb, bytes);
 }
 
@@ -210,33 +199,28 @@ mxfp8_status mxfp8_unpack_x4(const mxfp8_tensor *in, int axis, mxfp8_tensor *out
 /* ---------------------------------------------------------------------------------------------------------- */
 static mxfp8_status check_swizzle(const char *fn, const mxfp8_tensor *plain, const char *np, const mxfp8_tensor *swz,
                                   const char *ns, bool plain_is_input) {
-    mxfp8_status st;
     const mxfp8_tensor *first = plain_is_input ? plain : swz;
     const char *nf = plain_is_input ? np : ns;
-    if ((st = mxfp8i_check_rank(fn, nf, first, 2))) return st;
-    if ((st = mxfp8i_check_rank(fn, plain_is_input ? ns : np, plain_is_input ? swz : plain, 2))) return st;
-    if (plain->dtype != swz->dtype)
-        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: in has dtype %s but out has %s", fn,
-                            mxfp8_dtype_name(plain_is_input ? plain->dtype : swz->dtype),
-                            mxfp8_dtype_name(plain_is_input ? swz->dtype : plain->dtype));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, nf, first, 2));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, plain_is_input ? ns : np, plain_is_input ? swz : plain, 2));
+    MXFP8I_RETURN_ERROR_IF(plain->dtype != swz->dtype, MXFP8_ERR_DTYPE, "%s: in has dtype %s but out has %s", fn,
+                           mxfp8_dtype_name(plain_is_input ? plain->dtype : swz->dtype),
+                           mxfp8_dtype_name(plain_is_input ? swz->dtype : plain->dtype));
     int64_t K = plain_is_input ? plain->shape[0] : 4 * swz->shape[0];
-    if (!plain_is_input && swz->shape[1] % 4 != 0)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: in has %lld columns, not a multiple of 4", fn,
-                            (long long)swz->shape[1]);
-    if (K % 128 != 0)
-        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED, "%s: in: the NKI swizzle needs K %% 128 == 0; K = %lld", fn,
-                            (long long)K);
+    MXFP8I_RETURN_ERROR_IF(!plain_is_input && swz->shape[1] % 4 != 0, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: in has %lld columns, not a multiple of 4", fn, (long long)swz->shape[1]);
+    MXFP8I_RETURN_ERROR_IF(K % 128 != 0, MXFP8_ERR_UNSUPPORTED, "%s: in: the NKI swizzle needs K %% 128 == 0; K = %lld",
+                           fn, (long long)K);
     int64_t F = plain_is_input ? plain->shape[1] : swz->shape[1] / 4;
-    if (plain->shape[0] != K || plain->shape[1] != F || swz->shape[0] != K / 4 || swz->shape[1] != 4 * F)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                            "%s: out has shape [%lld, %lld] for in [%lld, %lld]; shapes must be [K, F] = [%lld, %lld] "
-                            "and [K/4, 4F] = [%lld, %lld]",
-                            fn, (long long)(plain_is_input ? swz : plain)->shape[0],
-                            (long long)(plain_is_input ? swz : plain)->shape[1],
-                            (long long)(plain_is_input ? plain : swz)->shape[0],
-                            (long long)(plain_is_input ? plain : swz)->shape[1], (long long)K, (long long)F,
-                            (long long)(K / 4), (long long)(4 * F));
-    if ((st = mxfp8i_check_distinct(fn, "out", plain_is_input ? swz : plain))) return st;
+    MXFP8I_RETURN_ERROR_IF(
+        plain->shape[0] != K || plain->shape[1] != F || swz->shape[0] != K / 4 || swz->shape[1] != 4 * F,
+        MXFP8_ERR_SHAPE_MISMATCH,
+        "%s: out has shape [%lld, %lld] for in [%lld, %lld]; shapes must be [K, F] = [%lld, %lld] "
+        "and [K/4, 4F] = [%lld, %lld]",
+        fn, (long long)(plain_is_input ? swz : plain)->shape[0], (long long)(plain_is_input ? swz : plain)->shape[1],
+        (long long)(plain_is_input ? plain : swz)->shape[0], (long long)(plain_is_input ? plain : swz)->shape[1],
+        (long long)K, (long long)F, (long long)(K / 4), (long long)(4 * F));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_distinct(fn, "out", plain_is_input ? swz : plain));
     return mxfp8i_check_no_alias(fn, "out", plain_is_input ? swz : plain, "in", plain_is_input ? plain : swz);
 }
 
@@ -252,10 +236,8 @@ static void swizzle_copy(const mxfp8_tensor *plain, const mxfp8_tensor *swz, boo
                 for (int64_t f = 0; f < F; f++) {
                     char *a = pb + ((k0 + s * S + p) * plain->strides[0] + f * plain->strides[1]) * es;
                     char *b = sb + ((k0 / 4 + p) * swz->strides[0] + (4 * f + s) * swz->strides[1]) * es;
-                    if (to_swz)
-                        memcpy(b, a, (size_t)es);
-                    else
-                        memcpy(a, b, (size_t)es);
+                    if (to_swz) memcpy(b, a, (size_t)es);
+                    else memcpy(a, b, (size_t)es);
                 }
     }
 }

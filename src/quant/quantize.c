@@ -160,19 +160,17 @@ static mxfp8_status check_scales_shape(const char *fn, const mxfp8_tensor *ref, 
     bool ok = sc->ndim == ref->ndim;
     for (int i = 0; ok && i < ref->ndim; i++)
         ok = sc->shape[i] == (i == axis ? mxfp8i_ceil_div(ref->shape[i], 32) : ref->shape[i]);
-    if (!ok)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH,
-                            "%s: scales must have the data's shape with shape[%d] = ceil(%lld/32) = %lld", fn, axis,
-                            (long long)ref->shape[axis], (long long)mxfp8i_ceil_div(ref->shape[axis], 32));
+    MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: scales must have the data's shape with shape[%d] = ceil(%lld/32) = %lld", fn, axis,
+                           (long long)ref->shape[axis], (long long)mxfp8i_ceil_div(ref->shape[axis], 32));
     return MXFP8_OK;
 }
 
 static mxfp8_status check_group(const char *fn, mxfp8_group_scheme group, int64_t len, int axis) {
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_enum(fn, "group", MXFP8_ENUM_GROUP_SCHEME, (int)group));
-    if (group == MXFP8_GROUP_WRAPX && len % 128 != 0)
-        return mxfp8i_error(MXFP8_ERR_UNSUPPORTED,
-                            "%s: group scheme WRAPX needs the axis length %% 128 == 0; shape[%d] = %lld", fn, axis,
-                            (long long)len);
+    MXFP8I_RETURN_ERROR_IF(group == MXFP8_GROUP_WRAPX && len % 128 != 0, MXFP8_ERR_UNSUPPORTED,
+                           "%s: group scheme WRAPX needs the axis length %% 128 == 0; shape[%d] = %lld", fn, axis,
+                           (long long)len);
     return MXFP8_OK;
 }
 
@@ -222,31 +220,30 @@ static mxfp8_status quantize_validate(const char *fn, const mxfp8_tensor *src, i
                                       const mxfp8_quant_params *params, const mxfp8_tensor *data,
                                       const mxfp8_tensor *scales, mxfp8_quant_params *qp_out, int *ax_out) {
     mxfp8_status st;
-    if ((st = mxfp8i_check_view(fn, "src", src))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, "src", src));
     MXFP8I_RETURN_ERROR_IF(src->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: src must have rank >= 1, got 0", fn);
-    if ((st = mxfp8i_check_dtype(fn, "src", src, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "src", src, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
     mxfp8_quant_params qp = params ? *params : mxfp8_quant_params_default();
     if ((st = mxfp8i_check_enum(fn, "params->fmt", MXFP8_ENUM_FORMAT, (int)qp.fmt)) ||
         (st = mxfp8i_check_enum(fn, "params->rule", MXFP8_ENUM_SCALE_RULE, (int)qp.rule)) ||
         (st = mxfp8i_check_enum(fn, "params->rounding", MXFP8_ENUM_ROUNDING, (int)qp.rounding)))
         return st;
     int ax;
-    if (!mxfp8i_norm_axis(axis, src->ndim, &ax))
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,
-                            (int)src->ndim);
-    if ((st = check_group(fn, qp.group, src->shape[ax], ax))) return st;
-    if ((st = mxfp8i_check_view(fn, "data", data))) return st;
-    if (data->dtype != mxfp8i_fmt_dtype(qp.fmt))
-        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: data has dtype %s but params->fmt asks for %s", fn,
-                            mxfp8_dtype_name(data->dtype), mxfp8_dtype_name(mxfp8i_fmt_dtype(qp.fmt)));
-    if ((st = mxfp8i_check_same_shape(fn, "src", src, "data", data))) return st;
-    if ((st = mxfp8i_check_view(fn, "scales", scales))) return st;
-    if ((st = mxfp8i_check_dtype(fn, "scales", scales, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
-    if ((st = check_scales_shape(fn, src, ax, scales))) return st;
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_norm_axis(axis, src->ndim, &ax), MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: axis %d is out of range for a %d-D tensor", fn, axis, (int)src->ndim);
+    MXFP8I_FORWARD_IF_ERROR(check_group(fn, qp.group, src->shape[ax], ax));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, "data", data));
+    MXFP8I_RETURN_ERROR_IF(data->dtype != mxfp8i_fmt_dtype(qp.fmt), MXFP8_ERR_DTYPE,
+                           "%s: data has dtype %s but params->fmt asks for %s", fn, mxfp8_dtype_name(data->dtype),
+                           mxfp8_dtype_name(mxfp8i_fmt_dtype(qp.fmt)));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_same_shape(fn, "src", src, "data", data));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, "scales", scales));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "scales", scales, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8));
+    MXFP8I_FORWARD_IF_ERROR(check_scales_shape(fn, src, ax, scales));
     if ((st = mxfp8i_check_distinct(fn, "data", data)) || (st = mxfp8i_check_distinct(fn, "scales", scales))) return st;
-    if ((st = mxfp8i_check_no_alias(fn, "data", data, "src", src))) return st;
-    if ((st = mxfp8i_check_no_alias(fn, "scales", scales, "src", src))) return st;
-    if ((st = mxfp8i_check_no_alias(fn, "data", data, "scales", scales))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "data", data, "src", src));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "scales", scales, "src", src));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "data", data, "scales", scales));
     *qp_out = qp;
     *ax_out = ax;
     return MXFP8_OK;
@@ -275,8 +272,8 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
     int64_t K = src->shape[ax];
     int nt = threads_for(numel);
     mxfp8i_qstats *tst = NULL; /* one accumulator per thread, merged after (exact, so in any order) */
-    if (qp.stats && !(tst = (mxfp8i_qstats *)calloc((size_t)nt, sizeof *tst)))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %d statistics accumulators", fn, nt);
+    MXFP8I_RETURN_ERROR_IF(qp.stats && !(tst = (mxfp8i_qstats *)calloc((size_t)nt, sizeof *tst)),
+                           MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %d statistics accumulators", fn, nt);
     if (numel > 0) {
         plan_split(&pl, K, nt, qp.group);
         quantize_items(&pl, src, data, scales, &qp, nt, tst);
@@ -290,26 +287,24 @@ mxfp8_status mxfp8_quantize(const mxfp8_tensor *src, int axis, const mxfp8_quant
 }
 
 /* Every check of mxfp8_dequantize (shared by the call and mxfp8_dequantize_validate); *ax_out: the axis. */
-static mxfp8_status dequantize_validate(const char *fn, const mxfp8_tensor *data, const mxfp8_tensor *scales,
-                                        int axis, mxfp8_group_scheme group, const mxfp8_tensor *out, int *ax_out) {
-    mxfp8_status st;
-    if ((st = mxfp8i_check_view(fn, "data", data))) return st;
+static mxfp8_status dequantize_validate(const char *fn, const mxfp8_tensor *data, const mxfp8_tensor *scales, int axis,
+                                        mxfp8_group_scheme group, const mxfp8_tensor *out, int *ax_out) {
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, "data", data));
     MXFP8I_RETURN_ERROR_IF(data->ndim < 1, MXFP8_ERR_SHAPE_MISMATCH, "%s: data must have rank >= 1, got 0", fn);
-    if ((st = mxfp8i_check_dtype(fn, "data", data, 2, MXFP8_DTYPE_E4M3, MXFP8_DTYPE_E5M2))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "data", data, 2, MXFP8_DTYPE_E4M3, MXFP8_DTYPE_E5M2));
     int ax;
-    if (!mxfp8i_norm_axis(axis, data->ndim, &ax))
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for a %d-D tensor", fn, axis,
-                            (int)data->ndim);
-    if ((st = check_group(fn, group, data->shape[ax], ax))) return st;
-    if ((st = mxfp8i_check_view(fn, "scales", scales))) return st;
-    if ((st = mxfp8i_check_dtype(fn, "scales", scales, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8))) return st;
-    if ((st = check_scales_shape(fn, data, ax, scales))) return st;
-    if ((st = mxfp8i_check_view(fn, "out", out))) return st;
-    if ((st = mxfp8i_check_dtype(fn, "out", out, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16))) return st;
-    if ((st = mxfp8i_check_same_shape(fn, "data", data, "out", out))) return st;
-    if ((st = mxfp8i_check_distinct(fn, "out", out))) return st;
-    if ((st = mxfp8i_check_no_alias(fn, "out", out, "data", data))) return st;
-    if ((st = mxfp8i_check_no_alias(fn, "out", out, "scales", scales))) return st;
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_norm_axis(axis, data->ndim, &ax), MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: axis %d is out of range for a %d-D tensor", fn, axis, (int)data->ndim);
+    MXFP8I_FORWARD_IF_ERROR(check_group(fn, group, data->shape[ax], ax));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, "scales", scales));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "scales", scales, 2, MXFP8_DTYPE_E8M0, MXFP8_DTYPE_U8));
+    MXFP8I_FORWARD_IF_ERROR(check_scales_shape(fn, data, ax, scales));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, "out", out));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "out", out, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_same_shape(fn, "data", data, "out", out));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_distinct(fn, "out", out));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "out", out, "data", data));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "out", out, "scales", scales));
     *ax_out = ax;
     return MXFP8_OK;
 }

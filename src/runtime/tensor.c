@@ -6,9 +6,15 @@
 
 size_t mxfp8_dtype_size(mxfp8_dtype dtype) {
     switch (dtype) {
-    case MXFP8_DTYPE_F32: case MXFP8_DTYPE_I32: case MXFP8_DTYPE_U32: return 4;
-    case MXFP8_DTYPE_BF16: case MXFP8_DTYPE_F16: return 2;
-    case MXFP8_DTYPE_E4M3: case MXFP8_DTYPE_E5M2: case MXFP8_DTYPE_E8M0: case MXFP8_DTYPE_U8: return 1;
+    case MXFP8_DTYPE_F32:
+    case MXFP8_DTYPE_I32:
+    case MXFP8_DTYPE_U32: return 4;
+    case MXFP8_DTYPE_BF16:
+    case MXFP8_DTYPE_F16: return 2;
+    case MXFP8_DTYPE_E4M3:
+    case MXFP8_DTYPE_E5M2:
+    case MXFP8_DTYPE_E8M0:
+    case MXFP8_DTYPE_U8: return 1;
     case MXFP8_DTYPE_F64: return 8;
     }
     return 0;
@@ -57,7 +63,8 @@ bool mxfp8i_view_span(const mxfp8_tensor *t, uintptr_t *lo, uintptr_t *hi) {
     for (int i = 0; i < t->ndim; i++) {
         if (t->shape[i] == 0) return false;
         int64_t ext = (t->shape[i] - 1) * t->strides[i];
-        if (ext < 0) mn += ext; else mx += ext;
+        if (ext < 0) mn += ext;
+        else mx += ext;
     }
     int64_t es = (int64_t)mxfp8_dtype_size(t->dtype);
     *lo = (uintptr_t)t->data + (intptr_t)(mn * es);
@@ -67,30 +74,29 @@ bool mxfp8i_view_span(const mxfp8_tensor *t, uintptr_t *lo, uintptr_t *hi) {
 
 mxfp8_status mxfp8i_check_view(const char *fn, const char *name, const mxfp8_tensor *t) {
     MXFP8I_RETURN_ERROR_IF(!t, MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
-    if (t->ndim < 0 || t->ndim > MXFP8_MAX_DIMS)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: %s has ndim %d (must be 0..%d)", fn, name,
-                            (int)t->ndim, MXFP8_MAX_DIMS);
-    if (mxfp8_dtype_size(t->dtype) == 0)
-        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: %s has unknown dtype %d", fn, name, (int)t->dtype);
+    MXFP8I_RETURN_ERROR_IF(t->ndim < 0 || t->ndim > MXFP8_MAX_DIMS, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: %s has ndim %d (must be 0..%d)", fn, name, (int)t->ndim, MXFP8_MAX_DIMS);
+    MXFP8I_RETURN_ERROR_IF(mxfp8_dtype_size(t->dtype) == 0, MXFP8_ERR_DTYPE, "%s: %s has unknown dtype %d", fn, name,
+                           (int)t->dtype);
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] < 0)
-            return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: %s has negative shape[%d] = %lld", fn, name, i,
-                                (long long)t->shape[i]);
-        if (!mxfp8i_mul_size(n, t->shape[i], &n))
-            return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: %s: the product of its shape overflows", fn, name);
+        MXFP8I_RETURN_ERROR_IF(t->shape[i] < 0, MXFP8_ERR_SIZE_OVERFLOW, "%s: %s has negative shape[%d] = %lld", fn,
+                               name, i, (long long)t->shape[i]);
+        MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(n, t->shape[i], &n), MXFP8_ERR_SIZE_OVERFLOW,
+                               "%s: %s: the product of its shape overflows", fn, name);
     }
     /* The addressed span in bytes must not overflow. */
     int64_t es = (int64_t)mxfp8_dtype_size(t->dtype), span = 0;
     if (n > 0) {
         for (int i = 0; i < t->ndim; i++) {
             int64_t s = t->strides[i] < 0 ? -t->strides[i] : t->strides[i], ext;
-            if (t->strides[i] == INT64_MIN || !mxfp8i_mul_size(t->shape[i] - 1, s, &ext) || span > INT64_MAX - ext)
-                return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s: strides address beyond any buffer", fn, name);
+            MXFP8I_RETURN_ERROR_IF(t->strides[i] == INT64_MIN || !mxfp8i_mul_size(t->shape[i] - 1, s, &ext) ||
+                                       span > INT64_MAX - ext,
+                                   MXFP8_ERR_BAD_STRIDES, "%s: %s: strides address beyond any buffer", fn, name);
             span += ext;
         }
-        if (span == INT64_MAX || !mxfp8i_mul_size(span + 1, es, &span))
-            return mxfp8i_error(MXFP8_ERR_BAD_STRIDES, "%s: %s: strides address beyond any buffer", fn, name);
+        MXFP8I_RETURN_ERROR_IF(span == INT64_MAX || !mxfp8i_mul_size(span + 1, es, &span), MXFP8_ERR_BAD_STRIDES,
+                               "%s: %s: strides address beyond any buffer", fn, name);
     }
     MXFP8I_RETURN_ERROR_IF(!t->data && n > 0, MXFP8_ERR_NULL_POINTER, "%s: %s.data is NULL", fn, name);
     return MXFP8_OK;
@@ -98,8 +104,8 @@ mxfp8_status mxfp8i_check_view(const char *fn, const char *name, const mxfp8_ten
 
 mxfp8_status mxfp8i_check_rank(const char *fn, const char *name, const mxfp8_tensor *t, int ndim) {
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, name, t));
-    if (ndim >= 0 && t->ndim != ndim)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must be %d-D, got %d-D", fn, name, ndim, (int)t->ndim);
+    MXFP8I_RETURN_ERROR_IF(ndim >= 0 && t->ndim != ndim, MXFP8_ERR_SHAPE_MISMATCH, "%s: %s must be %d-D, got %d-D", fn,
+                           name, ndim, (int)t->ndim);
     return MXFP8_OK;
 }
 
@@ -129,8 +135,7 @@ mxfp8_status mxfp8i_check_no_alias(const char *fn, const char *na, const mxfp8_t
                                    const mxfp8_tensor *b) {
     uintptr_t alo, ahi, blo, bhi;
     if (!a || !b || !mxfp8i_view_span(a, &alo, &ahi) || !mxfp8i_view_span(b, &blo, &bhi)) return MXFP8_OK;
-    if (alo < bhi && blo < ahi)
-        return mxfp8i_error(MXFP8_ERR_ALIASING, "%s: %s overlaps %s in memory", fn, na, nb);
+    MXFP8I_RETURN_ERROR_IF(alo < bhi && blo < ahi, MXFP8_ERR_ALIASING, "%s: %s overlaps %s in memory", fn, na, nb);
     return MXFP8_OK;
 }
 
@@ -155,10 +160,10 @@ mxfp8_status mxfp8i_check_distinct(const char *fn, const char *name, const mxfp8
     }
     int64_t reach = 0; /* the largest element offset the smaller dimensions reach (they were checked to fit) */
     for (int j = 0; j < n; j++) {
-        if (st[j] <= reach)
-            return mxfp8i_error(MXFP8_ERR_BAD_STRIDES,
-                                "%s: %s has stride %lld, which makes its elements overlap (output views must address "
-                                "distinct elements)", fn, name, (long long)st[j]);
+        MXFP8I_RETURN_ERROR_IF(st[j] <= reach, MXFP8_ERR_BAD_STRIDES,
+                               "%s: %s has stride %lld, which makes its elements overlap (output views must address "
+                               "distinct elements)",
+                               fn, name, (long long)st[j]);
         reach += st[j] * (sh[j] - 1); /* no overflow: mxfp8i_check_view bounded the span */
     }
     return MXFP8_OK;
