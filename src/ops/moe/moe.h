@@ -50,8 +50,15 @@ typedef struct mxfp8i_moe {
     uint8_t *wdone;                   /**< [E * MXFP8_MOE_NUM_OPERANDS]: a weight operand's statistics are in */
 } mxfp8i_moe;
 
-/** Validate the inputs and the config, fill *p (dims, copies) and resolve the routing (p->tok and p->expert are
- *  slots of the open workspace scope, which the caller must have opened; INDEX_OUT_OF_RANGE for bad ids). */
+/** Every check of the inputs and the config (the routing ids included: INDEX_OUT_OF_RANGE for bad ids), filling *p
+ *  (dims, copies, the block rows Bw) with p->tok = p->expert = NULL: nothing is stored and no workspace is used, so
+ *  the _validate entries run it with no scope. */
+mxfp8_status mxfp8i_moe_check(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p);
+/** The routing table's two slots of the current arena (a reservation function's share; OUT_OF_MEMORY with a
+ *  message). mxfp8i_moe_table: those slots as p->tok and p->expert, filled from the checked routing. */
+mxfp8_status mxfp8i_moe_table_reserve(const mxfp8i_moe *p);
+mxfp8_status mxfp8i_moe_table(const mxfp8i_moe_in *in, mxfp8i_moe *p);
+/** mxfp8i_moe_check, then mxfp8i_moe_table (the goldens; the caller must have opened a workspace scope). */
 mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p);
 
 /** Optional tensor check: absent is fine; else rank `ndim`, dtype in {F32, BF16, F16} (plus F64 when allow_f64) and
@@ -166,8 +173,10 @@ mxfp8_status mxfp8i_moe_numerics_config(const char *fn, mxfp8_moe_config *cfg);
  *  n*B*width + r*i0 + k*i1 (the dispatched [N*B, width] tensor; i0, i1 its steps along the GEMM's rows and K). */
 void mxfp8i_moe_round_block(const mxfp8i_moe *p, mxfp8i_gop *op, int id, int64_t n, int64_t width, int64_t i0,
                             int64_t i1);
-/** p->qst (zeroed) and p->wdone from the scope's slots when `stats` is not NULL, and the statistics passes' scratch
- *  reserved (so that no later GEMM of the call can fail for them). OUT_OF_MEMORY or OK. */
+/** mxfp8i_moe_stats_reserve: the statistics slot and the statistics passes' scratch when `stats` is not NULL (a
+ *  reservation function's share: nothing written). mxfp8i_moe_stats_alloc: the same, then p->qst (zeroed) and
+ *  p->wdone from the slot (so that no later GEMM of the call can fail for them). OUT_OF_MEMORY or OK. */
+mxfp8_status mxfp8i_moe_stats_reserve(const mxfp8i_moe *p, const mxfp8_quant_stats *stats);
 mxfp8_status mxfp8i_moe_stats_alloc(mxfp8i_moe *p, const mxfp8_quant_stats *stats);
 /** Write the statistics into the caller's array (nothing when p->qst is NULL). */
 void mxfp8i_moe_stats_export(const mxfp8i_moe *p, mxfp8_quant_stats *stats);
