@@ -165,6 +165,19 @@ def fault():
     check(dt < 20, f"took {dt:.1f} s")
     if RANK == 0:
         print(f"ok P={P} fault on rank {bad}: {err}", flush=True)
+    # stochastic rounding cannot give the single-process bits: refused on every rank, saying why
+    err = None
+    try:
+        ep.moe_forward(pr["X"][o0:o1], pr["W1"][e0:e0 + Er], pr["W2"][e0:e0 + Er], 6, pr["ids"][o0:o1],
+                       pr["wts"][o0:o1], block_size=8, comm=COMM,
+                       config=mxfp8.MXFP8MOEBwdConfig(stochastic_rounding=["gemm1_x"]))
+    except mxfp8.MXFP8Error as e:
+        err = e
+    check(err is not None and err.status_name == "MXFP8_ERR_UNSUPPORTED"
+          and "not supported with expert parallelism" in err.message and "logical index" in err.message,
+          f"stochastic rounding: {err}")
+    if RANK == 0:
+        print(f"ok P={P} stochastic rounding refused: {err}", flush=True)
 
 
 if __name__ == "__main__":
