@@ -5,11 +5,13 @@
  * The layer, its backward and every deviation from the NKI page are documented in include/mxfp8.h (section
  * "Blockwise MoE"). The files:
  *   config.c     config and argument defaults
- *   validate.c   every check (config, inputs, routing, outputs, aliasing), shared by the kernels and the goldens
+ *   validate.c   every check (config, inputs, routing, outputs, aliasing), shared by the kernels, their _validate
+ *                entries and the goldens; the flat routing table (filled after the call's reservation)
  *   weights.c    the experts' weights as GEMM operands (no copy unless an axis needs one), the GEMM entry
- *   route.c      mxfp8_moe_num_blocks, mxfp8_moe_route
- *   fwd.c        mxfp8_moe_forward
- *   bwd.c        mxfp8_moe_backward: workspace and the expert-major driver over the phases of bwd_block.c
+ *   route.c      mxfp8_moe_num_blocks, mxfp8_moe_route, mxfp8_moe_route_validate
+ *   fwd.c        mxfp8_moe_forward, mxfp8_moe_forward_validate (moe_fwd_reserve_job: every buffer)
+ *   bwd.c        mxfp8_moe_backward, mxfp8_moe_backward_validate: workspace (moe_bwd_reserve_job: every buffer)
+ *                and the expert-major driver over the phases of bwd_block.c
  *   bwd_block.c  one block of the backward: recompute, Phase 1, activation backward, Phase 2 + scatter, Phases 3, 4
  *   store.c      rounding the FP32 / FP64 accumulators once into the output views
  *   numerics.c   gpt-oss SwiGLU's limits, stochastic rounding and statistics of the GEMM operands
