@@ -325,9 +325,10 @@ static void test_moe_backward(void) {
     report("mxfp8_moe_backward T 40 H 64 I 32 E 3 B 8", ws_end(m, "moe_backward"),
            bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) + 8 * I * (H + 32));
 
-    /* Every allocation of the call, failed in turn (the GEMM workspaces of the block loop included, after the weight
-       gradients of earlier experts were staged): OUT_OF_MEMORY, no output written, nothing leaked. Run with
-       skip_grad_initialization and accumulate_hidden_states_grad too (the outputs are read then). */
+    /* Every allocation of the call, failed in turn (its workspace scope, the routing table, every layer buffer and
+       every block GEMM's, all obtained by its reservation before the first block runs): OUT_OF_MEMORY, no output
+       written, nothing leaked. Run with skip_grad_initialization and accumulate_hidden_states_grad too (the outputs
+       are read then). */
     mxfp8_moe_config mc;
     mxfp8_moe_config_init(&mc);
     args.config = &mc;
@@ -363,7 +364,7 @@ static void test_moe_backward(void) {
         }
         printf("  mxfp8_moe_backward mode %d: each of %lld allocations failed in turn, outputs untouched\n", mode,
                (long long)failed);
-        TU_CHECK(failed > 30, "moe_backward: only %lld allocations seen (expected the block loop's GEMM workspaces)",
+        TU_CHECK(failed > 30, "moe_backward: only %lld allocations seen (expected the block GEMMs' workspaces too)",
                  (long long)failed);
         for (int o = 0; o < 4; o++) free(keep[o]);
     }
