@@ -78,8 +78,12 @@ static void local_args(const mxfp8_mpi_moe_fwd_args *A, const fwd *s, mxfp8_moe_
 static mxfp8_status check_local(const char *fn, const mxfp8_mpi_moe_fwd_args *A, const mxfp8_tensor *out,
                                 const fwd *s) {
     const ep_plan *p = &s->p;
+    const mxfp8_tensor *x = &A->hidden_states;
+    /* T of a view the library accepts (any other is refused before the affinities are looked at); T*E_r overflows:
+       the library says so */
+    const int64_t T = x->ndim >= 1 && x->ndim <= MXFP8_MAX_DIMS ? x->shape[0] : 0;
     int64_t TE, zero = 0;
-    if (__builtin_mul_overflow(p->T, p->E_r, &TE)) return ep_fail(MXFP8_ERR_SIZE_OVERFLOW, "%s: T*E overflows", fn);
+    if (T < 0 || __builtin_mul_overflow(T, p->E_r, &TE)) TE = 0;
     mxfp8_moe_fwd_args a;
     local_args(A, s, &a);
     a.hidden_states = A->hidden_states;
@@ -105,8 +109,6 @@ static mxfp8_status fwd_validate(const char *fn, const mxfp8_mpi_moe_fwd_args *A
     if (A->num_experts < 1 || A->num_experts < P)
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: num_experts = %lld for %d ranks (need 1 <= ranks <= "
                        "experts)", fn, (long long)A->num_experts, P);
-    if (A->block_size < 1)
-        return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: block_size %lld must be >= 1", fn, (long long)A->block_size);
     if ((unsigned)A->wire > MXFP8_MPI_WIRE_MXFP8)
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: wire %d is not NATIVE (0) or MXFP8 (1)", fn, (int)A->wire);
     if (A->keep_checkpoints != 0 && A->keep_checkpoints != 1)
@@ -115,11 +117,16 @@ static mxfp8_status fwd_validate(const char *fn, const mxfp8_mpi_moe_fwd_args *A
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.single_expert_dense must be 0 (expert parallelism "
                        "routes by the topk ids)", fn);
     if ((st = ep_refuse_rounding(fn, &s->cfg))) return st;
-    if ((st = ep_check_view(fn, "hidden_states", &A->hidden_states, 2, NULL, EP_FLOATS, 1))) return st;
     p->P = P; p->rank = rank; p->E = A->num_experts; p->B = A->block_size;
+    mxfp8_mpi_moe_expert_range(p->E, P, rank, &p->e0, &p->E_r);
+    if ((st = ep_check_expert_count(fn, p, "gate_up_proj_weight", &A->gate_up_proj_weight)) ||
+        (st = ep_check_expert_count(fn, p, "down_proj_weight", &A->down_proj_weight)))
+        return st;
+    /* the local layer's rules (block_size, hidden_states, weights, biases, scales, output) are libmxfp8's */
+    if ((st = check_local(fn, A, out, s))) return st;
     p->T = A->hidden_states.shape[0]; p->H = A->hidden_states.shape[1];
     s->xdt = A->hidden_states.dtype;
-    mxfp8_mpi_moe_expert_range(p->E, P, rank, &p->e0, &p->E_r);
+    s->I = A->gate_up_proj_weight.shape[3];
     const int topk = ep_given(&A->topk_ids) || ep_given(&A->topk_weights), aff = ep_given(&A->expert_affinities_masked);
     if (topk == aff)
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: give either topk_ids + topk_weights or "
@@ -139,11 +146,6 @@ static mxfp8_status fwd_validate(const char *fn, const mxfp8_mpi_moe_fwd_args *A
         if (__builtin_mul_overflow(p->T, p->E, &TE)) return ep_fail(MXFP8_ERR_SIZE_OVERFLOW, "%s: T*E overflows", fn);
         if ((st = ep_check_vec(fn, "expert_affinities_masked", &A->expert_affinities_masked, TE, 1))) return st;
     }
-    if ((st = ep_check_expert_count(fn, p, "gate_up_proj_weight", &A->gate_up_proj_weight)) ||
-        (st = ep_check_expert_count(fn, p, "down_proj_weight", &A->down_proj_weight)))
-        return st;
-    if ((st = check_local(fn, A, out, s))) return st;
-    s->I = A->gate_up_proj_weight.shape[3];
     const mxfp8_tensor *in[3] = {&A->topk_ids, &A->topk_weights, &A->expert_affinities_masked};
     static const char *in_nm[3] = {"topk_ids", "topk_weights", "expert_affinities_masked"};
     for (int i = 0; i < 3; i++) /* the routing inputs, which the local layer does not see */

@@ -85,7 +85,7 @@ static void agreed(const char *name, mxfp8_status st, mxfp8_status want, const c
 }
 
 enum { F_SHAPE, F_H_DIFFERS, F_ID_RANGE, F_ID_DUP, F_E_DIFFERS, F_CFG_DIFFERS, F_OUT_NULL, F_OUT_DTYPE, F_W1_EXPERTS,
-       F_BAD_CONFIG_ALL, F_WIRE, F_ALIAS, F_SROUND, F_BIAS_SHAPE, F_NFWD };
+       F_BAD_CONFIG_ALL, F_WIRE, F_ALIAS, F_SROUND, F_BIAS_SHAPE, F_BLOCK0, F_NFWD };
 
 static void fwd_fault(rig *R, int f, int bad) {
     mxfp8_mpi_moe_fwd_args a = R->a;
@@ -146,6 +146,10 @@ static void fwd_fault(rig *R, int f, int bad) {
         snprintf(needle, sizeof needle, "not supported with expert parallelism");
         R->cfg_bad.stochastic_rounding = 1u << MXFP8_MOE_GEMM1_X;
         a.config = &R->cfg_bad;
+        break;
+    case F_BLOCK0: name = "block_size 0 on one rank"; /* libmxfp8's rule, before the agreement on the value */
+        snprintf(needle, sizeof needle, "block_size 0 must be >= 1");
+        if (me) a.block_size = 0;
         break;
     case F_BIAS_SHAPE: name = "down_proj_bias given with config.bias 0 on one rank"; /* libmxfp8's own rule */
         if (me) a.down_proj_bias = mpv(R->W2big, MXFP8_DTYPE_F32, 2, Er, H, 0, 0);
