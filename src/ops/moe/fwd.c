@@ -188,25 +188,24 @@ static mxfp8_status forward_check(const char *fn, const mxfp8_moe_fwd_args *args
 /* The call inside its workspace scope, after its checks. Every buffer and GEMM reservation comes before the first
  * checkpoint is written, so an OUT_OF_MEMORY leaves every output untouched. */
 static mxfp8_status forward_scoped(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs,
-                                   const mxfp8i_moe_in *in, mxfp8i_moe *pp) {
-    mxfp8i_moe p = *pp;
-    const char *fn = p.fn;
+                                   const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    const char *fn = p->fn;
     fwd_ws w;
-    const fwd_job job = {&p, args->stats, &w};
+    const fwd_job job = {p, args->stats, &w};
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_ws_plan(fn, moe_fwd_reserve_job, &job, NULL));
     MXFP8I_FORWARD_IF_ERROR(moe_fwd_reserve_job(&job)); /* the buffers themselves: the arena has grown to them */
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table(in, &p));
-    MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(&p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table(in, p));
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate workspaces", fn);
-    memset(w.acc, 0, (size_t)(p.T * p.H) * sizeof(float));
-    for (int64_t n = 0; n < p.N; n++) {
-        const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
-        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(&p, &w, n, e, L), MXFP8_ERR_INTERNAL,
+    memset(w.acc, 0, (size_t)(p->T * p->H) * sizeof(float));
+    for (int64_t n = 0; n < p->N; n++) {
+        const int64_t e = p->expert[n], L = mxfp8i_moe_block_len(p, n);
+        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(p, &w, n, e, L), MXFP8_ERR_INTERNAL,
                                "%s: a block GEMM failed after its reservation", fn);
-        write_checkpoints(&p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
+        write_checkpoints(p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
     }
     mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
-    mxfp8i_moe_stats_export(&p, args->stats);
+    mxfp8i_moe_stats_export(p, args->stats);
     return MXFP8_OK;
 }
 
@@ -233,8 +232,10 @@ mxfp8_status mxfp8_moe_forward_validate(const mxfp8_moe_fwd_args *args, const mx
     fwd_ws w;
     size_t bytes = 0;
     mxfp8_status st = forward_check(fn, args, outputs, &in, &p);
-    const fwd_job job = {&p, st ? NULL : args->stats, &w};
-    if (!st) st = mxfp8i_ws_plan(fn, moe_fwd_reserve_job, &job, &bytes);
+    if (!st) {
+        const fwd_job job = {&p, args->stats, &w};
+        st = mxfp8i_ws_plan(fn, moe_fwd_reserve_job, &job, &bytes);
+    }
     if (workspace_bytes) *workspace_bytes = st ? 0 : bytes;
     return st;
 }
