@@ -72,6 +72,30 @@ static const special sp_route[] = {
     {"top_k > num_experts", r_KE, MXFP8_ERR_INVALID_ARGUMENT, NULL, NULL},
 };
 
+/* route with E = 2000 experts: the id checks compare a row's ids pairwise instead of keeping stamps (E > 1024), with
+ * the same messages. T = 6, K = 2, B = 4 -> N = 1503. */
+static void setup_route_wide(fx *f) {
+    f->fn = "mxfp8_moe_route";
+    f->call = call_route;
+    f->validate = validate_route;
+    int a = add(f, "topk_ids", MXFP8_DTYPE_I32, 2, 6, 2, 0, 0, F_BYPTR);
+    add(f, "topk_weights", MXFP8_DTYPE_F32, 2, 6, 2, 0, 0, F_BYPTR);
+    add(f, "token_position_to_id", MXFP8_DTYPE_I32, 1, 1503 * 4, 0, 0, 0, F_BYPTR | F_OUT);
+    add(f, "block_to_expert", MXFP8_DTYPE_I32, 1, 1503, 0, 0, 0, F_BYPTR | F_OUT | F_FLEXRANK);
+    add(f, "expert_affinities_masked", MXFP8_DTYPE_F32, 2, 6 * 2000, 1, 0, 0, F_BYPTR | F_OUT | F_FLEXRANK);
+    static const int32_t idv[12] = {0, 1999, 1500, 3, 1, 0, 3, 2, 1024, 1025, 1, 1998};
+    memcpy(ids(f, a), idv, sizeof idv);
+    f->i64[2] = 2000, f->i64[3] = 4, f->pad_id = -1;
+}
+static void rw_id_hi(fx *f) { ids(f, 0)[9] = 2000; }
+static void rw_dup(fx *f) { ids(f, 0)[9] = 1024; }
+static void rw_dup_first(fx *f) { ids(f, 0)[3] = 1500, ids(f, 0)[5] = 1999; } /* row 1 repeats 1500; row 2 is fine */
+static const special sp_route_wide[] = {
+    {"expert id = E", rw_id_hi, MXFP8_ERR_INDEX_OUT_OF_RANGE, "topk_ids", "2000"},
+    {"duplicate id in a row", rw_dup, MXFP8_ERR_INVALID_ARGUMENT, "topk_ids", "1024"},
+    {"duplicate id, the first bad row reported", rw_dup_first, MXFP8_ERR_INVALID_ARGUMENT, "topk_ids", "1500"},
+};
+
 /* forward/backward: T = 5, H = 32, I = 32, E = 2, B = 4, N = 2.
  * Expert 0: tokens 0, 2, 4 (block 0); expert 1: tokens 1, 3 (block 1). */
 enum { MT = 5, MH = 32, MI = 32, ME = 2, MB = 4, MN = 2 };
@@ -363,6 +387,7 @@ static const special sp_moe_dense[] = {
 void validation_moe(void) {
     RUN("mxfp8_moe_num_blocks", setup_nblocks, sp_nblocks);
     RUN("mxfp8_moe_route", setup_route, sp_route);
+    RUN("mxfp8_moe_route (E = 2000)", setup_route_wide, sp_route_wide);
     RUN("mxfp8_moe_forward", setup_moe_fwd_kernel, sp_moe_fwd);
     RUN("mxfp8_moe_forward_golden", setup_moe_fwd_golden, sp_moe_fwd_golden);
     RUN("mxfp8_moe_backward", setup_moe_bwd_kernel, sp_moe_bwd);
