@@ -972,7 +972,7 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  * and a call that finds it in use by another thread's call takes private memory for that call (as with NULL), so
  * sharing is safe but only one per thread is fast. Results never depend on the workspace. The library keeps no
  * pointer to it after a call returns. mxfp8_quantize, mxfp8_dequantize, the layout functions and mxfp8_moe_route
- * need no workspace (route allocates 24 E bytes of counters per call).
+ * need no workspace (route allocates 16 E bytes of counters per call).
  *
  * The exact scratch of a call is what its _validate entry below returns; mxfp8_workspace_reserve makes a workspace
  * hold that much so that the call allocates nothing. For planning, upper bounds of one call's scratch in bytes,
@@ -987,7 +987,7 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     Independent of the data type of C.
  *   mxfp8_matmul_backward: the larger of the two GEMMs (dX: [M, K] contracting N; dW: [N, K] contracting M), plus
  *     4 M N when dY is pre-quantized or swizzled (its FP32 values for the dW phase).
- *   mxfp8_moe_route: 24 E + OMP (per-expert counters).
+ *   mxfp8_moe_route: 16 E + OMP (per-expert counters).
  *   mxfp8_moe_forward / mxfp8_moe_backward, with B' = min(B, T): an FP32 accumulator of the token output, 4 T H
  *     (forward: output; backward: dX); the backward runs expert-major and keeps dW1, dW2 of the current expert in
  *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert into a staging copy
@@ -1023,7 +1023,9 @@ MXFP8_API size_t mxfp8_workspace_bytes(const mxfp8_workspace *workspace);
  * bytes of scratch the call takes from its workspace (config->workspace or args->workspace) at the current thread
  * count (mxfp8_set_num_threads): every buffer of the call and of its inner GEMMs and statistics passes, each rounded
  * up to 64 bytes. On an error it is 0. The size does not depend on the values of the tensors, only on the shapes,
- * dtypes, strides, layouts and config. These entries allocate nothing and touch no workspace. Besides the call's own
+ * dtypes, strides, layouts and config -- except the MoE layer's routing ids, which set the rows of its per-block
+ * buffers (the longest block prefix that ends with a real position). These entries allocate nothing and touch no
+ * workspace. Besides the call's own
  * errors they return none; OUT_OF_MEMORY of the call itself (its memory is obtained only when it runs) is not
  * predicted, except a size that does not fit in size_t.
  */
@@ -1061,6 +1063,33 @@ MXFP8_API mxfp8_status mxfp8_matmul_validate(const mxfp8_operand *input_activati
 MXFP8_API mxfp8_status mxfp8_matmul_backward_validate(const mxfp8_matmul_bwd_args *args,
                                                       const mxfp8_tensor *input_grad,
                                                       const mxfp8_tensor *weight_grad, size_t *workspace_bytes);
+/** The checks of mxfp8_moe_route, the ids of topk_ids included (each in [0, num_experts), distinct within its
+ *  row: the first bad one is reported as the call reports it). *workspace_bytes = 0: the router takes no workspace
+ *  (the call allocates its 16 E bytes of expert counters itself). Errors: those of mxfp8_moe_route. */
+MXFP8_API mxfp8_status mxfp8_moe_route_validate(const mxfp8_tensor *topk_ids, const mxfp8_tensor *topk_weights,
+                                                int64_t num_experts, int64_t block_size, int32_t padding_id,
+                                                const mxfp8_tensor *token_position_to_id,
+                                                const mxfp8_tensor *block_to_expert,
+                                                const mxfp8_tensor *expert_affinities_masked,
+                                                size_t *workspace_bytes);
+/** The checks of mxfp8_moe_forward: the config, every input (weights plain or pre-quantized, affinities, biases,
+ *  num_valid_tokens), the routing ids of token_position_to_id and block_to_expert (each read once, nothing
+ *  stored), the outputs and their aliasing, in the call's order. *workspace_bytes: everything the call takes from
+ *  args->workspace -- the routing table 4 (N B + N), the FP32 output accumulator 4 T H, the per-block buffers (their
+ *  rows: the longest block prefix that ends with a real position, so it depends on the routing ids, not only on
+ *  the shapes), FP32 weight copies where a GEMM needs one, both block GEMMs' buffers with the current expert's
+ *  packed weights, and the statistics' slots when args->stats is set. Errors: those of mxfp8_moe_forward. */
+MXFP8_API mxfp8_status mxfp8_moe_forward_validate(const mxfp8_moe_fwd_args *args,
+                                                  const mxfp8_moe_fwd_outputs *outputs, size_t *workspace_bytes);
+/** The checks of mxfp8_moe_backward (the inputs and routing as for mxfp8_moe_forward_validate, dY, the
+ *  checkpoints, the gradients and their aliasing), in the call's order. *workspace_bytes: everything the call takes
+ *  from args->workspace -- the routing table, the FP32 dX accumulator, the current expert's FP32 dW1, dW2, the
+ *  staging copies of the other experts' weight gradients in their dtypes, the FP64 sums, the per-block buffers (rows
+ *  as for the forward), FP32 weight copies where a GEMM needs one, the GEMMs of the four phases and of the
+ *  recomputations that absent checkpoints need, and the statistics' slots when args->stats is set. Errors: those of
+ *  mxfp8_moe_backward. */
+MXFP8_API mxfp8_status mxfp8_moe_backward_validate(const mxfp8_moe_bwd_args *args, const mxfp8_moe_bwd_grads *grads,
+                                                   size_t *workspace_bytes);
 
 
 #ifdef __cplusplus

@@ -73,7 +73,10 @@
  * Errors without hangs
  * --------------------
  * Each rank first validates its own arguments (its views, shapes, dtypes, ids, and the libmxfp8 rules of the local
- * layer, checked by libmxfp8 itself on an empty problem), then ALL ranks agree with one MPI_Allreduce, before any
+ * layer, checked by libmxfp8's own validate-and-size entries, which write nothing: mxfp8_moe_forward_validate on the
+ * rank's config, hidden_states, weights, biases, scales and output with a routing of no blocks, since the rank's
+ * blocks exist only after the dispatch; mxfp8_moe_backward_validate on the rank's local problem itself, the
+ * forward's blocks and checkpoints, with the caller's weight and bias gradients), then ALL ranks agree with one MPI_Allreduce, before any
  * data moves, on the outcome: the lowest failing rank's status and message, or a disagreement between ranks on a
  * value every rank must share. On failure every rank returns the same status, its message (mxfp8_mpi_last_error_message)
  * is the same on every rank and names the rank ("rank 2 of 4: ..." or "... differs across ranks: rank 0 has 64, rank 3
@@ -227,7 +230,9 @@ MXFP8_MPI_API void mxfp8_mpi_moe_fwd_args_init(mxfp8_mpi_moe_fwd_args *args);
  *           on error). stats: NULL, or filled with this rank's figures on success.
  *  Errors (the same on every rank): NULL_POINTER, INVALID_ARGUMENT (num_experts < 1, P > E, wire, keep_checkpoints
  *  not 0/1, single_expert_dense, duplicate id in a topk row, neither or both of topk and affinities, anything
- *  mxfp8_moe_forward rejects), SHAPE_MISMATCH (shapes among a rank's tensors, weights not [E_r, ...]), DTYPE,
+ *  mxfp8_moe_forward rejects), UNSUPPORTED (config->stochastic_rounding not 0: an element's random word follows its
+ *  logical index -- its position in the dispatched blocks, its expert's index in the weights --, which a rank's own
+ *  blocks and experts do not share with the single-process layer, so the results could not equal it), SHAPE_MISMATCH (shapes among a rank's tensors, weights not [E_r, ...]), DTYPE,
  *  INDEX_OUT_OF_RANGE (a topk id outside [0, E)), SIZE_OVERFLOW (also: more than INT_MAX rows or pairs in one
  *  exchange, the limit of MPI-3 counts), ALIASING, BAD_STRIDES, OUT_OF_MEMORY, MXFP8_MPI_ERR_COMMUNICATION; and
  *  INVALID_ARGUMENT when a value every rank must share differs between ranks. */
@@ -274,6 +279,7 @@ typedef struct mxfp8_mpi_moe_bwd_grads {
  *  Every gradient is written only when every rank succeeded. stats: NULL or this rank's figures.
  *  Errors (the same on every rank): NULL_POINTER (args, grads, context, a required view), INVALID_ARGUMENT (a context
  *  of another communicator size, topk_weights_grad without topk ids, anything mxfp8_moe_backward rejects),
+ *  UNSUPPORTED (stochastic rounding, as for the forward, which refuses it first),
  *  SHAPE_MISMATCH, DTYPE, ALIASING, BAD_STRIDES, SIZE_OVERFLOW, OUT_OF_MEMORY, MXFP8_MPI_ERR_COMMUNICATION, and
  *  INVALID_ARGUMENT when the dtype of dY differs between ranks. */
 MXFP8_MPI_API mxfp8_status mxfp8_mpi_moe_backward(const mxfp8_mpi_moe_bwd_args *args, mxfp8_mpi_moe_bwd_grads *grads,

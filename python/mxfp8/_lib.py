@@ -524,6 +524,17 @@ _SIGNATURES = {
     "mxfp8_workspace_create": (_I, [_P]),
     "mxfp8_workspace_destroy": (None, [ctypes.c_void_p]),
     "mxfp8_workspace_bytes": (ctypes.c_size_t, [ctypes.c_void_p]),
+    "mxfp8_workspace_reserve": (_I, [ctypes.c_void_p, ctypes.c_size_t]),
+    # the validate-and-size entries: the call's checks (same status and message), nothing written; the last
+    # argument receives the workspace bytes the call takes (size_t *, may be NULL)
+    "mxfp8_quantize_validate": (_I, [_P, _I, _P, _P, _P, _P]),
+    "mxfp8_dequantize_validate": (_I, [_P, _P, _I, _I, _P, _P]),
+    "mxfp8_gemm_validate": (_I, [_P, _P, _P, _I, _P, _P]),
+    "mxfp8_matmul_validate": (_I, [_P, _P, _P, _P, _P]),
+    "mxfp8_matmul_backward_validate": (_I, [_P, _P, _P, _P]),
+    "mxfp8_moe_route_validate": (_I, [_P, _P, _I64, _I64, ctypes.c_int32, _P, _P, _P, _P]),
+    "mxfp8_moe_forward_validate": (_I, [_P, _P, _P]),
+    "mxfp8_moe_backward_validate": (_I, [_P, _P, _P]),
 }
 
 

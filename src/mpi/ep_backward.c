@@ -77,26 +77,32 @@ static mxfp8_status check_grads(const char *fn, const mxfp8_mpi_moe_context *c, 
     } else if (ep_given(&g->gate_and_up_proj_bias_grad) || ep_given(&g->down_proj_bias_grad)) {
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: a bias gradient is given but config.bias is 0", fn);
     }
-    const mxfp8_tensor *out[7] = {&g->hidden_states_grad, &g->topk_weights_grad, &g->expert_affinities_masked_grad,
-                                  &g->gate_up_proj_weight_grad, &g->down_proj_weight_grad,
-                                  &g->gate_and_up_proj_bias_grad, &g->down_proj_bias_grad};
-    static const char *on[7] = {"hidden_states_grad", "topk_weights_grad", "expert_affinities_masked_grad",
-                                "gate_up_proj_weight_grad", "down_proj_weight_grad", "gate_and_up_proj_bias_grad",
-                                "down_proj_bias_grad"};
-    const mxfp8_tensor *in[7] = {&A->output_hidden_states_grad, &A->gate_up_proj_weight, &A->down_proj_weight,
-                                 &A->gate_and_up_proj_bias, &A->down_proj_bias, &A->gate_up_weight_scales,
-                                 &A->down_weight_scales};
-    static const char *inm[7] = {"output_hidden_states_grad", "gate_up_proj_weight", "down_proj_weight",
-                                 "gate_and_up_proj_bias", "down_proj_bias", "gate_up_weight_scales",
-                                 "down_weight_scales"};
-    for (int i = 0; i < 7; i++) {
-        if (!ep_present(out[i])) continue;
-        if ((st = ep_check_distinct(fn, on[i], out[i]))) return st;
-        for (int j = 0; j < 7; j++)
-            if ((st = ep_check_overlap(fn, on[i], out[i], inm[j], in[j]))) return st;
+    /* Distinct elements and overlaps of the views the local layer does not see: dY, hidden_states_grad and the
+       affinity gradients (the local backward writes scratch buffers there). The weight and bias gradients, which it
+       is given, are checked by libmxfp8 against the weights, biases, scales, checkpoints and each other
+       (check_local). */
+    const mxfp8_tensor *own[3] = {&g->hidden_states_grad, &g->topk_weights_grad, &g->expert_affinities_masked_grad};
+    static const char *own_nm[3] = {"hidden_states_grad", "topk_weights_grad", "expert_affinities_masked_grad"};
+    const mxfp8_tensor *all[11] = {&A->output_hidden_states_grad, &A->gate_up_proj_weight, &A->down_proj_weight,
+                                   &A->gate_and_up_proj_bias, &A->down_proj_bias, &A->gate_up_weight_scales,
+                                   &A->down_weight_scales, &g->gate_up_proj_weight_grad, &g->down_proj_weight_grad,
+                                   &g->gate_and_up_proj_bias_grad, &g->down_proj_bias_grad};
+    static const char *all_nm[11] = {"output_hidden_states_grad", "gate_up_proj_weight", "down_proj_weight",
+                                     "gate_and_up_proj_bias", "down_proj_bias", "gate_up_weight_scales",
+                                     "down_weight_scales", "gate_up_proj_weight_grad", "down_proj_weight_grad",
+                                     "gate_and_up_proj_bias_grad", "down_proj_bias_grad"};
+    for (int i = 0; i < 3; i++) {
+        if (!ep_present(own[i])) continue;
+        if ((st = ep_check_distinct(fn, own_nm[i], own[i]))) return st;
+        for (int j = 0; j < 11; j++)
+            if ((st = ep_check_overlap(fn, own_nm[i], own[i], all_nm[j], all[j]))) return st;
         for (int j = 0; j < i; j++)
-            if ((st = ep_check_overlap(fn, on[i], out[i], on[j], out[j]))) return st;
+            if ((st = ep_check_overlap(fn, own_nm[i], own[i], own_nm[j], own[j]))) return st;
     }
+    const mxfp8_tensor *wg[4] = {&g->gate_up_proj_weight_grad, &g->down_proj_weight_grad,
+                                 &g->gate_and_up_proj_bias_grad, &g->down_proj_bias_grad};
+    for (int i = 0; i < 4; i++) /* the weight and bias gradients against dY */
+        if ((st = ep_check_overlap(fn, all_nm[7 + i], wg[i], all_nm[0], all[0]))) return st;
     return MXFP8_OK;
 }
 
@@ -140,12 +146,16 @@ static void scratch_grads(const mxfp8_mpi_moe_bwd_grads *g, const bwd *s, mxfp8_
     if (s->db2) d->down_proj_bias_grad = ep_like(&g->down_proj_bias_grad, s->db2);
 }
 
+static mxfp8_status check_local(const char *fn, const mxfp8_mpi_moe_bwd_args *A, const mxfp8_mpi_moe_bwd_grads *g,
+                                const bwd *s);
+
 static mxfp8_status bwd_validate(const char *fn, const mxfp8_mpi_moe_bwd_args *A, const mxfp8_mpi_moe_bwd_grads *g,
                                  bwd *s, int P, int64_t *values) {
     const mxfp8_mpi_moe_context *c = A->context;
     const ep_plan *p = &c->plan;
     mxfp8_status st;
     if (!g) return ep_fail(MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
+    if ((st = ep_refuse_rounding(fn, &c->cfg))) return st; /* the forward refuses it already */
     if (p->P != P)
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: the context comes from a forward on %d ranks, not %d", fn,
                        p->P, P);
@@ -153,21 +163,76 @@ static mxfp8_status bwd_validate(const char *fn, const mxfp8_mpi_moe_bwd_args *A
     if ((st = ep_check_view(fn, "output_hidden_states_grad", &A->output_hidden_states_grad, 2, sy, EP_FLOATS, 1)))
         return st;
     s->ydt = A->output_hidden_states_grad.dtype;
+    /* the forward's weights: the rank's experts, the context's H and I (libmxfp8 checks the rest) */
     const unsigned wdt = EP_FLOATS | (1u << MXFP8_DTYPE_E4M3) | (1u << MXFP8_DTYPE_E5M2) | (1u << MXFP8_DTYPE_U8);
     const int64_t s1[4] = {p->E_r, p->H, 2, c->I}, s2[3] = {p->E_r, c->I, p->H};
+    if ((st = ep_check_expert_count(fn, p, "gate_up_proj_weight", &A->gate_up_proj_weight)) ||
+        (st = ep_check_expert_count(fn, p, "down_proj_weight", &A->down_proj_weight)))
+        return st;
     if ((st = ep_check_view(fn, "gate_up_proj_weight", &A->gate_up_proj_weight, 4, s1, wdt, 1))) return st;
     if ((st = ep_check_view(fn, "down_proj_weight", &A->down_proj_weight, 3, s2, wdt, 1))) return st;
     if ((st = check_grads(fn, c, A, g))) return st;
     if ((st = bwd_alloc(fn, c, g, s))) return st;
-    mxfp8_moe_bwd_grads d;
-    scratch_grads(g, s, &d);
-    if ((st = ep_dry_run(fn, 1, &s->cfg, p->H, p->B, s->ydt, &A->gate_up_proj_weight, &A->down_proj_weight,
-                         &A->gate_and_up_proj_bias, &A->down_proj_bias, &A->gate_up_weight_scales,
-                         &A->down_weight_scales, &d)))
-        return st;
+    if ((st = check_local(fn, A, g, s))) return st;
     values[EP_V_H] = p->H; values[EP_V_I] = c->I; values[EP_V_E] = p->E; values[EP_V_K] = p->K;
     values[EP_V_DYDTYPE] = s->ydt;
     return MXFP8_OK;
+}
+
+/* The args of the rank's local mxfp8_moe_backward: the forward's pair-rows, blocks and checkpoints, the dispatched
+ * dY, the caller's weights, biases and scales, and the scratch gradients (weight and bias gradients in the grads'
+ * shapes and dtypes). */
+static void local_args(const mxfp8_mpi_moe_bwd_args *A, const mxfp8_mpi_moe_bwd_grads *g, const bwd *s,
+                       mxfp8_moe_config *cfg, mxfp8_moe_bwd_args *a, mxfp8_moe_bwd_grads *d) {
+    const mxfp8_mpi_moe_context *c = A->context;
+    const ep_plan *p = &c->plan;
+    *cfg = c->cfg;
+    cfg->accumulate_hidden_states_grad = 0; /* the home rank adds the given buffer once, after the sum */
+    mxfp8_moe_bwd_args_init(a);
+    const int64_t sx[2] = {p->nloc, p->H}, sa[2] = {p->nloc * p->E_r, 1}, NB = p->Nloc * p->B, N = p->Nloc;
+    a->hidden_states = mxfp8_tensor_make(nz(s->xloc), s->ldx, 2, sx);
+    a->output_hidden_states_grad = mxfp8_tensor_make(nz(s->yloc), s->ldy, 2, sx);
+    a->expert_affinities_masked = mxfp8_tensor_make(nz(s->aloc), MXFP8_DTYPE_F32, 2, sa);
+    a->gate_up_proj_weight = A->gate_up_proj_weight;
+    a->down_proj_weight = A->down_proj_weight;
+    a->token_position_to_id = mxfp8_tensor_make(nz(p->tok_pos), MXFP8_DTYPE_I32, 1, &NB);
+    a->block_to_expert = mxfp8_tensor_make(nz(p->blk_exp), MXFP8_DTYPE_I32, 1, &N);
+    a->block_size = p->B;
+    a->gate_and_up_proj_bias = A->gate_and_up_proj_bias;
+    a->down_proj_bias = A->down_proj_bias;
+    a->gate_up_weight_scales = A->gate_up_weight_scales;
+    a->down_weight_scales = A->down_weight_scales;
+    a->config = cfg;
+    if (c->ck_gu) {
+        const int64_t sg[4] = {N, 2, c->I, p->B};
+        a->gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(c->ck_gu, MXFP8_DTYPE_F32, 4, sg);
+    }
+    if (c->ck_down) {
+        const int64_t sd[3] = {N, p->B, p->H};
+        a->down_proj_output_checkpoint = mxfp8_tensor_make(c->ck_down, MXFP8_DTYPE_F32, 3, sd);
+    }
+    scratch_grads(g, s, d);
+    d->hidden_states_grad = mxfp8_tensor_make(nz(s->dx), MXFP8_DTYPE_F32, 2, sx);
+    d->expert_affinities_masked_grad = mxfp8_tensor_make(nz(s->dea), MXFP8_DTYPE_F32, 2, sa);
+}
+
+/* libmxfp8's own checks of the rank's local backward (mxfp8_moe_backward_validate) on the local problem itself (the
+ * forward's blocks and checkpoints; the buffers allocated, not yet filled: the checks read only the routing), with
+ * the caller's weight and bias gradients in place of their scratch copies, so that their shapes, dtypes, distinct
+ * elements and overlaps with the weights, biases, scales and checkpoints are checked as the single-process call
+ * checks them. Nothing is written. */
+static mxfp8_status check_local(const char *fn, const mxfp8_mpi_moe_bwd_args *A, const mxfp8_mpi_moe_bwd_grads *g,
+                                const bwd *s) {
+    mxfp8_moe_config cfg;
+    mxfp8_moe_bwd_args a;
+    mxfp8_moe_bwd_grads d;
+    local_args(A, g, s, &cfg, &a, &d);
+    d.gate_up_proj_weight_grad = g->gate_up_proj_weight_grad;
+    d.down_proj_weight_grad = g->down_proj_weight_grad;
+    if (s->db1) d.gate_and_up_proj_bias_grad = g->gate_and_up_proj_bias_grad;
+    if (s->db2) d.down_proj_bias_grad = g->down_proj_bias_grad;
+    mxfp8_status st = mxfp8_moe_backward_validate(&a, &d, NULL);
+    return st ? ep_local_fail(fn, &A->context->plan, st) : MXFP8_OK;
 }
 
 /* The local backward on the pair-rows (after the dispatch). */
@@ -179,36 +244,10 @@ static mxfp8_status bwd_local(const char *fn, const mxfp8_mpi_moe_bwd_args *A, c
     if (!st) st = ep_unpack_pairs(fn, p, s->rbuf, c->wire, s->ydt, c->cfg.quant_dtype, s->yloc, s->tmpy);
     if (st) return st;
     ep_local_affinities(p, s->aloc);
-    mxfp8_moe_config cfg = c->cfg;
-    cfg.accumulate_hidden_states_grad = 0; /* the home rank adds the given buffer once, after the sum */
+    mxfp8_moe_config cfg;
     mxfp8_moe_bwd_args a;
-    mxfp8_moe_bwd_args_init(&a);
-    const int64_t sx[2] = {p->nloc, p->H}, sa[2] = {p->nloc * p->E_r, 1}, NB = p->Nloc * p->B, N = p->Nloc;
-    a.hidden_states = mxfp8_tensor_make(nz(s->xloc), s->ldx, 2, sx);
-    a.output_hidden_states_grad = mxfp8_tensor_make(nz(s->yloc), s->ldy, 2, sx);
-    a.expert_affinities_masked = mxfp8_tensor_make(nz(s->aloc), MXFP8_DTYPE_F32, 2, sa);
-    a.gate_up_proj_weight = A->gate_up_proj_weight;
-    a.down_proj_weight = A->down_proj_weight;
-    a.token_position_to_id = mxfp8_tensor_make(nz(p->tok_pos), MXFP8_DTYPE_I32, 1, &NB);
-    a.block_to_expert = mxfp8_tensor_make(nz(p->blk_exp), MXFP8_DTYPE_I32, 1, &N);
-    a.block_size = p->B;
-    a.gate_and_up_proj_bias = A->gate_and_up_proj_bias;
-    a.down_proj_bias = A->down_proj_bias;
-    a.gate_up_weight_scales = A->gate_up_weight_scales;
-    a.down_weight_scales = A->down_weight_scales;
-    a.config = &cfg;
-    if (c->ck_gu) {
-        const int64_t sg[4] = {N, 2, c->I, p->B};
-        a.gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(c->ck_gu, MXFP8_DTYPE_F32, 4, sg);
-    }
-    if (c->ck_down) {
-        const int64_t sd[3] = {N, p->B, p->H};
-        a.down_proj_output_checkpoint = mxfp8_tensor_make(c->ck_down, MXFP8_DTYPE_F32, 3, sd);
-    }
     mxfp8_moe_bwd_grads d;
-    scratch_grads(g, s, &d);
-    d.hidden_states_grad = mxfp8_tensor_make(nz(s->dx), MXFP8_DTYPE_F32, 2, sx);
-    d.expert_affinities_masked_grad = mxfp8_tensor_make(nz(s->dea), MXFP8_DTYPE_F32, 2, sa);
+    local_args(A, g, s, &cfg, &a, &d);
     if (cfg.skip_grad_initialization) { /* the kernel adds into the given values: start the scratch from them */
         ep_gather(&g->gate_up_proj_weight_grad, s->dw1);
         ep_gather(&g->down_proj_weight_grad, s->dw2);
@@ -216,7 +255,7 @@ static mxfp8_status bwd_local(const char *fn, const mxfp8_mpi_moe_bwd_args *A, c
         if (s->db2) ep_gather(&g->down_proj_bias_grad, s->db2);
     }
     st = mxfp8_moe_backward(&a, &d);
-    return st ? ep_lib_fail(fn, "the local backward", st) : MXFP8_OK;
+    return st ? ep_local_fail(fn, p, st) : MXFP8_OK;
 }
 
 /* The home rank's stores: dX = sum over the token's pairs in ascending expert order of the FP32 rows, from +0

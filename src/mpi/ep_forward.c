@@ -18,45 +18,26 @@ void mxfp8_mpi_moe_fwd_args_init(mxfp8_mpi_moe_fwd_args *args) {
     args->keep_checkpoints = 1;
 }
 
-mxfp8_status ep_dry_run(const char *fn, int bwd, const mxfp8_moe_config *cfg, int64_t H, int64_t B,
-                        mxfp8_dtype xdt, const mxfp8_tensor *W1, const mxfp8_tensor *W2, const mxfp8_tensor *b1,
-                        const mxfp8_tensor *b2, const mxfp8_tensor *W1s, const mxfp8_tensor *W2s,
-                        mxfp8_moe_bwd_grads *grads) {
-    /* libmxfp8 validates the config, the weights, biases and scales of the local layer on a problem of no tokens
-       (no block, so no GEMM runs): the same rules as the real call, checked before any rank communicates. */
-    mxfp8_moe_config c = *cfg;
-    c.accumulate_hidden_states_grad = 0;
-    c.skip_grad_initialization = 0;
-    const int64_t sx[2] = {0, H}, zero = 0;
-    const mxfp8_tensor X = mxfp8_tensor_make(ep_dummy(), xdt, 2, sx);
-    const mxfp8_tensor a = mxfp8_tensor_make(ep_dummy(), MXFP8_DTYPE_F32, 1, &zero);
-    const mxfp8_tensor ids = mxfp8_tensor_make(ep_dummy(), MXFP8_DTYPE_I32, 1, &zero);
-    mxfp8_status st;
-    if (!bwd) {
-        mxfp8_moe_fwd_args f;
-        mxfp8_moe_fwd_args_init(&f);
-        f.hidden_states = X; f.expert_affinities_masked = a; f.gate_up_proj_weight = *W1; f.down_proj_weight = *W2;
-        f.token_position_to_id = ids; f.block_to_expert = ids; f.block_size = B; f.config = &c;
-        f.gate_and_up_proj_bias = *b1; f.down_proj_bias = *b2; f.gate_up_weight_scales = *W1s;
-        f.down_weight_scales = *W2s;
-        mxfp8_moe_fwd_outputs o;
-        memset(&o, 0, sizeof o);
-        o.output = mxfp8_tensor_make(ep_dummy(), MXFP8_DTYPE_F32, 2, sx);
-        st = mxfp8_moe_forward(&f, &o);
-    } else {
-        mxfp8_moe_bwd_args g;
-        mxfp8_moe_bwd_args_init(&g);
-        g.hidden_states = X; g.expert_affinities_masked = a; g.gate_up_proj_weight = *W1; g.down_proj_weight = *W2;
-        g.token_position_to_id = ids; g.block_to_expert = ids; g.block_size = B; g.config = &c;
-        g.output_hidden_states_grad = X;
-        g.gate_and_up_proj_bias = *b1; g.down_proj_bias = *b2; g.gate_up_weight_scales = *W1s;
-        g.down_weight_scales = *W2s;
-        mxfp8_moe_bwd_grads d = *grads;
-        d.hidden_states_grad = mxfp8_tensor_make(ep_dummy(), MXFP8_DTYPE_F32, 2, sx);
-        d.expert_affinities_masked_grad = a;
-        st = mxfp8_moe_backward(&g, &d);
-    }
-    return st ? ep_lib_fail(fn, "the local layer", st) : MXFP8_OK;
+mxfp8_status ep_refuse_rounding(const char *fn, const mxfp8_moe_config *cfg) {
+    if (!cfg->stochastic_rounding) return MXFP8_OK;
+    return ep_fail(MXFP8_ERR_UNSUPPORTED, "%s: config.stochastic_rounding 0x%x is not supported with expert "
+                   "parallelism: the random word of an element comes from its logical index (its position in the "
+                   "dispatched blocks, or its expert's index in the weights), which a rank's own blocks and experts "
+                   "do not share with the single-process layer, so the results could not be the same; use nearest "
+                   "rounding (0) or the single-process mxfp8_moe_forward / mxfp8_moe_backward", fn,
+                   (unsigned)cfg->stochastic_rounding);
+}
+
+mxfp8_status ep_check_expert_count(const char *fn, const ep_plan *p, const char *name, const mxfp8_tensor *w) {
+    if (!ep_given(w) || w->ndim < 1 || w->ndim > MXFP8_MAX_DIMS || w->shape[0] == p->E_r) return MXFP8_OK;
+    return ep_fail(MXFP8_ERR_SHAPE_MISMATCH, "%s: %s holds %lld experts but rank %d owns %lld (experts %lld..%lld "
+                   "of %lld)", fn, name, (long long)w->shape[0], p->rank, (long long)p->E_r, (long long)p->e0,
+                   (long long)(p->e0 + p->E_r - 1), (long long)p->E);
+}
+
+mxfp8_status ep_local_fail(const char *fn, const ep_plan *p, mxfp8_status st) {
+    return ep_fail(st, "%s: the local layer of experts %lld..%lld: %s", fn, (long long)p->e0,
+                   (long long)(p->e0 + p->E_r - 1), mxfp8_last_error_message());
 }
 
 /* Everything one forward call allocates (freed at the end unless moved into the context). */
@@ -76,20 +57,45 @@ static void fwd_free(fwd *s) {
     free(s->ck_gu); free(s->ck_down); free(s->csend); free(s->crecv); free(s->ctx);
 }
 
-/* Weights of the rank's experts: [E_r, H, 2, I] and [E_r, I, H] (clear messages before libmxfp8's own checks). */
-static mxfp8_status check_weights(const char *fn, const ep_plan *p, const mxfp8_tensor *W1, const mxfp8_tensor *W2,
-                                  int64_t *I) {
-    const unsigned wdt = EP_FLOATS | (1u << MXFP8_DTYPE_E4M3) | (1u << MXFP8_DTYPE_E5M2) | (1u << MXFP8_DTYPE_U8);
-    mxfp8_status st = ep_check_view(fn, "gate_up_proj_weight", W1, 4, NULL, wdt, 1);
-    if (st) return st;
-    if (W1->shape[0] != p->E_r)
-        return ep_fail(MXFP8_ERR_SHAPE_MISMATCH, "%s: gate_up_proj_weight holds %lld experts but rank %d owns %lld "
-                       "(experts %lld..%lld of %lld)", fn, (long long)W1->shape[0], p->rank, (long long)p->E_r,
-                       (long long)p->e0, (long long)(p->e0 + p->E_r - 1), (long long)p->E);
-    *I = W1->shape[3];
-    const int64_t s1[4] = {p->E_r, p->H, 2, -1}, s2[3] = {p->E_r, *I, p->H};
-    if ((st = ep_check_view(fn, "gate_up_proj_weight", W1, 4, s1, wdt, 1))) return st;
-    return ep_check_view(fn, "down_proj_weight", W2, 3, s2, wdt, 1);
+/* The args of the rank's local mxfp8_moe_forward that come from the caller: weights, biases, scales, block size,
+ * config (the rows, affinities and blocks are the dispatch's). */
+static void local_args(const mxfp8_mpi_moe_fwd_args *A, const fwd *s, mxfp8_moe_fwd_args *a) {
+    mxfp8_moe_fwd_args_init(a);
+    a->gate_up_proj_weight = A->gate_up_proj_weight;
+    a->down_proj_weight = A->down_proj_weight;
+    a->block_size = s->p.B;
+    a->gate_and_up_proj_bias = A->gate_and_up_proj_bias;
+    a->down_proj_bias = A->down_proj_bias;
+    a->gate_up_weight_scales = A->gate_up_weight_scales;
+    a->down_weight_scales = A->down_weight_scales;
+    a->config = &s->cfg;
+}
+
+/* libmxfp8's own checks of the rank's local layer (mxfp8_moe_forward_validate), before any rank communicates: the
+ * config, hidden_states, the weights, biases and scales, and output (shape, dtype, distinct elements, no overlap with
+ * those inputs), on a stand-in routing of no blocks (the rank's blocks exist only after the dispatch; affinities of
+ * the rank's experts as a view of zero stride, never read). The same rules as the local call; nothing written. */
+static mxfp8_status check_local(const char *fn, const mxfp8_mpi_moe_fwd_args *A, const mxfp8_tensor *out,
+                                const fwd *s) {
+    const ep_plan *p = &s->p;
+    const mxfp8_tensor *x = &A->hidden_states;
+    /* T of a view the library accepts (any other is refused before the affinities are looked at); T*E_r overflows:
+       the library says so */
+    const int64_t T = x->ndim >= 1 && x->ndim <= MXFP8_MAX_DIMS ? x->shape[0] : 0;
+    int64_t TE, zero = 0;
+    if (T < 0 || __builtin_mul_overflow(T, p->E_r, &TE)) TE = 0;
+    mxfp8_moe_fwd_args a;
+    local_args(A, s, &a);
+    a.hidden_states = A->hidden_states;
+    a.expert_affinities_masked = mxfp8_tensor_make(ep_dummy(), MXFP8_DTYPE_F32, 1, &TE);
+    a.expert_affinities_masked.strides[0] = 0;
+    a.token_position_to_id = mxfp8_tensor_make(ep_dummy(), MXFP8_DTYPE_I32, 1, &zero);
+    a.block_to_expert = a.token_position_to_id;
+    mxfp8_moe_fwd_outputs o;
+    memset(&o, 0, sizeof o);
+    o.output = *out;
+    mxfp8_status st = mxfp8_moe_forward_validate(&a, &o, NULL);
+    return st ? ep_local_fail(fn, p, st) : MXFP8_OK;
 }
 
 /* Local validation and the plan (no communication). values: the shared values for the agreement. */
@@ -103,8 +109,6 @@ static mxfp8_status fwd_validate(const char *fn, const mxfp8_mpi_moe_fwd_args *A
     if (A->num_experts < 1 || A->num_experts < P)
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: num_experts = %lld for %d ranks (need 1 <= ranks <= "
                        "experts)", fn, (long long)A->num_experts, P);
-    if (A->block_size < 1)
-        return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: block_size %lld must be >= 1", fn, (long long)A->block_size);
     if ((unsigned)A->wire > MXFP8_MPI_WIRE_MXFP8)
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: wire %d is not NATIVE (0) or MXFP8 (1)", fn, (int)A->wire);
     if (A->keep_checkpoints != 0 && A->keep_checkpoints != 1)
@@ -112,13 +116,17 @@ static mxfp8_status fwd_validate(const char *fn, const mxfp8_mpi_moe_fwd_args *A
     if (s->cfg.single_expert_dense)
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: config.single_expert_dense must be 0 (expert parallelism "
                        "routes by the topk ids)", fn);
-    if ((st = ep_check_view(fn, "hidden_states", &A->hidden_states, 2, NULL, EP_FLOATS, 1))) return st;
+    if ((st = ep_refuse_rounding(fn, &s->cfg))) return st;
     p->P = P; p->rank = rank; p->E = A->num_experts; p->B = A->block_size;
+    mxfp8_mpi_moe_expert_range(p->E, P, rank, &p->e0, &p->E_r);
+    if ((st = ep_check_expert_count(fn, p, "gate_up_proj_weight", &A->gate_up_proj_weight)) ||
+        (st = ep_check_expert_count(fn, p, "down_proj_weight", &A->down_proj_weight)))
+        return st;
+    /* the local layer's rules (block_size, hidden_states, weights, biases, scales, output) are libmxfp8's */
+    if ((st = check_local(fn, A, out, s))) return st;
     p->T = A->hidden_states.shape[0]; p->H = A->hidden_states.shape[1];
     s->xdt = A->hidden_states.dtype;
-    if (p->H < 1) return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: hidden size H = %lld must be >= 1", fn,
-                                 (long long)p->H);
-    mxfp8_mpi_moe_expert_range(p->E, P, rank, &p->e0, &p->E_r);
+    s->I = A->gate_up_proj_weight.shape[3];
     const int topk = ep_given(&A->topk_ids) || ep_given(&A->topk_weights), aff = ep_given(&A->expert_affinities_masked);
     if (topk == aff)
         return ep_fail(MXFP8_ERR_INVALID_ARGUMENT, "%s: give either topk_ids + topk_weights or "
@@ -138,23 +146,10 @@ static mxfp8_status fwd_validate(const char *fn, const mxfp8_mpi_moe_fwd_args *A
         if (__builtin_mul_overflow(p->T, p->E, &TE)) return ep_fail(MXFP8_ERR_SIZE_OVERFLOW, "%s: T*E overflows", fn);
         if ((st = ep_check_vec(fn, "expert_affinities_masked", &A->expert_affinities_masked, TE, 1))) return st;
     }
-    if ((st = check_weights(fn, p, &A->gate_up_proj_weight, &A->down_proj_weight, &s->I))) return st;
-    const int64_t so[2] = {p->T, p->H};
-    if ((st = ep_check_view(fn, "output", out, 2, so, EP_FLOATS, 1))) return st;
-    if ((st = ep_check_distinct(fn, "output", out))) return st;
-    const mxfp8_tensor *in[9] = {&A->hidden_states, &A->topk_ids, &A->topk_weights, &A->expert_affinities_masked,
-                                 &A->gate_up_proj_weight, &A->down_proj_weight, &A->gate_and_up_proj_bias,
-                                 &A->down_proj_bias, &A->gate_up_weight_scales};
-    static const char *in_nm[9] = {"hidden_states", "topk_ids", "topk_weights", "expert_affinities_masked",
-                                   "gate_up_proj_weight", "down_proj_weight", "gate_and_up_proj_bias",
-                                   "down_proj_bias", "gate_up_weight_scales"};
-    for (int i = 0; i < 9; i++)
+    const mxfp8_tensor *in[3] = {&A->topk_ids, &A->topk_weights, &A->expert_affinities_masked};
+    static const char *in_nm[3] = {"topk_ids", "topk_weights", "expert_affinities_masked"};
+    for (int i = 0; i < 3; i++) /* the routing inputs, which the local layer does not see */
         if ((st = ep_check_overlap(fn, "output", out, in_nm[i], in[i]))) return st;
-    if ((st = ep_check_overlap(fn, "output", out, "down_weight_scales", &A->down_weight_scales))) return st;
-    if ((st = ep_dry_run(fn, 0, &s->cfg, p->H, p->B, s->xdt, &A->gate_up_proj_weight, &A->down_proj_weight,
-                         &A->gate_and_up_proj_bias, &A->down_proj_bias, &A->gate_up_weight_scales,
-                         &A->down_weight_scales, NULL)))
-        return st;
     if ((st = ep_plan_home(fn, p, topk ? &A->topk_ids : NULL, topk ? &A->topk_weights : NULL,
                            topk ? NULL : &A->expert_affinities_masked)))
         return st;
@@ -198,20 +193,12 @@ static void *nz(void *q) { return q ? q : ep_dummy(); }
 static mxfp8_status fwd_local(const char *fn, const mxfp8_mpi_moe_fwd_args *A, fwd *s) {
     const ep_plan *p = &s->p;
     mxfp8_moe_fwd_args a;
-    mxfp8_moe_fwd_args_init(&a);
+    local_args(A, s, &a);
     const int64_t sx[2] = {p->nloc, p->H}, sa[2] = {p->nloc * p->E_r, 1}, NB = p->Nloc * p->B, N = p->Nloc;
     a.hidden_states = mxfp8_tensor_make(nz(s->xloc), s->ldt, 2, sx);
     a.expert_affinities_masked = mxfp8_tensor_make(nz(s->aloc), MXFP8_DTYPE_F32, 2, sa);
-    a.gate_up_proj_weight = A->gate_up_proj_weight;
-    a.down_proj_weight = A->down_proj_weight;
     a.token_position_to_id = mxfp8_tensor_make(nz(p->tok_pos), MXFP8_DTYPE_I32, 1, &NB);
     a.block_to_expert = mxfp8_tensor_make(nz(p->blk_exp), MXFP8_DTYPE_I32, 1, &N);
-    a.block_size = p->B;
-    a.gate_and_up_proj_bias = A->gate_and_up_proj_bias;
-    a.down_proj_bias = A->down_proj_bias;
-    a.gate_up_weight_scales = A->gate_up_weight_scales;
-    a.down_weight_scales = A->down_weight_scales;
-    a.config = &s->cfg;
     mxfp8_moe_fwd_outputs o;
     memset(&o, 0, sizeof o);
     o.output = mxfp8_tensor_make(nz(s->yloc), MXFP8_DTYPE_F32, 2, sx);
@@ -224,7 +211,7 @@ static mxfp8_status fwd_local(const char *fn, const mxfp8_mpi_moe_fwd_args *A, f
         o.down_proj_output_checkpoint = mxfp8_tensor_make(s->ck_down, MXFP8_DTYPE_F32, 3, sd);
     }
     mxfp8_status st = mxfp8_moe_forward(&a, &o);
-    return st ? ep_lib_fail(fn, "the local forward", st) : MXFP8_OK;
+    return st ? ep_local_fail(fn, p, st) : MXFP8_OK;
 }
 
 /* output[t] = sum over t's pairs in ascending expert order of the FP32 results, from +0, rounded once. */

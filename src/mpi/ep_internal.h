@@ -167,12 +167,14 @@ mxfp8_status ep_unpack_pairs(const char *fn, const ep_plan *p, const void *rbuf,
 void ep_local_affinities(const ep_plan *p, float *a);
 
 /* ---- checks shared by the forward and the backward (ep_forward.c) ---- */
-/** Check the weights (and biases, scales) against [E_r, ...] and run libmxfp8's own validation of the local layer
- *  on an empty problem (bwd selects the backward's rules, grads its scratch outputs). */
-mxfp8_status ep_dry_run(const char *fn, int bwd, const mxfp8_moe_config *cfg, int64_t H, int64_t B,
-                        mxfp8_dtype xdt, const mxfp8_tensor *W1, const mxfp8_tensor *W2, const mxfp8_tensor *b1,
-                        const mxfp8_tensor *b2, const mxfp8_tensor *W1s, const mxfp8_tensor *W2s,
-                        mxfp8_moe_bwd_grads *grads);
+/** UNSUPPORTED, saying why, when the config asks for stochastic rounding: an element's random word follows its
+ *  position in the dispatched blocks and its expert's index in the weights, which differ from one process. */
+mxfp8_status ep_refuse_rounding(const char *fn, const mxfp8_moe_config *cfg);
+/** SHAPE_MISMATCH naming the rank and its experts when a weight view (of rank >= 1) does not hold E_r experts. */
+mxfp8_status ep_check_expert_count(const char *fn, const ep_plan *p, const char *name, const mxfp8_tensor *w);
+/** A libmxfp8 check or call of the rank's local layer failed with st: its message, prefixed by fn and the rank's
+ *  experts. */
+mxfp8_status ep_local_fail(const char *fn, const ep_plan *p, mxfp8_status st);
 /** Seconds (MPI_Wtime). */
 double ep_now(void);
 

@@ -275,7 +275,7 @@ static void test_moe_backward(void) {
     TU_CHECK(mxfp8_moe_route(&ti, &tw, E, B, -1, &tp, &be, &af) == MXFP8_OK, "route: %s", mxfp8_last_error_message());
     ws_mark m0 = ws_begin();
     mxfp8_moe_route(&ti, &tw, E, B, -1, &tp, &be, &af);
-    report("mxfp8_moe_route T 40 K 2 E 3 B 8", ws_end(m0, "route"), 3 * 8 * E + omp_overhead(info.num_threads));
+    report("mxfp8_moe_route T 40 K 2 E 3 B 8", ws_end(m0, "route"), 2 * 8 * E + omp_overhead(info.num_threads));
 
     float *x = frand(T * H, 7), *w1 = frand(E * H * 2 * I, 8), *w2 = frand(E * I * H, 9), *dy = frand(T * H, 10);
     float *dx = tu_alloc(T * H * 4), *da = tu_alloc(T * E * 4), *dw1 = tu_alloc(E * H * 2 * I * 4),
@@ -325,9 +325,10 @@ static void test_moe_backward(void) {
     report("mxfp8_moe_backward T 40 H 64 I 32 E 3 B 8", ws_end(m, "moe_backward"),
            bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) + 8 * I * (H + 32));
 
-    /* Every allocation of the call, failed in turn (the GEMM workspaces of the block loop included, after the weight
-       gradients of earlier experts were staged): OUT_OF_MEMORY, no output written, nothing leaked. Run with
-       skip_grad_initialization and accumulate_hidden_states_grad too (the outputs are read then). */
+    /* Every allocation of the call, failed in turn (its workspace scope, the routing table, every layer buffer and
+       every block GEMM's, all obtained by its reservation before the first block runs): OUT_OF_MEMORY, no output
+       written, nothing leaked. Run with skip_grad_initialization and accumulate_hidden_states_grad too (the outputs
+       are read then). */
     mxfp8_moe_config mc;
     mxfp8_moe_config_init(&mc);
     args.config = &mc;
@@ -363,7 +364,7 @@ static void test_moe_backward(void) {
         }
         printf("  mxfp8_moe_backward mode %d: each of %lld allocations failed in turn, outputs untouched\n", mode,
                (long long)failed);
-        TU_CHECK(failed > 30, "moe_backward: only %lld allocations seen (expected the block loop's GEMM workspaces)",
+        TU_CHECK(failed > 30, "moe_backward: only %lld allocations seen (expected the block GEMMs' workspaces too)",
                  (long long)failed);
         for (int o = 0; o < 4; o++) free(keep[o]);
     }
@@ -632,6 +633,211 @@ static void test_reserve(void) {
     free(dy), free(w), free(x), free(dyq), free(dys), free(g);
 }
 
+/* The MoE layer: forward and backward through their _validate entries, in configurations that change what the call
+ * reserves (dtypes, biases, checkpoints given or recomputed, pre-quantized weights and their FP32 copies, the
+ * affinity options, statistics). Every output of a call lies in one buffer, compared between the runs. */
+typedef struct moe_ctx {
+    mxfp8_moe_fwd_args fa;
+    mxfp8_moe_fwd_outputs fo;
+    mxfp8_moe_bwd_args ba;
+    mxfp8_moe_bwd_grads bg;
+} moe_ctx;
+static mxfp8_status moe_fwd_validate_c(void *p, size_t *bytes) {
+    moe_ctx *m = p;
+    return mxfp8_moe_forward_validate(&m->fa, &m->fo, bytes);
+}
+static mxfp8_status moe_fwd_call_c(void *p, mxfp8_workspace *ws) {
+    moe_ctx *m = p;
+    m->fa.workspace = ws;
+    mxfp8_status st = mxfp8_moe_forward(&m->fa, &m->fo);
+    m->fa.workspace = NULL;
+    return st;
+}
+static mxfp8_status moe_bwd_validate_c(void *p, size_t *bytes) {
+    moe_ctx *m = p;
+    return mxfp8_moe_backward_validate(&m->ba, &m->bg, bytes);
+}
+static mxfp8_status moe_bwd_call_c(void *p, mxfp8_workspace *ws) {
+    moe_ctx *m = p;
+    m->ba.workspace = ws;
+    mxfp8_status st = mxfp8_moe_backward(&m->ba, &m->bg);
+    m->ba.workspace = NULL;
+    return st;
+}
+/* n values of f as dtype dt into a fresh buffer */
+static void *as_dtype(const float *f, int64_t n, mxfp8_dtype dt) {
+    if (dt == MXFP8_DTYPE_F32) {
+        float *o = tu_alloc((size_t)n * 4);
+        memcpy(o, f, (size_t)n * 4);
+        return o;
+    }
+    uint16_t *o = tu_alloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) o[i] = mxfp8_fp32_to_bf16(f[i]);
+    return o;
+}
+static void test_reserve_moe(void) {
+    enum { T = 40, H = 64, I = 32, E = 3, B = 8, K = 2 };
+    int32_t ids[T * K];
+    float wts[T * K];
+    for (int t = 0; t < T; t++) ids[2 * t] = t % E, ids[2 * t + 1] = (t + 1) % E, wts[2 * t] = 0.6f, wts[2 * t + 1] = 0.4f;
+    int64_t N = 0;
+    TU_CHECK(mxfp8_moe_num_blocks(T, K, E, B, &N) == MXFP8_OK, "num_blocks");
+    int32_t *tok = tu_alloc((size_t)(N * B) * 4), *b2e = tu_alloc((size_t)N * 4);
+    float *a = tu_alloc(T * E * sizeof(float));
+    mxfp8_tensor ti = mxfp8_tensor_make(ids, MXFP8_DTYPE_I32, 2, (const int64_t[]){T, K});
+    mxfp8_tensor tw = mxfp8_tensor_make(wts, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, K});
+    mxfp8_tensor tp = mxfp8_tensor_make(tok, MXFP8_DTYPE_I32, 1, (const int64_t[]){N * B});
+    mxfp8_tensor be = mxfp8_tensor_make(b2e, MXFP8_DTYPE_I32, 1, (const int64_t[]){N});
+    mxfp8_tensor af = mxfp8_tensor_make(a, MXFP8_DTYPE_F32, 2, (const int64_t[]){T * E, 1});
+    size_t rb = 1;
+    TU_CHECK(mxfp8_moe_route_validate(&ti, &tw, E, B, -1, &tp, &be, &af, &rb) == MXFP8_OK && rb == 0,
+             "route_validate: %s (%zu bytes)", mxfp8_last_error_message(), rb);
+    TU_CHECK(mxfp8_moe_route(&ti, &tw, E, B, -1, &tp, &be, &af) == MXFP8_OK, "route: %s", mxfp8_last_error_message());
+    const int64_t nX = T * H, nW1 = E * H * 2 * I, nW2 = E * I * H, nB1 = E * 2 * I, nB2 = E * H;
+    float *x = frand(nX, 41), *w1 = frand(nW1, 42), *w2 = frand(nW2, 43), *dy = frand(nX, 44), *b1 = frand(nB1, 45),
+          *b2 = frand(nB2, 46);
+    /* pre-quantized weights: forward axes (W1 along H, W2 along I) and backward axes (W1 along 2I, W2 along H) */
+    const int64_t GH = (H + 31) / 32, GI = (I + 31) / 32, G2I = (2 * I + 31) / 32;
+    uint8_t *qf1 = tu_alloc((size_t)nW1), *sf1 = tu_alloc((size_t)(E * GH * 2 * I)), *qf2 = tu_alloc((size_t)nW2),
+            *sf2 = tu_alloc((size_t)(E * GI * H)), *qb1 = tu_alloc((size_t)nW1), *sb1 = tu_alloc((size_t)(E * H * G2I)),
+            *qb2 = tu_alloc((size_t)nW2), *sb2 = tu_alloc((size_t)(E * I * GH));
+    mxfp8_tensor W1 = mxfp8_tensor_make(w1, MXFP8_DTYPE_F32, 4, (const int64_t[]){E, H, 2, I});
+    mxfp8_tensor W2 = mxfp8_tensor_make(w2, MXFP8_DTYPE_F32, 3, (const int64_t[]){E, I, H});
+    mxfp8_tensor W1f = mxfp8_tensor_make(w1, MXFP8_DTYPE_F32, 3, (const int64_t[]){E, H, 2 * I});
+    mxfp8_tensor QF1 = mxfp8_tensor_make(qf1, MXFP8_DTYPE_E4M3, 4, (const int64_t[]){E, H, 2, I});
+    mxfp8_tensor SF1 = mxfp8_tensor_make(sf1, MXFP8_DTYPE_E8M0, 4, (const int64_t[]){E, GH, 2, I});
+    mxfp8_tensor QF2 = mxfp8_tensor_make(qf2, MXFP8_DTYPE_E4M3, 3, (const int64_t[]){E, I, H});
+    mxfp8_tensor SF2 = mxfp8_tensor_make(sf2, MXFP8_DTYPE_E8M0, 3, (const int64_t[]){E, GI, H});
+    mxfp8_tensor QB1 = mxfp8_tensor_make(qb1, MXFP8_DTYPE_E4M3, 3, (const int64_t[]){E, H, 2 * I});
+    mxfp8_tensor SB1 = mxfp8_tensor_make(sb1, MXFP8_DTYPE_E8M0, 3, (const int64_t[]){E, H, G2I});
+    mxfp8_tensor QB2 = mxfp8_tensor_make(qb2, MXFP8_DTYPE_E4M3, 3, (const int64_t[]){E, I, H});
+    mxfp8_tensor SB2 = mxfp8_tensor_make(sb2, MXFP8_DTYPE_E8M0, 3, (const int64_t[]){E, I, GH});
+    mxfp8_quant_params qp = mxfp8_quant_params_default();
+    TU_CHECK(mxfp8_quantize(&W1, 1, &qp, &QF1, &SF1) == MXFP8_OK && mxfp8_quantize(&W2, 1, &qp, &QF2, &SF2) == MXFP8_OK &&
+                 mxfp8_quantize(&W1f, 2, &qp, &QB1, &SB1) == MXFP8_OK &&
+                 mxfp8_quantize(&W2, 2, &qp, &QB2, &SB2) == MXFP8_OK,
+             "quantize the weights: %s", mxfp8_last_error_message());
+    QB1 = mxfp8_tensor_make(qb1, MXFP8_DTYPE_E4M3, 4, (const int64_t[]){E, H, 2, I});
+    mxfp8_quant_stats *stats = tu_alloc(E * MXFP8_MOE_NUM_OPERANDS * sizeof(mxfp8_quant_stats));
+    /* the forward's checkpoints (F32), the backward's inputs in variant 1 */
+    float *ck = tu_alloc((size_t)(N * B * (2 * I + 3 * I + H)) * 4);
+    float *ck_gu = ck, *ck_act = ck_gu + N * 2 * I * B, *ck_int = ck_act + N * I * B, *ck_sint = ck_int + N * I * B,
+          *ck_down = ck_sint + N * I * B;
+    for (int variant = 0; variant < 3; variant++) { /* the forward */
+        static const char *what[3] = {"moe_forward f32", "moe_forward bf16, biases, checkpoints, stats",
+                                      "moe_forward pre-quantized weights, gpt-oss SwiGLU"};
+        const mxfp8_dtype dt = variant == 1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
+        const size_t es = mxfp8_dtype_size(dt);
+        moe_ctx m;
+        memset(&m, 0, sizeof m);
+        mxfp8_moe_config cfg;
+        mxfp8_moe_config_init(&cfg);
+        void *xd = as_dtype(x, nX, dt), *w1d = as_dtype(w1, nW1, dt), *w2d = as_dtype(w2, nW2, dt),
+             *b1d = as_dtype(b1, nB1, dt), *b2d = as_dtype(b2, nB2, dt);
+        mxfp8_moe_fwd_args_init(&m.fa);
+        m.fa.hidden_states = mxfp8_tensor_make(xd, dt, 2, (const int64_t[]){T, H});
+        m.fa.expert_affinities_masked = af;
+        m.fa.gate_up_proj_weight = mxfp8_tensor_make(w1d, dt, 4, (const int64_t[]){E, H, 2, I});
+        m.fa.down_proj_weight = mxfp8_tensor_make(w2d, dt, 3, (const int64_t[]){E, I, H});
+        m.fa.token_position_to_id = tp;
+        m.fa.block_to_expert = be;
+        m.fa.block_size = B;
+        m.fa.config = &cfg;
+        const int64_t nck = variant == 1 ? N * B * (2 * I + 3 * I + H) : 0;
+        unsigned char *out = tu_alloc((size_t)(nX + nck) * es);
+        m.fo.output = mxfp8_tensor_make(out, dt, 2, (const int64_t[]){T, H});
+        if (variant == 1) {
+            cfg.bias = 1;
+            m.fa.gate_and_up_proj_bias = mxfp8_tensor_make(b1d, dt, 3, (const int64_t[]){E, 2, I});
+            m.fa.down_proj_bias = mxfp8_tensor_make(b2d, dt, 2, (const int64_t[]){E, H});
+            m.fa.stats = stats;
+            unsigned char *c = out + (size_t)nX * es;
+            m.fo.gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(c, dt, 4, (const int64_t[]){N, 2, I, B});
+            c += (size_t)(N * 2 * I * B) * es;
+            m.fo.gate_act_checkpoint_T = mxfp8_tensor_make(c, dt, 3, (const int64_t[]){N, I, B});
+            c += (size_t)(N * I * B) * es;
+            m.fo.intermediate_checkpoint_T = mxfp8_tensor_make(c, dt, 3, (const int64_t[]){N, I, B});
+            c += (size_t)(N * I * B) * es;
+            m.fo.scaled_intermediate_checkpoint_T = mxfp8_tensor_make(c, dt, 3, (const int64_t[]){N, I, B});
+            c += (size_t)(N * I * B) * es;
+            m.fo.down_proj_output_checkpoint = mxfp8_tensor_make(c, dt, 3, (const int64_t[]){N, B, H});
+        }
+        if (variant == 2) {
+            cfg.activation = MXFP8_ACT_GPT_OSS_SWIGLU;
+            m.fa.gate_up_proj_weight = QF1, m.fa.gate_up_weight_scales = SF1;
+            m.fa.down_proj_weight = QF2, m.fa.down_weight_scales = SF2;
+        }
+        sized_call c = {what[variant], moe_fwd_validate_c, moe_fwd_call_c, &m, out, (size_t)(nX + nck) * es};
+        check_sized(&c);
+        if (variant == 0) { /* F32 checkpoints of this configuration, for the backward */
+            m.fo.gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(ck_gu, MXFP8_DTYPE_F32, 4, (const int64_t[]){N, 2, I, B});
+            m.fo.gate_act_checkpoint_T = mxfp8_tensor_make(ck_act, MXFP8_DTYPE_F32, 3, (const int64_t[]){N, I, B});
+            m.fo.intermediate_checkpoint_T = mxfp8_tensor_make(ck_int, MXFP8_DTYPE_F32, 3, (const int64_t[]){N, I, B});
+            m.fo.scaled_intermediate_checkpoint_T =
+                mxfp8_tensor_make(ck_sint, MXFP8_DTYPE_F32, 3, (const int64_t[]){N, I, B});
+            m.fo.down_proj_output_checkpoint = mxfp8_tensor_make(ck_down, MXFP8_DTYPE_F32, 3, (const int64_t[]){N, B, H});
+            TU_CHECK(mxfp8_moe_forward(&m.fa, &m.fo) == MXFP8_OK, "forward with checkpoints: %s",
+                     mxfp8_last_error_message());
+        }
+        free(xd), free(w1d), free(w2d), free(b1d), free(b2d), free(out);
+    }
+    for (int variant = 0; variant < 4; variant++) { /* the backward */
+        static const char *what[4] = {"moe_backward f32, recomputed", "moe_backward bf16, biases, checkpoints",
+                                      "moe_backward affinity on H, recomputed, stats",
+                                      "moe_backward pre-quantized weights, on H"};
+        const mxfp8_dtype dt = variant == 1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
+        const size_t es = mxfp8_dtype_size(dt);
+        moe_ctx m;
+        memset(&m, 0, sizeof m);
+        mxfp8_moe_config cfg;
+        mxfp8_moe_config_init(&cfg);
+        void *xd = as_dtype(x, nX, dt), *w1d = as_dtype(w1, nW1, dt), *w2d = as_dtype(w2, nW2, dt),
+             *dyd = as_dtype(dy, nX, dt), *b1d = as_dtype(b1, nB1, dt), *b2d = as_dtype(b2, nB2, dt);
+        mxfp8_moe_bwd_args_init(&m.ba);
+        m.ba.hidden_states = mxfp8_tensor_make(xd, dt, 2, (const int64_t[]){T, H});
+        m.ba.expert_affinities_masked = af;
+        m.ba.gate_up_proj_weight = mxfp8_tensor_make(w1d, dt, 4, (const int64_t[]){E, H, 2, I});
+        m.ba.down_proj_weight = mxfp8_tensor_make(w2d, dt, 3, (const int64_t[]){E, I, H});
+        m.ba.token_position_to_id = tp;
+        m.ba.block_to_expert = be;
+        m.ba.output_hidden_states_grad = mxfp8_tensor_make(dyd, dt, 2, (const int64_t[]){T, H});
+        m.ba.block_size = B;
+        m.ba.config = &cfg;
+        const int bias = variant == 1;
+        const int64_t nout = nX + T * E + nW1 + nW2 + (bias ? nB1 + nB2 : 0);
+        unsigned char *out = tu_alloc((size_t)nout * es), *o = out;
+        m.bg.hidden_states_grad = mxfp8_tensor_make(o, dt, 2, (const int64_t[]){T, H}), o += (size_t)nX * es;
+        m.bg.expert_affinities_masked_grad = mxfp8_tensor_make(o, dt, 1, (const int64_t[]){T * E}), o += (size_t)(T * E) * es;
+        m.bg.gate_up_proj_weight_grad = mxfp8_tensor_make(o, dt, 4, (const int64_t[]){E, H, 2, I}), o += (size_t)nW1 * es;
+        m.bg.down_proj_weight_grad = mxfp8_tensor_make(o, dt, 3, (const int64_t[]){E, I, H}), o += (size_t)nW2 * es;
+        if (bias) {
+            cfg.bias = 1;
+            m.ba.gate_and_up_proj_bias = mxfp8_tensor_make(b1d, dt, 3, (const int64_t[]){E, 2, I});
+            m.ba.down_proj_bias = mxfp8_tensor_make(b2d, dt, 2, (const int64_t[]){E, H});
+            m.bg.gate_and_up_proj_bias_grad = mxfp8_tensor_make(o, dt, 3, (const int64_t[]){E, 2, I}), o += (size_t)nB1 * es;
+            m.bg.down_proj_bias_grad = mxfp8_tensor_make(o, dt, 2, (const int64_t[]){E, H});
+            /* checkpoints of the forward without biases: any values of the right shape serve the sizing */
+            m.ba.gate_up_proj_act_checkpoint_T =
+                mxfp8_tensor_make(ck_gu, MXFP8_DTYPE_F32, 4, (const int64_t[]){N, 2, I, B});
+            m.ba.gate_act_checkpoint_T = mxfp8_tensor_make(ck_act, MXFP8_DTYPE_F32, 3, (const int64_t[]){N, I, B});
+            m.ba.intermediate_checkpoint_T = mxfp8_tensor_make(ck_int, MXFP8_DTYPE_F32, 3, (const int64_t[]){N, I, B});
+            m.ba.scaled_intermediate_checkpoint_T =
+                mxfp8_tensor_make(ck_sint, MXFP8_DTYPE_F32, 3, (const int64_t[]){N, I, B});
+        }
+        if (variant >= 2) cfg.affinity_option = MXFP8_AFFINITY_ON_H;
+        if (variant == 2) m.ba.stats = stats;
+        if (variant == 3) { /* W1's recomputation along H reads an FP32 copy of the codes quantized along 2I */
+            m.ba.gate_up_proj_weight = QB1, m.ba.gate_up_weight_scales = SB1;
+            m.ba.down_proj_weight = QB2, m.ba.down_weight_scales = SB2;
+        }
+        sized_call c = {what[variant], moe_bwd_validate_c, moe_bwd_call_c, &m, out, (size_t)nout * es};
+        check_sized(&c);
+        free(xd), free(w1d), free(w2d), free(dyd), free(b1d), free(b2d), free(out);
+    }
+    free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(b1), free(b2), free(stats), free(ck);
+    free(qf1), free(sf1), free(qf2), free(sf2), free(qb1), free(sb1), free(qb2), free(sb2);
+}
+
 int main(void) {
     printf("test_workspace: peak heap workspace of each entry point vs the documented bound\n");
     test_quantize();
@@ -640,6 +846,7 @@ int main(void) {
     test_moe_backward();
     test_reuse();
     test_reserve();
+    test_reserve_moe();
     TU_CHECK(!ws_overflow, "the allocation table overflowed");
     TU_CHECK(atomic_load(&ws_calls) > 0, "no allocation was counted: link with --wrap=malloc etc. (CMakeLists.txt)");
     return tu_finish("test_workspace");

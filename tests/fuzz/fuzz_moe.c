@@ -10,6 +10,7 @@
  *     num_valid_tokens): succeeds exactly when the ids are valid by the rules of include/mxfp8.h (token ids in
  *     [0, T) or the padding id -1 / T of skip_token, expert ids in [0, E); num_valid_tokens only with
  *     single_expert_dense, >= 0), then every gradient is finite; on error nothing is written.
+ * Both through their _validate entries too: the same status and message as the call, nothing written.
  * The first bytes choose T (1..8), E (1..3), B (1..4), top-k, N (1..6) and the flags; the rest are the ids.
  */
 #include <math.h>
@@ -80,7 +81,16 @@ static void fuzz_route(rd *r, int T, int E, int B, int K) {
     mxfp8_tensor tp = mxfp8_tensor_make(tok, MXFP8_DTYPE_I32, 1, (const int64_t[]){N * B});
     mxfp8_tensor be = mxfp8_tensor_make(b2e, MXFP8_DTYPE_I32, 1, (const int64_t[]){N});
     mxfp8_tensor af = mxfp8_tensor_make(a, MXFP8_DTYPE_F32, 2, (const int64_t[]){T * E, 1});
+    size_t vbytes = 1;
+    const mxfp8_status vst = mxfp8_moe_route_validate(&ti, &tw, E, B, pad, &tp, &be, &af, &vbytes);
+    char vmsg[512];
+    snprintf(vmsg, sizeof vmsg, "%s", mxfp8_last_error_message());
+    FUZZ_ASSERT(vbytes == 0, "route_validate sized %zu bytes", vbytes);
+    FUZZ_ASSERT(untouched(tok, sizeof tok) && untouched(b2e, sizeof b2e) && untouched(a, sizeof a),
+                "route_validate wrote outputs");
     mxfp8_status st = mxfp8_moe_route(&ti, &tw, E, B, pad, &tp, &be, &af);
+    FUZZ_ASSERT(vst == st && (st == MXFP8_OK || !strcmp(vmsg, mxfp8_last_error_message())),
+                "route_validate said %d '%s', the call %d '%s'", (int)vst, vmsg, (int)st, mxfp8_last_error_message());
     if (!valid) {
         FUZZ_ASSERT(st != MXFP8_OK, "route accepted invalid ids");
         FUZZ_ASSERT(untouched(tok, sizeof tok) && untouched(b2e, sizeof b2e) && untouched(a, sizeof a),
@@ -165,7 +175,17 @@ static void fuzz_backward(rd *r, int T, int E, int B) {
     g.expert_affinities_masked_grad = mxfp8_tensor_make(da, MXFP8_DTYPE_F32, 2, (const int64_t[]){T * Em, 1});
     g.gate_up_proj_weight_grad = mxfp8_tensor_make(dw1, MXFP8_DTYPE_F32, 4, (const int64_t[]){Em, H, 2, I});
     g.down_proj_weight_grad = mxfp8_tensor_make(dw2, MXFP8_DTYPE_F32, 3, (const int64_t[]){Em, I, H});
+    size_t vbytes = 0;
+    const mxfp8_status vst = mxfp8_moe_backward_validate(&args, &g, &vbytes);
+    char vmsg[512];
+    snprintf(vmsg, sizeof vmsg, "%s", mxfp8_last_error_message());
+    FUZZ_ASSERT(untouched(dx, sizeof dx) && untouched(da, sizeof da) && untouched(dw1, sizeof dw1) &&
+                    untouched(dw2, sizeof dw2),
+                "backward_validate wrote outputs");
     mxfp8_status st = mxfp8_moe_backward(&args, &g);
+    FUZZ_ASSERT(vst == st && (st == MXFP8_OK ? vbytes > 0 : !strcmp(vmsg, mxfp8_last_error_message())),
+                "backward_validate said %d '%s' (%zu bytes), the call %d '%s'", (int)vst, vmsg, vbytes, (int)st,
+                mxfp8_last_error_message());
     if (!valid) {
         FUZZ_ASSERT(st != MXFP8_OK, "backward accepted invalid routing (skip_token %d dense %d nvt %d)", skip_token,
                     dense, use_nvt);

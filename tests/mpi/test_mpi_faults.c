@@ -85,7 +85,7 @@ static void agreed(const char *name, mxfp8_status st, mxfp8_status want, const c
 }
 
 enum { F_SHAPE, F_H_DIFFERS, F_ID_RANGE, F_ID_DUP, F_E_DIFFERS, F_CFG_DIFFERS, F_OUT_NULL, F_OUT_DTYPE, F_W1_EXPERTS,
-       F_BAD_CONFIG_ALL, F_WIRE, F_ALIAS, F_NFWD };
+       F_BAD_CONFIG_ALL, F_WIRE, F_ALIAS, F_SROUND, F_BIAS_SHAPE, F_BLOCK0, F_NFWD };
 
 static void fwd_fault(rig *R, int f, int bad) {
     mxfp8_mpi_moe_fwd_args a = R->a;
@@ -142,6 +142,18 @@ static void fwd_fault(rig *R, int f, int bad) {
     case F_ALIAS: name = "output overlapping hidden_states"; want = MXFP8_ERR_ALIASING;
         if (me) out.data = a.hidden_states.data;
         break;
+    case F_SROUND: name = "config.stochastic_rounding on every rank"; want = MXFP8_ERR_UNSUPPORTED;
+        snprintf(needle, sizeof needle, "not supported with expert parallelism");
+        R->cfg_bad.stochastic_rounding = 1u << MXFP8_MOE_GEMM1_X;
+        a.config = &R->cfg_bad;
+        break;
+    case F_BLOCK0: name = "block_size 0 on one rank"; /* libmxfp8's rule, before the agreement on the value */
+        snprintf(needle, sizeof needle, "block_size 0 must be >= 1");
+        if (me) a.block_size = 0;
+        break;
+    case F_BIAS_SHAPE: name = "down_proj_bias given with config.bias 0 on one rank"; /* libmxfp8's own rule */
+        if (me) a.down_proj_bias = mpv(R->W2big, MXFP8_DTYPE_F32, 2, Er, H, 0, 0);
+        break;
     }
     memset(R->out, 0x5A, 2 * (size_t)(Tr * H));
     mxfp8_mpi_moe_context *ctx = (mxfp8_mpi_moe_context *)&a; /* must become NULL */
@@ -192,7 +204,7 @@ static void bwd_faults(rig *R, int bad) {
     CHECK(st == MXFP8_OK, "forward: %s", mxfp8_mpi_last_error_message());
     const int me = g_rank == bad;
     char needle[64];
-    for (int f = 0; f < 4; f++) {
+    for (int f = 0; f < 5; f++) {
         mxfp8_mpi_moe_bwd_args b;
         mxfp8_mpi_moe_bwd_args_init(&b);
         b.context = ctx;
@@ -218,6 +230,10 @@ static void bwd_faults(rig *R, int bad) {
         } else if (f == 2) {
             name = "backward: topk_weights_grad [T, K + 1]";
             if (me) g.topk_weights_grad = mpv(R->out, MXFP8_DTYPE_BF16, 2, Tr, K + 1, 0, 0);
+        } else if (f == 3) {
+            name = "backward: gate_up_proj_weight_grad overlapping gate_up_proj_weight"; /* libmxfp8's check */
+            want = MXFP8_ERR_ALIASING;
+            if (me) g.gate_up_proj_weight_grad.data = b.gate_up_proj_weight.data;
         } else {
             name = "backward: grads NULL on one rank";
             want = MXFP8_ERR_NULL_POINTER;

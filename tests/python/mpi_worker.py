@@ -165,6 +165,30 @@ def fault():
     check(dt < 20, f"took {dt:.1f} s")
     if RANK == 0:
         print(f"ok P={P} fault on rank {bad}: {err}", flush=True)
+    # a 3-D hidden_states on one rank: the library's check, agreed by every rank (no rank raises alone)
+    err = None
+    X = pr["X"][o0:o1]
+    try:
+        ep.moe_forward(X[None] if RANK == bad else X, pr["W1"][e0:e0 + Er], pr["W2"][e0:e0 + Er], 6,
+                       pr["ids"][o0:o1], pr["wts"][o0:o1], block_size=8, comm=COMM)
+    except mxfp8.MXFP8Error as e:
+        err = e
+    msgs = COMM.allgather((err.status, err.message) if err else None)
+    check(all(m == msgs[0] for m in msgs) and err is not None and f"rank {bad} of {P}" in err.message
+          and "hidden_states must be 2-D" in err.message, f"3-D hidden_states: {msgs}")
+    # stochastic rounding cannot give the single-process bits: refused on every rank, saying why
+    err = None
+    try:
+        ep.moe_forward(pr["X"][o0:o1], pr["W1"][e0:e0 + Er], pr["W2"][e0:e0 + Er], 6, pr["ids"][o0:o1],
+                       pr["wts"][o0:o1], block_size=8, comm=COMM,
+                       config=mxfp8.MXFP8MOEBwdConfig(stochastic_rounding=["gemm1_x"]))
+    except mxfp8.MXFP8Error as e:
+        err = e
+    check(err is not None and err.status_name == "MXFP8_ERR_UNSUPPORTED"
+          and "not supported with expert parallelism" in err.message and "logical index" in err.message,
+          f"stochastic rounding: {err}")
+    if RANK == 0:
+        print(f"ok P={P} stochastic rounding refused: {err}", flush=True)
 
 
 if __name__ == "__main__":

@@ -556,3 +556,38 @@ def test_weight_size_disagreement_names_both(rng):
             with pytest.raises(mxfp8.MXFP8Error) as ei:
                 fn(*args(np.ascontiguousarray(W1), np.ascontiguousarray(W2)))
             assert ei.value.status == 3 and msg in str(ei.value), str(ei.value)
+
+
+def test_forward_validate_entry_sizes_the_call(rng):
+    """mxfp8_moe_forward_validate through ctypes: the call's error (same status and message) for a bad block size;
+    on good arguments the workspace bytes, and the thread's workspace reserved to exactly them serves the call
+    without growing (mxfp8_workspace_bytes stays the reservation) with the same output bits."""
+    import ctypes
+    from mxfp8 import _lib
+    from mxfp8 import moe as M
+    p = make(rng, 40, 64, 32, 3, 2, 8, bias=True)
+    cfg = config(bias=True)
+
+    def fwd(fn, B, extra=()):
+        return M._fwd_call(fn, p["X"], p["a"], p["W1"], p["W2"], p["tp"], p["be"], B, cfg, None, None, None,
+                           p["b1"], p["b2"], ("gate_up_proj_act_checkpoint_T",), np.float32, np.float32, extra)
+
+    size = ctypes.c_size_t(7)
+    errors = []
+    for fn, extra in (("mxfp8_moe_forward_validate", (ctypes.byref(size),)), ("mxfp8_moe_forward", ())):
+        with pytest.raises(mxfp8.MXFP8Error) as e:
+            fwd(fn, 9, extra)  # 9 does not divide token_position_to_id's length
+        errors.append((e.value.status, e.value.message))
+    assert errors[0] == errors[1] and "not a multiple of block_size 9" in errors[0][1], errors
+    assert size.value == 0
+    fwd("mxfp8_moe_forward_validate", 8, (ctypes.byref(size),))
+    assert size.value > 0
+    y0, ck0 = fwd("mxfp8_moe_forward", 8)
+    ws = _lib.workspace()
+    _lib.call("mxfp8_workspace_reserve", ws, size.value)
+    held = _lib.function("mxfp8_workspace_bytes")(ws)
+    assert held == (size.value + 63) // 64 * 64
+    y1, ck1 = fwd("mxfp8_moe_forward", 8)
+    assert _lib.function("mxfp8_workspace_bytes")(ws) == held, "the call grew a workspace reserved to its size"
+    assert y0.tobytes() == y1.tobytes()
+    assert ck0["gate_up_proj_act_checkpoint_T"].tobytes() == ck1["gate_up_proj_act_checkpoint_T"].tobytes()

@@ -247,8 +247,20 @@ def test_moe_bad_input(rng):
         mt.moe(x, a, w1, w2, tp.long() + 2**33, be, BS)
     with pytest.raises(ValueError, match="hidden_states: tensor is on cuda"):
         mt.moe(fake_cuda(T, H), a, w1, w2, tp, be, BS)
-    with pytest.raises(ValueError, match=r"down_proj_weight: expected \[E, I, H\]"):
+    # the layer's own rules are the library's (mxfp8_moe_forward_validate), checked before the op runs
+    with pytest.raises(mxfp8.MXFP8Error, match=r"SHAPE_MISMATCH.*mxfp8_moe_forward: gate_up_proj_weight has I = "
+                                               rf"{I} but down_proj_weight has I = {H}"):
         mt.moe(x, a, w1, w2.transpose(1, 2), tp, be, BS)
+    with pytest.raises(mxfp8.MXFP8Error, match="INVALID_ARGUMENT.*mxfp8_moe_forward: block_size 0 must be >= 1"):
+        mt.moe(x, a, w1, w2, tp, be, 0)
+    with pytest.raises(mxfp8.MXFP8Error, match="SHAPE_MISMATCH.*token_position_to_id has .* not a multiple of "
+                                               f"block_size {BS + 1}"):
+        mt.moe(x, a, w1, w2, tp, be, BS + 1)
+    with pytest.raises(mxfp8.MXFP8Error, match=r"SHAPE_MISMATCH.*expert_affinities_masked has \d+ entries, "
+                                               rf"expected T\*E = {T * E}"):
+        mt.moe(x, a[:-1], w1, w2, tp, be, BS)
+    with pytest.raises(TypeError, match="block_size: expected an int, got 4.0"):
+        mt.moe(x, a, w1, w2, tp, be, 4.0)
     with pytest.raises(TypeError, match="gate_up_proj_weight: dtype int32"):
         mt.moe(x, a, w1.int(), w2, tp, be, BS)
     with pytest.raises(ValueError, match="activation: unknown value 'gelu'"):

@@ -237,6 +237,21 @@ def _fill_moe_inputs(args, cc, inputs):
     args.workspace = _lib.workspace()
 
 
+def moe_forward_validate(cc, inputs):
+    """The library's checks of mxfp8_moe_forward on `inputs` (mxfp8_moe_forward_validate: the call's status and
+    message as an MXFP8Error, nothing written), with a stand-in output of the call's shape and dtype (allocated,
+    never touched)."""
+    _moe_declare()
+    a = _moe._FwdArgs()
+    _lib.function("mxfp8_moe_fwd_args_init")(ctypes.byref(a))
+    _fill_moe_inputs(a, cc, inputs)
+    x = inputs["hidden_states"]
+    out = torch.empty(tuple(x.shape), dtype=x.dtype)
+    o = _moe._FwdOutputs()
+    o.output = view(out, "output")
+    invoke("mxfp8_moe_forward_validate", ctypes.byref(a), ctypes.byref(o), None)
+
+
 def moe_forward_into(cc, inputs, output, gate_up_ckpt, down_out_ckpt):
     """mxfp8_moe_forward: output [T, H]; checkpoints (each when not None) gate_up_proj_act_checkpoint_T [N, 2, I, B] and
     down_proj_output_checkpoint [N, B, H]."""

@@ -208,7 +208,7 @@ def _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block
     """Shapes of the checkpoints the forward saves for the backward ((0,): none saved)."""
     T, H = hidden_states.shape
     I = gate_up_proj_weight.shape[3]
-    N = token_position_to_id.numel() // block_size
+    N = token_position_to_id.numel() // block_size if block_size >= 1 else 0  # else the library refuses the call
     down = (N, block_size, H) if affinity_option == "affinity_on_h" and checkpoint else (0,)
     return ((N, 2, I, block_size) if checkpoint else (0,)), down
 
@@ -364,23 +364,24 @@ def numerics_lists(swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=Non
 
 
 def _check_moe(x, a, w1, w2, b1, b2):
+    """What only torch can say about the tensors (type, device, layout, dtype, rank), naming the parameter; the
+    layer's own rules (shapes against each other, block_size, routing ids) are the library's
+    (mxfp8_moe_forward_validate, in moe())."""
     B.check_tensor(x, "hidden_states", B.FLOAT, ndim=2)
     B.check_tensor(a, "expert_affinities_masked", B.FLOAT, ndim=(1, 2))
     B.check_tensor(w1, "gate_up_proj_weight", B.FLOAT, ndim=4)
     B.check_tensor(w2, "down_proj_weight", B.FLOAT, ndim=3)
-    T, H = x.shape
-    E, H1, two, I = w1.shape
-    if H1 != H or two != 2:
-        raise ValueError(f"gate_up_proj_weight: expected [E, H={H}, 2, I], got {tuple(w1.shape)}")
-    if tuple(w2.shape) != (E, I, H):
-        raise ValueError(f"down_proj_weight: expected [E, I, H] = {(E, I, H)}, got {tuple(w2.shape)}")
-    if a.numel() != T * E:
-        raise ValueError(f"expert_affinities_masked: expected [T*E, 1] = [{T * E}, 1], got {tuple(a.shape)}")
-    for t, name, shape in ((b1, "gate_and_up_proj_bias", (E, 2, I)), (b2, "down_proj_bias", (E, H))):
+    for t, name in ((b1, "gate_and_up_proj_bias"), (b2, "down_proj_bias")):
         if t is not None:
             B.check_tensor(t, name, B.FLOAT)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+
+
+def _concrete(*tensors):
+    """True outside tracing: every tensor a plain tensor or parameter with data (not a FakeTensor of
+    torch.compile / make_fx), so that the library can check it."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors if t is not None)
 
 
 def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
@@ -395,7 +396,7 @@ def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_
     down_proj_weight [E, I, H], gate_and_up_proj_bias [E, 2, I] and down_proj_bias [E, H] (optional; one given
     alone means the other is zero): float32 / bfloat16 / float16 CPU tensors.
     token_position_to_id [N*B], block_to_expert [N] or [N, 1]: int32 or int64 (int64 is converted once, checked);
-    block_size B >= 1.
+    block_size B >= 1 (an int).
     activation: "silu" | "swish" | "squared_relu" | "gpt_oss_swiglu" (gpt-oss: (u + 1) g sigmoid(alpha g), g
     clamped above at swiglu_limit, u to [-limit, limit]; swiglu_alpha 1.702 and swiglu_limit 7 by default).
     clamp_limits: mxfp8.ClampLimits (or a dict of its fields) or None. affinity_option: "affinity_on_i" |
@@ -403,25 +404,33 @@ def moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_
     elements are rounded stochastically (names of mxfp8.MOE_OPERANDS, "gradients", "all"; None: none), keyed by
     rounding_seed (an int in [0, 2**64); use a new one per step) -- reproducible bit for bit.
     skip_token: padding positions hold -1 (True) or T (False). Errors: TypeError / ValueError naming the
-    parameter; MXFP8Error from the library (ids out of range, ...), nothing written."""
+    parameter for what is torch's (types, devices, dtypes, ranks, names); MXFP8Error with the library's message for
+    the layer's rules (shapes that disagree, block_size, ids out of range, ...), checked before anything runs;
+    nothing is written."""
     r = get_recipe(recipe)
     _check_moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                gate_and_up_proj_bias, down_proj_bias)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size: expected an int >= 1, got {block_size!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"block_size: expected an int, got {block_size!r}")
     # canonical names (the custom ops take strings); unknown names: the library's message
     act = _canonical(_mx.ACTIVATIONS, _ACTIVATIONS, _ACT_NAMES, activation, "activation")
     aff = _canonical(_mx.AFFINITY, _AFFINITY, _AFF_NAMES, affinity_option, "affinity_option")
     tp = _ids32(token_position_to_id, "token_position_to_id")
     be = _ids32(block_to_expert, "block_to_expert")
-    if tp.dim() != 1 or tp.numel() % block_size:
-        raise ValueError(f"token_position_to_id: expected a 1-D tensor of N*block_size ids, got shape "
-                         f"{tuple(tp.shape)} with block_size {block_size}")
     # checkpoints for the backward only when there will be one (no_grad / inference: none are written)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
         hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, gate_and_up_proj_bias,
         down_proj_bias))
     swiglu, rounding = numerics_lists(swiglu_alpha, swiglu_limit, stochastic_rounding, rounding_seed)
+    inputs = (hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, tp, be,
+              gate_and_up_proj_bias, down_proj_bias)
+    if _concrete(*inputs):  # the library's checks of the whole call, before the op allocates or records anything
+        bias = gate_and_up_proj_bias is not None or down_proj_bias is not None
+        cc = B.moe_config(act, clamp_list(clamp_limits), aff, r.moe_dtype, r.scale_rule, bool(skip_token), bias,
+                          swiglu, rounding)
+        B.moe_forward_validate(cc, _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight,
+                                           down_proj_weight, tp, be, block_size, gate_and_up_proj_bias,
+                                           down_proj_bias))
     out, _, _ = torch.ops.mxfp8.moe(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
                                     tp, be, block_size, gate_and_up_proj_bias, down_proj_bias, act,
                                     clamp_list(clamp_limits), swiglu, rounding, aff, r.moe_dtype, r.scale_rule,

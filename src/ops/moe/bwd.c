@@ -35,10 +35,26 @@ static void *slot(int *next, int64_t n, size_t es, bool *ok) {
     return q;
 }
 
-/* Every buffer, and every block GEMM's, before the first store; zeroed accumulators. OUT_OF_MEMORY or OK. */
-static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8_moe_bwd_grads *grads) {
+/* The call's state for its reservation function: the problem, the gradients' views (their dtypes size the staging
+ * copies), the statistics request, the call state whose buffers it fills. */
+typedef struct bwd_job {
+    const mxfp8i_moe *p;
+    const mxfp8_moe_bwd_grads *grads;
+    const mxfp8_quant_stats *stats;
+    mxfp8i_moe_bwd *w;
+} bwd_job;
+
+/* Every buffer of the call, and every block GEMM's, the routing table's and the statistics passes': the one
+ * reservation function (mxfp8i_ws_plan sizes it for mxfp8_moe_backward_validate and grows the call's arena once; the
+ * call then runs it again for the pointers, which allocates nothing). It writes only the buffer pointers of *w (on a
+ * sizing arena they must not be touched). OUT_OF_MEMORY (with a message) or OK. */
+static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
+    const bwd_job *j = (const bwd_job *)ctx;
+    const mxfp8i_moe *p = j->p;
+    const mxfp8_moe_bwd_grads *grads = j->grads;
+    mxfp8i_moe_bwd *w = j->w;
     const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Bw, Es = E > 1 ? E - 1 : 0;
-    bool ok = true;
+    bool ok = !mxfp8i_moe_table_reserve(p);
     int k = MXFP8I_WS_MOE_BUF0;
     w->dx = (float *)slot(&k, T * H, sizeof(float), &ok);
     w->dw1 = (float *)slot(&k, H * I2, sizeof(float), &ok);
@@ -63,17 +79,25 @@ static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8
     unsigned uses = 1u << MXFP8I_W2_H | 1u << MXFP8I_W1_2I;
     if (re_gu) uses |= 1u << MXFP8I_W1_H;
     if (re_down) uses |= 1u << MXFP8I_W2_I;
-    if (!ok || mxfp8i_moe_wcopy_alloc(p, uses, &w->wc)) return MXFP8_ERR_OUT_OF_MEMORY;
+    ok = ok && !mxfp8i_moe_wcopy_alloc(p, uses, &w->wc);
     /* the block GEMMs (at most Bw positions): Phase 1 and 2 weights in keyed slots 0 and 1 */
-    if (mxfp8i_moe_gemm_reserve(p, Bw, I, H, 0) || mxfp8i_moe_gemm_reserve(p, Bw, H, I2, 1) ||
-        mxfp8i_moe_gemm_reserve(p, H, I2, Bw, -1) || mxfp8i_moe_gemm_reserve(p, I, H, Bw, -1) ||
-        (re_gu && mxfp8i_moe_gemm_reserve(p, Bw, I2, H, -1)) || (re_down && mxfp8i_moe_gemm_reserve(p, Bw, H, I, -1)))
-        return MXFP8_ERR_OUT_OF_MEMORY;
+    ok = ok && !(mxfp8i_moe_gemm_reserve(p, Bw, I, H, 0) || mxfp8i_moe_gemm_reserve(p, Bw, H, I2, 1) ||
+                 mxfp8i_moe_gemm_reserve(p, H, I2, Bw, -1) || mxfp8i_moe_gemm_reserve(p, I, H, Bw, -1) ||
+                 (re_gu && mxfp8i_moe_gemm_reserve(p, Bw, I2, H, -1)) ||
+                 (re_down && mxfp8i_moe_gemm_reserve(p, Bw, H, I, -1)));
+    ok = ok && !mxfp8i_moe_stats_reserve(p, j->stats);
+    MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", p->fn);
+    return MXFP8_OK;
+}
+
+/* The accumulators zeroed (after the reservation, on the call's own arena). */
+static void zero_accumulators(mxfp8i_moe_bwd *w) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I;
     memset(w->dx, 0, sizeof(float) * (size_t)(T * H));
     for (int64_t i = 0; i < T * E; i++) w->da[i] = 0.0;
     for (int64_t i = 0; i < E * I2; i++) w->db1[i] = 0.0;
     for (int64_t i = 0; i < E * H; i++) w->db2[i] = 0.0;
-    return MXFP8_OK;
 }
 
 /* Round once into the outputs (no allocation happens from here on). */
@@ -116,38 +140,75 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
     return MXFP8_OK;
 }
 
-/* The call inside its workspace scope. */
-static mxfp8_status backward_scoped(const char *fn, const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads) {
-    mxfp8i_moe_in in;
-    mxfp8i_moe_in_bwd(args, &in);
-    mxfp8i_moe p;
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 1, &p));
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 0));
+/* Every check of mxfp8_moe_backward (shared by the call and mxfp8_moe_backward_validate): nothing stored, no
+ * workspace used. */
+static mxfp8_status backward_check(const char *fn, const mxfp8_moe_bwd_args *args, const mxfp8_moe_bwd_grads *grads,
+                                   mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!grads, MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
+    mxfp8i_moe_in_bwd(args, in);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check(fn, in, 1, p));
+    return mxfp8i_moe_check_bwd_grads(p, in, args, grads, 0);
+}
+
+/* The call state before its reservation: the problem, the checkpoints, the affinity option. */
+static void bwd_state(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8_moe_bwd_args *args) {
+    memset(w, 0, sizeof *w);
+    w->p = p;
+    w->args = args;
+    w->onH = p->cfg.affinity_option == MXFP8_AFFINITY_ON_H;
+}
+
+/* The call inside its workspace scope, after its checks. */
+static mxfp8_status backward_scoped(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads,
+                                    const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    const char *fn = p->fn;
     mxfp8i_moe_bwd w;
-    memset(&w, 0, sizeof w);
-    w.p = &p;
-    w.args = args;
-    w.onH = p.cfg.affinity_option == MXFP8_AFFINITY_ON_H;
-    MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p, grads) || mxfp8i_moe_stats_alloc(&p, args->stats),
-                           MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
+    bwd_state(&w, p, args);
+    const bwd_job job = {p, grads, args->stats, &w};
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_ws_plan(fn, moe_bwd_reserve_job, &job, NULL));
+    MXFP8I_FORWARD_IF_ERROR(moe_bwd_reserve_job(&job)); /* the buffers themselves: the arena has grown to them */
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table(in, p));
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate workspaces", fn);
+    zero_accumulators(&w);
     MXFP8I_RETURN_ERROR_IF(run_experts(&w, grads), MXFP8_ERR_INTERNAL, "%s: a block GEMM failed after its reservation",
                            fn);
     store_outputs(&w, grads);
-    mxfp8i_moe_stats_export(&p, args->stats);
+    mxfp8i_moe_stats_export(p, args->stats);
     return MXFP8_OK;
 }
 
 mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads) {
     static const char *fn = "mxfp8_moe_backward";
     mxfp8i_clear_error();
-    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
-    MXFP8I_RETURN_ERROR_IF(!grads, MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
+    mxfp8i_moe_in in;
+    mxfp8i_moe p;
+    MXFP8I_FORWARD_IF_ERROR(backward_check(fn, args, grads, &in, &p));
     /* Every buffer, the block GEMMs' included, is a slot of this scope's arena: the caller's workspace, kept for
        the next call, or a private one freed here. */
     mxfp8i_scope scope;
     MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, args->workspace), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate a workspace", fn);
-    mxfp8_status st = backward_scoped(fn, args, grads);
+    mxfp8_status st = backward_scoped(args, grads, &in, &p);
     mxfp8i_scope_end(&scope);
+    return st;
+}
+
+mxfp8_status mxfp8_moe_backward_validate(const mxfp8_moe_bwd_args *args, const mxfp8_moe_bwd_grads *grads,
+                                         size_t *workspace_bytes) {
+    static const char *fn = "mxfp8_moe_backward";
+    mxfp8i_clear_error();
+    mxfp8i_moe_in in;
+    mxfp8i_moe p;
+    mxfp8i_moe_bwd w;
+    size_t bytes = 0;
+    mxfp8_status st = backward_check(fn, args, grads, &in, &p);
+    if (!st) {
+        bwd_state(&w, &p, args);
+        const bwd_job job = {&p, grads, args->stats, &w};
+        st = mxfp8i_ws_plan(fn, moe_bwd_reserve_job, &job, &bytes);
+    }
+    if (workspace_bytes) *workspace_bytes = st ? 0 : bytes;
     return st;
 }

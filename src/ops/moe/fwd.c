@@ -80,21 +80,36 @@ typedef struct fwd_ws {
     float *xb, *gu, *g, *u, *act, *inter, *down, *b1, *b2, *aq; /* per-block buffers, rows [0, Bw) */
 } fwd_ws;
 
-/* Every buffer, and both block GEMMs' (weights in keyed slots 0 and 1), before the first store. */
-static mxfp8_status ws_alloc(fwd_ws *w, const mxfp8i_moe *p) {
+/* The call's state for its reservation function: the problem, its statistics request, the buffers to fill. */
+typedef struct fwd_job {
+    const mxfp8i_moe *p;
+    const mxfp8_quant_stats *stats;
+    fwd_ws *w;
+} fwd_job;
+
+/* Every buffer of the call, and both block GEMMs' (weights in keyed slots 0 and 1), the routing table's and the
+ * statistics passes': the one reservation function (mxfp8i_ws_plan sizes it for mxfp8_moe_forward_validate and grows
+ * the call's arena once; the call then runs it again for the pointers, which allocates nothing). It writes only *w
+ * (on a sizing arena its pointers must not be touched). */
+static mxfp8_status moe_fwd_reserve_job(const void *ctx) {
+    const fwd_job *j = (const fwd_job *)ctx;
+    const mxfp8i_moe *p = j->p;
+    fwd_ws *w = j->w;
     const int64_t H = p->H, I = p->I, I2 = 2 * I, Bw = p->Bw;
     memset(w, 0, sizeof *w);
     const size_t f = sizeof(float);
     int k = MXFP8I_WS_MOE_BUF0;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table_reserve(p));
     float **bufs[] = {&w->acc, &w->xb, &w->gu, &w->g, &w->u, &w->act, &w->inter, &w->down, &w->b1, &w->b2, &w->aq};
     const int64_t len[] = {p->T * H, Bw * H, Bw * I2, Bw * I, Bw * I, Bw * I, Bw * I, Bw * H, I2, H, Bw};
-    for (int i = 0; i < 11; i++)
-        if (!(*bufs[i] = (float *)mxfp8i_ws_get(k++, (size_t)(len[i] > 0 ? len[i] : 1) * f)))
-            return MXFP8_ERR_OUT_OF_MEMORY;
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_wcopy_alloc(p, 1u << MXFP8I_W1_H | 1u << MXFP8I_W2_I, &w->wc));
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_reserve(p, Bw, I2, H, 0));
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_reserve(p, Bw, H, I, 1));
-    memset(w->acc, 0, (size_t)(p->T * H) * f);
+    int ok = 1;
+    for (int i = 0; i < 11 && ok; i++)
+        ok = (*bufs[i] = (float *)mxfp8i_ws_get(k++, (size_t)(len[i] > 0 ? len[i] : 1) * f)) != NULL;
+    ok = ok && !mxfp8i_moe_wcopy_alloc(p, 1u << MXFP8I_W1_H | 1u << MXFP8I_W2_I, &w->wc);
+    ok = ok && !mxfp8i_moe_gemm_reserve(p, Bw, I2, H, 0);
+    ok = ok && !mxfp8i_moe_gemm_reserve(p, Bw, H, I, 1);
+    ok = ok && !mxfp8i_moe_stats_reserve(p, j->stats);
+    MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", p->fn);
     return MXFP8_OK;
 }
 
@@ -159,37 +174,68 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     return MXFP8_OK;
 }
 
-/* The call inside its workspace scope. Every buffer and GEMM reservation comes before the first checkpoint is
- * written, so an OUT_OF_MEMORY leaves every output untouched. */
-static mxfp8_status forward_scoped(const char *fn, const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs) {
-    mxfp8i_moe_in in;
-    mxfp8i_moe_in_fwd(args, &in);
-    mxfp8i_moe p;
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_setup(fn, &in, 0, &p));
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 0));
+/* Every check of mxfp8_moe_forward (shared by the call and mxfp8_moe_forward_validate): nothing stored, no workspace
+ * used. */
+static mxfp8_status forward_check(const char *fn, const mxfp8_moe_fwd_args *args,
+                                  const mxfp8_moe_fwd_outputs *outputs, mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!outputs, MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
+    mxfp8i_moe_in_fwd(args, in);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check(fn, in, 0, p));
+    return mxfp8i_moe_check_fwd_outputs(p, in, outputs, 0);
+}
+
+/* The call inside its workspace scope, after its checks. Every buffer and GEMM reservation comes before the first
+ * checkpoint is written, so an OUT_OF_MEMORY leaves every output untouched. */
+static mxfp8_status forward_scoped(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs,
+                                   const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    const char *fn = p->fn;
     fwd_ws w;
-    MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p) || mxfp8i_moe_stats_alloc(&p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
+    const fwd_job job = {p, args->stats, &w};
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_ws_plan(fn, moe_fwd_reserve_job, &job, NULL));
+    MXFP8I_FORWARD_IF_ERROR(moe_fwd_reserve_job(&job)); /* the buffers themselves: the arena has grown to them */
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table(in, p));
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate workspaces", fn);
-    for (int64_t n = 0; n < p.N; n++) {
-        const int64_t e = p.expert[n], L = mxfp8i_moe_block_len(&p, n);
-        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(&p, &w, n, e, L), MXFP8_ERR_INTERNAL,
+    memset(w.acc, 0, (size_t)(p->T * p->H) * sizeof(float));
+    for (int64_t n = 0; n < p->N; n++) {
+        const int64_t e = p->expert[n], L = mxfp8i_moe_block_len(p, n);
+        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(p, &w, n, e, L), MXFP8_ERR_INTERNAL,
                                "%s: a block GEMM failed after its reservation", fn);
-        write_checkpoints(&p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
+        write_checkpoints(p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
     }
     mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
-    mxfp8i_moe_stats_export(&p, args->stats);
+    mxfp8i_moe_stats_export(p, args->stats);
     return MXFP8_OK;
 }
 
 mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs) {
     static const char *fn = "mxfp8_moe_forward";
     mxfp8i_clear_error();
-    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
-    MXFP8I_RETURN_ERROR_IF(!outputs, MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
+    mxfp8i_moe_in in;
+    mxfp8i_moe p;
+    MXFP8I_FORWARD_IF_ERROR(forward_check(fn, args, outputs, &in, &p));
     mxfp8i_scope scope;
     MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, args->workspace), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate a workspace", fn);
-    mxfp8_status st = forward_scoped(fn, args, outputs);
+    mxfp8_status st = forward_scoped(args, outputs, &in, &p);
     mxfp8i_scope_end(&scope);
+    return st;
+}
+
+mxfp8_status mxfp8_moe_forward_validate(const mxfp8_moe_fwd_args *args, const mxfp8_moe_fwd_outputs *outputs,
+                                        size_t *workspace_bytes) {
+    static const char *fn = "mxfp8_moe_forward";
+    mxfp8i_clear_error();
+    mxfp8i_moe_in in;
+    mxfp8i_moe p;
+    fwd_ws w;
+    size_t bytes = 0;
+    mxfp8_status st = forward_check(fn, args, outputs, &in, &p);
+    if (!st) {
+        const fwd_job job = {&p, args->stats, &w};
+        st = mxfp8i_ws_plan(fn, moe_fwd_reserve_job, &job, &bytes);
+    }
+    if (workspace_bytes) *workspace_bytes = st ? 0 : bytes;
     return st;
 }

@@ -5,11 +5,13 @@
  * The layer, its backward and every deviation from the NKI page are documented in include/mxfp8.h (section
  * "Blockwise MoE"). The files:
  *   config.c     config and argument defaults
- *   validate.c   every check (config, inputs, routing, outputs, aliasing), shared by the kernels and the goldens
+ *   validate.c   every check (config, inputs, routing, outputs, aliasing), shared by the kernels, their _validate
+ *                entries and the goldens; the flat routing table (filled after the call's reservation)
  *   weights.c    the experts' weights as GEMM operands (no copy unless an axis needs one), the GEMM entry
- *   route.c      mxfp8_moe_num_blocks, mxfp8_moe_route
- *   fwd.c        mxfp8_moe_forward
- *   bwd.c        mxfp8_moe_backward: workspace and the expert-major driver over the phases of bwd_block.c
+ *   route.c      mxfp8_moe_num_blocks, mxfp8_moe_route, mxfp8_moe_route_validate
+ *   fwd.c        mxfp8_moe_forward, mxfp8_moe_forward_validate (moe_fwd_reserve_job: every buffer)
+ *   bwd.c        mxfp8_moe_backward, mxfp8_moe_backward_validate: workspace (moe_bwd_reserve_job: every buffer)
+ *                and the expert-major driver over the phases of bwd_block.c
  *   bwd_block.c  one block of the backward: recompute, Phase 1, activation backward, Phase 2 + scatter, Phases 3, 4
  *   store.c      rounding the FP32 / FP64 accumulators once into the output views
  *   numerics.c   gpt-oss SwiGLU's limits, stochastic rounding and statistics of the GEMM operands
@@ -50,8 +52,15 @@ typedef struct mxfp8i_moe {
     uint8_t *wdone;                   /**< [E * MXFP8_MOE_NUM_OPERANDS]: a weight operand's statistics are in */
 } mxfp8i_moe;
 
-/** Validate the inputs and the config, fill *p (dims, copies) and resolve the routing (p->tok and p->expert are
- *  slots of the open workspace scope, which the caller must have opened; INDEX_OUT_OF_RANGE for bad ids). */
+/** Every check of the inputs and the config (the routing ids included: INDEX_OUT_OF_RANGE for bad ids), filling *p
+ *  (dims, copies, the block rows Bw) with p->tok = p->expert = NULL: nothing is stored and no workspace is used, so
+ *  the _validate entries run it with no scope. */
+mxfp8_status mxfp8i_moe_check(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p);
+/** The routing table's two slots of the current arena (a reservation function's share; OUT_OF_MEMORY with a
+ *  message). mxfp8i_moe_table: those slots as p->tok and p->expert, filled from the checked routing. */
+mxfp8_status mxfp8i_moe_table_reserve(const mxfp8i_moe *p);
+mxfp8_status mxfp8i_moe_table(const mxfp8i_moe_in *in, mxfp8i_moe *p);
+/** mxfp8i_moe_check, then mxfp8i_moe_table (the goldens; the caller must have opened a workspace scope). */
 mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p);
 
 /** Optional tensor check: absent is fine; else rank `ndim`, dtype in {F32, BF16, F16} (plus F64 when allow_f64) and
@@ -166,8 +175,10 @@ mxfp8_status mxfp8i_moe_numerics_config(const char *fn, mxfp8_moe_config *cfg);
  *  n*B*width + r*i0 + k*i1 (the dispatched [N*B, width] tensor; i0, i1 its steps along the GEMM's rows and K). */
 void mxfp8i_moe_round_block(const mxfp8i_moe *p, mxfp8i_gop *op, int id, int64_t n, int64_t width, int64_t i0,
                             int64_t i1);
-/** p->qst (zeroed) and p->wdone from the scope's slots when `stats` is not NULL, and the statistics passes' scratch
- *  reserved (so that no later GEMM of the call can fail for them). OUT_OF_MEMORY or OK. */
+/** mxfp8i_moe_stats_reserve: the statistics slot and the statistics passes' scratch when `stats` is not NULL (a
+ *  reservation function's share: nothing written). mxfp8i_moe_stats_alloc: the same, then p->qst (zeroed) and
+ *  p->wdone from the slot (so that no later GEMM of the call can fail for them). OUT_OF_MEMORY or OK. */
+mxfp8_status mxfp8i_moe_stats_reserve(const mxfp8i_moe *p, const mxfp8_quant_stats *stats);
 mxfp8_status mxfp8i_moe_stats_alloc(mxfp8i_moe *p, const mxfp8_quant_stats *stats);
 /** Write the statistics into the caller's array (nothing when p->qst is NULL). */
 void mxfp8i_moe_stats_export(const mxfp8i_moe *p, mxfp8_quant_stats *stats);

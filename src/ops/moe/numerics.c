@@ -38,14 +38,25 @@ void mxfp8i_moe_round_block(const mxfp8i_moe *p, mxfp8i_gop *op, int id, int64_t
     op->sr = mxfp8i_sround_make(1, p->cfg.rounding_seed, (uint64_t)id, n * p->B * width, i0, i1);
 }
 
+static size_t stats_bytes(const mxfp8i_moe *p) {
+    return (size_t)p->E * MXFP8_MOE_NUM_OPERANDS * (sizeof(mxfp8i_qstats) + 1);
+}
+
+mxfp8_status mxfp8i_moe_stats_reserve(const mxfp8i_moe *p, const mxfp8_quant_stats *stats) {
+    if (!stats) return MXFP8_OK;
+    int64_t kmax = p->H > 2 * p->I ? p->H : 2 * p->I;
+    if (p->Bw > kmax) kmax = p->Bw;
+    if (!mxfp8i_ws_get(MXFP8I_WS_MOE_STATS, stats_bytes(p)) || mxfp8i_gop_stats_reserve(kmax, mxfp8i_num_threads()))
+        return MXFP8_ERR_OUT_OF_MEMORY;
+    return MXFP8_OK;
+}
+
 mxfp8_status mxfp8i_moe_stats_alloc(mxfp8i_moe *p, const mxfp8_quant_stats *stats) {
     p->qst = NULL, p->wdone = NULL;
     if (!stats) return MXFP8_OK;
-    const size_t n = (size_t)p->E * MXFP8_MOE_NUM_OPERANDS, bytes = n * (sizeof(mxfp8i_qstats) + 1);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_stats_reserve(p, stats));
+    const size_t n = (size_t)p->E * MXFP8_MOE_NUM_OPERANDS, bytes = stats_bytes(p);
     char *buf = (char *)mxfp8i_ws_get(MXFP8I_WS_MOE_STATS, bytes);
-    int64_t kmax = p->H > 2 * p->I ? p->H : 2 * p->I;
-    if (p->Bw > kmax) kmax = p->Bw;
-    if (!buf || mxfp8i_gop_stats_reserve(kmax, mxfp8i_num_threads())) return MXFP8_ERR_OUT_OF_MEMORY;
     memset(buf, 0, bytes);
     p->qst = (mxfp8i_qstats *)buf;
     p->wdone = (uint8_t *)(buf + n * sizeof(mxfp8i_qstats));

@@ -11,7 +11,7 @@
 
 #include "moe.h"
 
-#define ROUTE_STACK_EXPERTS 512
+#define ROUTE_STACK_EXPERTS 1024
 
 static int64_t ceil_div_signed(int64_t num, int64_t den) { /* den > 0; rounds toward +inf */
     return num >= 0 ? (num + den - 1) / den : -((-num) / den);
@@ -102,23 +102,41 @@ static mxfp8_status check_route(const char *fn, const mxfp8_tensor *topk_ids, co
     return MXFP8_OK;
 }
 
-/* count[e] = tokens routed to e (ids checked: in range, distinct within a row); cursor[e] = first position of e. */
-static mxfp8_status count_ids(const char *fn, const mxfp8_tensor *topk_ids, int64_t E, int64_t B, int64_t N,
-                              int64_t *count, int64_t *cursor, int64_t *seen) {
-    const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1];
-    for (int64_t e = 0; e < E; e++) seen[e] = -1;
+/* Every id of topk_ids in [0, E) and distinct within its row, in (row, k) order: the first bad one is reported.
+ * Nothing is allocated (so mxfp8_moe_route_validate runs the same checks): a row's earlier ids are kept as stamps
+ * in a stack table for E <= 1024, else compared pairwise. */
+enum { ROUTE_STAMPS = 1024 };
+static mxfp8_status check_ids(const char *fn, const mxfp8_tensor *topk_ids, int64_t E) {
+    const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], s0 = topk_ids->strides[0],
+                  s1 = topk_ids->strides[1];
+    int64_t stamp[ROUTE_STAMPS];
+    const int stamps = E <= ROUTE_STAMPS;
+    if (stamps)
+        for (int64_t e = 0; e < E; e++) stamp[e] = -1;
     const int32_t *ids = (const int32_t *)topk_ids->data;
     for (int64_t t = 0; t < T; t++)
         for (int64_t k = 0; k < K; k++) {
-            int32_t e = ids[t * topk_ids->strides[0] + k * topk_ids->strides[1]];
+            int32_t e = ids[t * s0 + k * s1];
             MXFP8I_RETURN_ERROR_IF(e < 0 || e >= E, MXFP8_ERR_INDEX_OUT_OF_RANGE,
                                    "%s: topk_ids[%lld, %lld] = %d is out of range [0, num_experts = %lld)", fn,
                                    (long long)t, (long long)k, (int)e, (long long)E);
-            MXFP8I_RETURN_ERROR_IF(seen[e] == t, MXFP8_ERR_INVALID_ARGUMENT,
-                                   "%s: topk_ids row %lld names expert %d twice", fn, (long long)t, (int)e);
-            seen[e] = t;
-            count[e]++;
+            int dup = 0;
+            if (stamps) dup = stamp[e] == t, stamp[e] = t;
+            else
+                for (int64_t k2 = 0; k2 < k && !dup; k2++) dup = ids[t * s0 + k2 * s1] == e;
+            MXFP8I_RETURN_ERROR_IF(dup, MXFP8_ERR_INVALID_ARGUMENT, "%s: topk_ids row %lld names expert %d twice", fn,
+                                   (long long)t, (int)e);
         }
+    return MXFP8_OK;
+}
+
+/* count[e] = tokens routed to e (ids checked); cursor[e] = first position of e. */
+static mxfp8_status count_ids(const char *fn, const mxfp8_tensor *topk_ids, int64_t E, int64_t B, int64_t N,
+                              int64_t *count, int64_t *cursor) {
+    const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1];
+    const int32_t *ids = (const int32_t *)topk_ids->data;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < K; k++) count[ids[t * topk_ids->strides[0] + k * topk_ids->strides[1]]]++;
     int64_t used = 0;
     for (int64_t e = 0; e < E; e++) {
         cursor[e] = used * B; /* first position of expert e */
@@ -127,6 +145,19 @@ static mxfp8_status count_ids(const char *fn, const mxfp8_tensor *topk_ids, int6
     MXFP8I_RETURN_ERROR_IF(used > N, MXFP8_ERR_INTERNAL, "%s: routing needs %lld blocks > N = %lld", fn,
                            (long long)used, (long long)N); /* cannot happen: N bounds any routing */
     return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_moe_route_validate(const mxfp8_tensor *topk_ids, const mxfp8_tensor *topk_weights,
+                                      int64_t num_experts, int64_t block_size, int32_t padding_id,
+                                      const mxfp8_tensor *token_position_to_id, const mxfp8_tensor *block_to_expert,
+                                      const mxfp8_tensor *expert_affinities_masked, size_t *workspace_bytes) {
+    static const char *fn = "mxfp8_moe_route";
+    mxfp8i_clear_error();
+    if (workspace_bytes) *workspace_bytes = 0;
+    int64_t N;
+    MXFP8I_FORWARD_IF_ERROR(check_route(fn, topk_ids, topk_weights, num_experts, block_size, padding_id,
+                                        token_position_to_id, block_to_expert, expert_affinities_masked, &N));
+    return check_ids(fn, topk_ids, num_experts);
 }
 
 mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *topk_weights, int64_t num_experts,
@@ -139,15 +170,16 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
                                         token_position_to_id, block_to_expert, expert_affinities_masked, &N));
     const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], E = num_experts, B = block_size;
     const int64_t NB = N * B, TE = T * E;
-    /* three counters per expert: on the stack up to ROUTE_STACK_EXPERTS experts (a training step's routing then
+    MXFP8I_FORWARD_IF_ERROR(check_ids(fn, topk_ids, E));
+    /* two counters per expert: on the stack up to ROUTE_STACK_EXPERTS experts (a training step's routing then
        allocates nothing), else on the heap */
-    int64_t onstack[3 * ROUTE_STACK_EXPERTS];
+    int64_t onstack[2 * ROUTE_STACK_EXPERTS];
     int64_t *heap = NULL;
-    if (E > ROUTE_STACK_EXPERTS && !(heap = (int64_t *)malloc(3 * (size_t)E * sizeof(int64_t))))
+    if (E > ROUTE_STACK_EXPERTS && !(heap = (int64_t *)malloc(2 * (size_t)E * sizeof(int64_t))))
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld expert counters", fn, (long long)E);
-    int64_t *count = heap ? heap : onstack, *cursor = count + E, *seen = cursor + E;
+    int64_t *count = heap ? heap : onstack, *cursor = count + E;
     memset(count, 0, 2 * (size_t)E * sizeof(int64_t));
-    mxfp8_status st = count_ids(fn, topk_ids, E, B, N, count, cursor, seen);
+    mxfp8_status st = count_ids(fn, topk_ids, E, B, N, count, cursor);
     if (st) {
         free(heap);
         return st;

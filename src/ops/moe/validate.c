@@ -177,14 +177,10 @@ static mxfp8_status check_dims(const char *fn, const char *name, const mxfp8_ten
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Setup                                                                                                      */
 /* ---------------------------------------------------------------------------------------------------------- */
-/* Rows of the per-block workspaces: the longest prefix of a block that ends with a real position (at least 1),
- * so a block size far above the token count costs nothing. */
-static mxfp8_status set_workspace_rows(mxfp8i_moe *p) {
-    int64_t rows = 1, w;
-    for (int64_t n = 0; n < p->N; n++) {
-        int64_t L = mxfp8i_moe_block_len(p, n);
-        if (L > rows) rows = L;
-    }
+/* Rows of the per-block workspaces: the longest prefix of a block that ends with a real position (at least 1, found
+ * by the routing walk), so a block size far above the token count costs nothing. */
+static mxfp8_status set_workspace_rows(mxfp8i_moe *p, int64_t rows) {
+    int64_t w;
     p->Bw = rows;
     if (!mxfp8i_mul_size(rows, p->H + 2 * p->I, &w) || w > INT64_MAX / 64) {
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: block workspace L*(H + 2I) overflows", p->fn);
@@ -349,20 +345,23 @@ static mxfp8_status check_routing_shapes(const char *fn, const mxfp8i_moe_in *in
     return MXFP8_OK;
 }
 
-/* The flat routing table tok[n*B + p] (a token id in [0, V) or -1) and expert[n], every id checked. */
-static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+/* The routing walk: every token and expert id checked, in position order, and the block rows p->Bw (the longest
+ * block prefix that ends with a real position). With tok / expert not NULL it also writes the flat routing table
+ * tok[n*B + q] (a token id in [0, V) or -1) and expert[n]; the validation walks with NULL (nothing stored). */
+static mxfp8_status walk_routing(const char *fn, const mxfp8i_moe_in *in, mxfp8i_moe *p, int32_t *tok,
+                                 int32_t *expert) {
     const mxfp8_moe_config *c = &p->cfg;
-    const int64_t T = p->T, E = p->E, N = p->N, V = p->V, NB = N * p->B;
-    p->tok = (int32_t *)mxfp8i_ws_get(MXFP8I_WS_MOE_TOK, (size_t)(NB > 0 ? NB : 1) * sizeof(int32_t));
-    p->expert = (int32_t *)mxfp8i_ws_get(MXFP8I_WS_MOE_EXPERT, (size_t)(N > 0 ? N : 1) * sizeof(int32_t));
-    if (!p->tok || !p->expert) {
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate the routing table (%lld positions)", fn,
-                            (long long)NB);
-    }
+    const int64_t T = p->T, E = p->E, N = p->N, V = p->V, B = p->B, NB = N * B;
+    int64_t rows = 1;
     if (c->single_expert_dense) {
-        for (int64_t i = 0; i < NB; i++) p->tok[i] = i < V ? (int32_t)i : -1;
-        for (int64_t n = 0; n < N; n++) p->expert[n] = 0;
-        return set_workspace_rows(p);
+        for (int64_t i = 0; i < NB; i++) {
+            const int32_t t = i < V ? (int32_t)i : -1;
+            if (tok) tok[i] = t;
+            if (t >= 0 && i % B + 1 > rows) rows = i % B + 1;
+        }
+        if (expert)
+            for (int64_t n = 0; n < N; n++) expert[n] = 0;
+        return set_workspace_rows(p, rows);
     }
     const int32_t pad = c->skip_token ? -1 : (int32_t)(T > INT32_MAX ? INT32_MAX : T);
     if (T > INT32_MAX - 1) {
@@ -370,17 +369,19 @@ static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxf
     }
     const int32_t *tk = (const int32_t *)in->tok->data;
     for (int64_t i = 0; i < NB; i++) {
-        int32_t t = tk[i * in->tok->strides[0]];
+        int32_t t = tk[i * in->tok->strides[0]], m;
         if (t == pad) {
-            p->tok[i] = -1;
+            m = -1;
         } else if (t < 0 || t >= T) {
             return mxfp8i_error(MXFP8_ERR_INDEX_OUT_OF_RANGE,
                                 "%s: token_position_to_id[%lld] = %d is out of range: valid are [0, T = %lld) and the "
                                 "padding id %d (config.skip_token = %d)", fn, (long long)i, (int)t, (long long)T,
                                 (int)pad, c->skip_token ? 1 : 0);
         } else {
-            p->tok[i] = t < V ? t : -1;
+            m = t < V ? t : -1;
         }
+        if (tok) tok[i] = m;
+        if (m >= 0 && i % B + 1 > rows) rows = i % B + 1;
     }
     const int32_t *be = (const int32_t *)in->b2e->data;
     for (int64_t n = 0; n < N; n++) {
@@ -390,13 +391,29 @@ static mxfp8_status resolve_routing(const char *fn, const mxfp8i_moe_in *in, mxf
                                 "%s: block_to_expert[%lld] = %d is out of range [0, E = %lld)", fn, (long long)n,
                                 (int)e, (long long)E);
         }
-        p->expert[n] = e;
+        if (expert) expert[n] = e;
     }
-    return set_workspace_rows(p);
+    return set_workspace_rows(p, rows);
 }
 
+static size_t table_bytes(int64_t n) { return (size_t)(n > 0 ? n : 1) * sizeof(int32_t); }
 
-mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p) {
+mxfp8_status mxfp8i_moe_table_reserve(const mxfp8i_moe *p) {
+    if (!mxfp8i_ws_get(MXFP8I_WS_MOE_TOK, table_bytes(p->N * p->B)) ||
+        !mxfp8i_ws_get(MXFP8I_WS_MOE_EXPERT, table_bytes(p->N)))
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate the routing table (%lld positions)", p->fn,
+                            (long long)(p->N * p->B));
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8i_moe_table(const mxfp8i_moe_in *in, mxfp8i_moe *p) {
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table_reserve(p));
+    p->tok = (int32_t *)mxfp8i_ws_get(MXFP8I_WS_MOE_TOK, table_bytes(p->N * p->B));
+    p->expert = (int32_t *)mxfp8i_ws_get(MXFP8I_WS_MOE_EXPERT, table_bytes(p->N));
+    return walk_routing(p->fn, in, p, p->tok, p->expert);
+}
+
+mxfp8_status mxfp8i_moe_check(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p) {
     memset(p, 0, sizeof *p);
     p->fn = fn;
     p->bwd = bwd;
@@ -407,7 +424,7 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     MXFP8I_FORWARD_IF_ERROR(check_hidden_and_weights(fn, in, p));
     MXFP8I_FORWARD_IF_ERROR(check_side_inputs(fn, in, p));
     MXFP8I_FORWARD_IF_ERROR(check_routing_shapes(fn, in, p));
-    p->Bw = 1; /* set from the routing below: the longest block prefix that holds a real position */
+    p->Bw = 1; /* set by the routing walk below: the longest block prefix that holds a real position */
     p->X = *in->X;
     p->a = *in->a;
     p->W1 = *in->W1;
@@ -419,8 +436,13 @@ mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     if (p->w2_prequant) p->W2s = *in->W2s;
     if (bwd) p->dY = *in->dY;
 
-    /* reads every id before any output is written */
-    return resolve_routing(fn, in, p);
+    /* reads every id before any output is written (nothing stored: the table comes with the call's workspace) */
+    return walk_routing(fn, in, p, NULL, NULL);
+}
+
+mxfp8_status mxfp8i_moe_setup(const char *fn, const mxfp8i_moe_in *in, int bwd, mxfp8i_moe *p) {
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check(fn, in, bwd, p));
+    return mxfp8i_moe_table(in, p);
 }
 
 

@@ -1,4 +1,5 @@
-/* moe.c -- test_validation: mxfp8_moe_num_blocks, route, forward, backward, their goldens and the dense mode. */
+/* moe.c -- test_validation: mxfp8_moe_num_blocks, route, forward, backward, their goldens and the dense mode; route,
+ * forward and backward (the dense mode too) also through their _validate entries (harness.c compares them). */
 #include "harness.h"
 
 /* ======================================================================================================== */
@@ -37,9 +38,14 @@ static const special sp_nblocks[] = {
 static mxfp8_status call_route(fx *f) {
     return mxfp8_moe_route(f->tp[0], f->tp[1], f->i64[2], f->i64[3], f->pad_id, f->tp[2], f->tp[3], f->tp[4]);
 }
+static mxfp8_status validate_route(fx *f, size_t *ws) {
+    return mxfp8_moe_route_validate(f->tp[0], f->tp[1], f->i64[2], f->i64[3], f->pad_id, f->tp[2], f->tp[3], f->tp[4],
+                                    ws);
+}
 static void setup_route(fx *f) {
     f->fn = "mxfp8_moe_route";
     f->call = call_route;
+    f->validate = validate_route;
     int a = add(f, "topk_ids", MXFP8_DTYPE_I32, 2, 6, 2, 0, 0, F_BYPTR);
     add(f, "topk_weights", MXFP8_DTYPE_F32, 2, 6, 2, 0, 0, F_BYPTR);
     add(f, "token_position_to_id", MXFP8_DTYPE_I32, 1, 24, 0, 0, 0, F_BYPTR | F_OUT);
@@ -64,6 +70,30 @@ static const special sp_route[] = {
     {"num_experts 0", r_E, MXFP8_ERR_INVALID_ARGUMENT, "num_experts", "0"},
     {"block_size 0", r_B, MXFP8_ERR_INVALID_ARGUMENT, "block_size", "0"},
     {"top_k > num_experts", r_KE, MXFP8_ERR_INVALID_ARGUMENT, NULL, NULL},
+};
+
+/* route with E = 2000 experts: the id checks compare a row's ids pairwise instead of keeping stamps (E > 1024), with
+ * the same messages. T = 6, K = 2, B = 4 -> N = 1503. */
+static void setup_route_wide(fx *f) {
+    f->fn = "mxfp8_moe_route";
+    f->call = call_route;
+    f->validate = validate_route;
+    int a = add(f, "topk_ids", MXFP8_DTYPE_I32, 2, 6, 2, 0, 0, F_BYPTR);
+    add(f, "topk_weights", MXFP8_DTYPE_F32, 2, 6, 2, 0, 0, F_BYPTR);
+    add(f, "token_position_to_id", MXFP8_DTYPE_I32, 1, 1503 * 4, 0, 0, 0, F_BYPTR | F_OUT);
+    add(f, "block_to_expert", MXFP8_DTYPE_I32, 1, 1503, 0, 0, 0, F_BYPTR | F_OUT | F_FLEXRANK);
+    add(f, "expert_affinities_masked", MXFP8_DTYPE_F32, 2, 6 * 2000, 1, 0, 0, F_BYPTR | F_OUT | F_FLEXRANK);
+    static const int32_t idv[12] = {0, 1999, 1500, 3, 1, 0, 3, 2, 1024, 1025, 1, 1998};
+    memcpy(ids(f, a), idv, sizeof idv);
+    f->i64[2] = 2000, f->i64[3] = 4, f->pad_id = -1;
+}
+static void rw_id_hi(fx *f) { ids(f, 0)[9] = 2000; }
+static void rw_dup(fx *f) { ids(f, 0)[9] = 1024; }
+static void rw_dup_first(fx *f) { ids(f, 0)[3] = 1500, ids(f, 0)[5] = 1999; } /* row 1 repeats 1500; row 2 is fine */
+static const special sp_route_wide[] = {
+    {"expert id = E", rw_id_hi, MXFP8_ERR_INDEX_OUT_OF_RANGE, "topk_ids", "2000"},
+    {"duplicate id in a row", rw_dup, MXFP8_ERR_INVALID_ARGUMENT, "topk_ids", "1024"},
+    {"duplicate id, the first bad row reported", rw_dup_first, MXFP8_ERR_INVALID_ARGUMENT, "topk_ids", "1500"},
 };
 
 /* forward/backward: T = 5, H = 32, I = 32, E = 2, B = 4, N = 2.
@@ -100,20 +130,30 @@ static void moe_fill_fwd_args(fx *f, mxfp8_moe_fwd_args *a) {
 }
 /* forward: 6 output, 7 gate_up checkpoint, 8 down_proj_output checkpoint, [9 num_valid_tokens, 10 bias b2] */
 static int fwd_golden;
+/* The args and outputs of the call and of its validate entry, from the fixture's views. */
+static void fill_moe_fwd(fx *f, mxfp8_moe_fwd_args *a, mxfp8_moe_fwd_outputs *o) {
+    moe_fill_fwd_args(f, a);
+    memset(o, 0, sizeof *o);
+    o->output = f->t[6];
+    o->gate_up_proj_act_checkpoint_T = f->t[7];
+    o->down_proj_output_checkpoint = f->t[8];
+    for (int i = 9; i < f->nt; i++) {
+        if (!strcmp(f->name[i], "num_valid_tokens")) a->num_valid_tokens = f->t[i];
+        if (!strcmp(f->name[i], "down_proj_bias")) a->down_proj_bias = f->t[i];
+    }
+}
 static mxfp8_status call_moe_fwd(fx *f) {
     mxfp8_moe_fwd_args a;
-    moe_fill_fwd_args(f, &a);
     mxfp8_moe_fwd_outputs o;
-    memset(&o, 0, sizeof o);
-    o.output = f->t[6];
-    o.gate_up_proj_act_checkpoint_T = f->t[7];
-    o.down_proj_output_checkpoint = f->t[8];
-    for (int i = 9; i < f->nt; i++) {
-        if (!strcmp(f->name[i], "num_valid_tokens")) a.num_valid_tokens = f->t[i];
-        if (!strcmp(f->name[i], "down_proj_bias")) a.down_proj_bias = f->t[i];
-    }
+    fill_moe_fwd(f, &a, &o);
     if (fwd_golden) return mxfp8_moe_forward_golden(f->argp ? &a : NULL, f->tp[6] ? &o : NULL, f->quantized);
     return mxfp8_moe_forward(f->argp ? &a : NULL, f->tp[6] ? &o : NULL);
+}
+static mxfp8_status validate_moe_fwd(fx *f, size_t *ws) {
+    mxfp8_moe_fwd_args a;
+    mxfp8_moe_fwd_outputs o;
+    fill_moe_fwd(f, &a, &o);
+    return mxfp8_moe_forward_validate(f->argp ? &a : NULL, f->tp[6] ? &o : NULL, ws);
 }
 static void setup_moe_fwd(fx *f) {
     f->fn = fwd_golden ? "mxfp8_moe_forward_golden" : "mxfp8_moe_forward";
@@ -214,6 +254,7 @@ static const special sp_moe_fwd_golden[] = {
 static void setup_moe_fwd_kernel(fx *f) {
     fwd_golden = 0;
     setup_moe_fwd(f);
+    f->validate = validate_moe_fwd;
 }
 static void setup_moe_fwd_golden(fx *f) {
     fwd_golden = 1;
@@ -223,31 +264,41 @@ static void setup_moe_fwd_golden(fx *f) {
 
 /* backward: 6 dY, 7 gate_up checkpoint (optional input), 8 dX, 9 da, 10 dW1, 11 dW2, [12 num_valid_tokens] */
 static int bwd_golden;
-static mxfp8_status call_moe_bwd(fx *f) {
+/* The args and gradients of the call and of its validate entry, from the fixture's views. */
+static void fill_moe_bwd(fx *f, mxfp8_moe_bwd_args *a, mxfp8_moe_bwd_grads *g) {
     mxfp8_moe_fwd_args fa;
     moe_fill_fwd_args(f, &fa);
-    mxfp8_moe_bwd_args a;
-    mxfp8_moe_bwd_args_init(&a);
-    a.hidden_states = fa.hidden_states;
-    a.expert_affinities_masked = fa.expert_affinities_masked;
-    a.gate_up_proj_weight = fa.gate_up_proj_weight;
-    a.down_proj_weight = fa.down_proj_weight;
-    a.token_position_to_id = fa.token_position_to_id;
-    a.block_to_expert = fa.block_to_expert;
-    a.block_size = fa.block_size;
-    a.config = fa.config;
-    a.output_hidden_states_grad = f->t[6];
-    a.gate_up_proj_act_checkpoint_T = f->t[7];
-    mxfp8_moe_bwd_grads g;
-    memset(&g, 0, sizeof g);
-    g.hidden_states_grad = f->t[8];
-    g.expert_affinities_masked_grad = f->t[9];
-    g.gate_up_proj_weight_grad = f->t[10];
-    g.down_proj_weight_grad = f->t[11];
+    mxfp8_moe_bwd_args_init(a);
+    a->hidden_states = fa.hidden_states;
+    a->expert_affinities_masked = fa.expert_affinities_masked;
+    a->gate_up_proj_weight = fa.gate_up_proj_weight;
+    a->down_proj_weight = fa.down_proj_weight;
+    a->token_position_to_id = fa.token_position_to_id;
+    a->block_to_expert = fa.block_to_expert;
+    a->block_size = fa.block_size;
+    a->config = fa.config;
+    a->output_hidden_states_grad = f->t[6];
+    a->gate_up_proj_act_checkpoint_T = f->t[7];
+    memset(g, 0, sizeof *g);
+    g->hidden_states_grad = f->t[8];
+    g->expert_affinities_masked_grad = f->t[9];
+    g->gate_up_proj_weight_grad = f->t[10];
+    g->down_proj_weight_grad = f->t[11];
     for (int i = 12; i < f->nt; i++) {
-        if (!strcmp(f->name[i], "num_valid_tokens")) a.num_valid_tokens = f->t[i];
-        if (!strcmp(f->name[i], "down_proj_bias")) a.down_proj_bias = f->t[i];
+        if (!strcmp(f->name[i], "num_valid_tokens")) a->num_valid_tokens = f->t[i];
+        if (!strcmp(f->name[i], "down_proj_bias")) a->down_proj_bias = f->t[i];
     }
+}
+static mxfp8_status validate_moe_bwd(fx *f, size_t *ws) {
+    mxfp8_moe_bwd_args a;
+    mxfp8_moe_bwd_grads g;
+    fill_moe_bwd(f, &a, &g);
+    return mxfp8_moe_backward_validate(f->argp ? &a : NULL, f->tp[8] ? &g : NULL, ws);
+}
+static mxfp8_status call_moe_bwd(fx *f) {
+    mxfp8_moe_bwd_args a;
+    mxfp8_moe_bwd_grads g;
+    fill_moe_bwd(f, &a, &g);
     if (bwd_golden) return mxfp8_moe_backward_golden(f->argp ? &a : NULL, f->tp[8] ? &g : NULL, f->quantized);
     return mxfp8_moe_backward(f->argp ? &a : NULL, f->tp[8] ? &g : NULL);
 }
@@ -281,6 +332,7 @@ static const special sp_moe_bwd_golden[] = {
 static void setup_moe_bwd_kernel(fx *f) {
     bwd_golden = 0;
     setup_moe_bwd(f);
+    f->validate = validate_moe_bwd;
 }
 static void setup_moe_bwd_golden(fx *f) {
     bwd_golden = 1;
@@ -291,6 +343,7 @@ static void setup_moe_bwd_golden(fx *f) {
 static void setup_moe_dense(fx *f) {
     f->fn = "mxfp8_moe_backward";
     f->call = call_moe_bwd;
+    f->validate = validate_moe_bwd;
     bwd_golden = 0;
     add(f, "hidden_states", MXFP8_DTYPE_F32, 2, 8, MH, 0, 0, 0);
     add(f, "expert_affinities_masked", MXFP8_DTYPE_F32, 2, 8, 1, 0, 0, F_FLEXRANK);
@@ -334,6 +387,7 @@ static const special sp_moe_dense[] = {
 void validation_moe(void) {
     RUN("mxfp8_moe_num_blocks", setup_nblocks, sp_nblocks);
     RUN("mxfp8_moe_route", setup_route, sp_route);
+    RUN("mxfp8_moe_route (E = 2000)", setup_route_wide, sp_route_wide);
     RUN("mxfp8_moe_forward", setup_moe_fwd_kernel, sp_moe_fwd);
     RUN("mxfp8_moe_forward_golden", setup_moe_fwd_golden, sp_moe_fwd_golden);
     RUN("mxfp8_moe_backward", setup_moe_bwd_kernel, sp_moe_bwd);
