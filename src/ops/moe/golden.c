@@ -16,7 +16,7 @@
 typedef struct gold {
     const mxfp8i_moe *p;
     int quantized;
-    float *w1f, *w2f, *bf;            /* exact FP32 weights of the current expert; bias scratch */
+    float *w1f, *w2f, *bf;              /* exact FP32 weights of the current expert; bias scratch */
     double *w1_h, *w1_2i, *w2_i, *w2_h; /* W1 [H][2I] / W2 [I][H] as each GEMM sees them */
     double *b1, *b2;
     int64_t e;
@@ -25,9 +25,29 @@ typedef struct gold {
 } gold;
 
 static void gold_free(gold *G) {
-    free(G->w1f); free(G->w2f); free(G->bf); free(G->w1_h); free(G->w1_2i); free(G->w2_i); free(G->w2_h); free(G->b1);
-    free(G->b2); free(G->xb); free(G->dyb); free(G->g); free(G->u); free(G->act); free(G->inter); free(G->down);
-    free(G->dI); free(G->dgu); free(G->dxb); free(G->S); free(G->D); free(G->qa); free(G->qb);
+    free(G->w1f);
+    free(G->w2f);
+    free(G->bf);
+    free(G->w1_h);
+    free(G->w1_2i);
+    free(G->w2_i);
+    free(G->w2_h);
+    free(G->b1);
+    free(G->b2);
+    free(G->xb);
+    free(G->dyb);
+    free(G->g);
+    free(G->u);
+    free(G->act);
+    free(G->inter);
+    free(G->down);
+    free(G->dI);
+    free(G->dgu);
+    free(G->dxb);
+    free(G->S);
+    free(G->D);
+    free(G->qa);
+    free(G->qb);
 }
 
 static bool gold_alloc(gold *G, const mxfp8i_moe *p, int quantized) {
@@ -61,16 +81,15 @@ static bool gold_alloc(gold *G, const mxfp8i_moe *p, int quantized) {
     G->qa = malloc(big * sizeof(double));
     G->qb = malloc(big * sizeof(double));
     bool ok = G->w1f && G->w2f && G->bf && G->w1_h && G->w1_2i && G->w2_i && G->w2_h && G->b1 && G->b2 && G->xb &&
-              G->dyb &&
-              G->g && G->u && G->act && G->inter && G->down && G->dI && G->dgu && G->dxb && G->S && G->D && G->qa &&
-              G->qb;
+              G->dyb && G->g && G->u && G->act && G->inter && G->down && G->dI && G->dgu && G->dxb && G->S && G->D &&
+              G->qa && G->qb;
     if (!ok) gold_free(G);
     return ok;
 }
 
 /* Quantize-dequantize in place `lines` lines of K values (element (l, k) at x[l*ls + k*ks]) along K. */
 static void qdq_lines(const mxfp8i_moe *p, double *x, int64_t lines, int64_t K, int64_t ls, int64_t ks) {
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)lines * (double)K))
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)lines *(double)K))
     for (int64_t l = 0; l < lines; l++)
         for (int64_t k0 = 0; k0 < K; k0 += 32) {
             float v[32], o[32];
@@ -105,9 +124,8 @@ static void gold_expert(gold *G, int64_t e) {
 
 /* C[m][n] (=|+=) sum_k A(m, k) * B(n, k), A(m, k) = a[m*ars + k*aks], B(n, k) = b[n*brs + k*bks]; the operands
  * are first copied and (quantized mode) quantize-dequantized along k unless *_preq says they already are. */
-static void gold_gemm(gold *G, int64_t M, int64_t N, int64_t K, const double *a, int64_t ars, int64_t aks,
-                      int a_preq, const double *b, int64_t brs, int64_t bks, int b_preq, double *C, int64_t ldc,
-                      int accumulate) {
+static void gold_gemm(gold *G, int64_t M, int64_t N, int64_t K, const double *a, int64_t ars, int64_t aks, int a_preq,
+                      const double *b, int64_t brs, int64_t bks, int b_preq, double *C, int64_t ldc, int accumulate) {
     double *qa = G->qa, *qb = G->qb; /* copies [M][K], [K][N] */
     for (int64_t m = 0; m < M; m++)
         for (int64_t k = 0; k < K; k++) qa[m * K + k] = a[m * ars + k * aks];
@@ -118,7 +136,7 @@ static void gold_gemm(gold *G, int64_t M, int64_t N, int64_t K, const double *a,
         if (!b_preq) qdq_lines(G->p, qb, N, K, 1, N);
     }
     /* rows of C split between threads; each element summed over k in ascending order */
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)M * (double)N * (double)K / 64.0))
+#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)M *(double)N *(double)K / 64.0))
     for (int64_t m = 0; m < M; m++) {
         double *c = C + m * ldc;
         if (!accumulate)
@@ -223,16 +241,16 @@ static void *xcalloc(int64_t n, size_t es, bool *ok) {
 
 static mxfp8_status forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_outputs *outputs, int quantized) {
     static const char *fn = "mxfp8_moe_forward_golden";
-    if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
-    if (!outputs) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
-    if (quantized != 0 && quantized != 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: quantized %d is not 0 or 1", fn, quantized);
+    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!outputs, MXFP8_ERR_NULL_POINTER, "%s: outputs is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(quantized != 0 && quantized != 1, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: quantized %d is not 0 or 1", fn, quantized);
     mxfp8i_moe_in in;
     mxfp8i_moe_in_fwd(args, &in);
     mxfp8i_moe p;
     mxfp8_status st = mxfp8i_moe_setup(fn, &in, 0, &p);
     if (st) return st;
-    if ((st = mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 1))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check_fwd_outputs(&p, &in, outputs, 1));
     const int64_t T = p.T, H = p.H, I = p.I, B = p.B;
     gold G;
     bool ok = true;
@@ -307,16 +325,16 @@ static void flat_io(const mxfp8_tensor *t, double *buf, int store) {
 
 static mxfp8_status backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_grads *grads, int quantized) {
     static const char *fn = "mxfp8_moe_backward_golden";
-    if (!args) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
-    if (!grads) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
-    if (quantized != 0 && quantized != 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: quantized %d is not 0 or 1", fn, quantized);
+    MXFP8I_RETURN_ERROR_IF(!args, MXFP8_ERR_NULL_POINTER, "%s: args is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(!grads, MXFP8_ERR_NULL_POINTER, "%s: grads is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(quantized != 0 && quantized != 1, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: quantized %d is not 0 or 1", fn, quantized);
     mxfp8i_moe_in in;
     mxfp8i_moe_in_bwd(args, &in);
     mxfp8i_moe p;
     mxfp8_status st = mxfp8i_moe_setup(fn, &in, 1, &p);
     if (st) return st;
-    if ((st = mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 1))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check_bwd_grads(&p, &in, args, grads, 1));
     const int64_t T = p.T, H = p.H, I = p.I, E = p.E, B = p.B, I2 = 2 * I;
     const mxfp8_moe_config *c = &p.cfg;
     const int onH = c->affinity_option == MXFP8_AFFINITY_ON_H;
@@ -329,7 +347,12 @@ static mxfp8_status backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bw
     double *db1 = (double *)xcalloc(E * I2, sizeof(double), &ok);
     double *db2 = (double *)xcalloc(E * H, sizeof(double), &ok);
     if (!ok || !gold_alloc(&G, &p, quantized)) {
-        free(dx); free(da); free(dw1); free(dw2); free(db1); free(db2);
+        free(dx);
+        free(da);
+        free(dw1);
+        free(dw2);
+        free(db1);
+        free(db2);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     }
     /* Given values (accumulate_hidden_states_grad / skip_grad_initialization) are added at the end. */
@@ -370,7 +393,8 @@ static mxfp8_status backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bw
                 const double d = onH ? dI[q * I + i] : a * dI[q * I + i];
                 const double gv = G.g[q * I + i], uv = G.u[q * I + i];
                 dgu[q * I2 + i] = mxfp8i_moe_clamp_pass(gv, c->gate_clamp_lower, c->gate_clamp_upper)
-                                      ? d * mxfp8i_moe_up_d(c, uv) * mxfp8i_moe_dact_d(c, gv) : 0.0;
+                                      ? d * mxfp8i_moe_up_d(c, uv) * mxfp8i_moe_dact_d(c, gv)
+                                      : 0.0;
                 dgu[q * I2 + I + i] =
                     mxfp8i_moe_clamp_pass(uv, c->up_clamp_lower, c->up_clamp_upper) ? d * G.act[q * I + i] : 0.0;
             }
@@ -399,7 +423,12 @@ static mxfp8_status backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe_bw
         flat_io(&grads->gate_and_up_proj_bias_grad, db1, wmode);
         flat_io(&grads->down_proj_bias_grad, db2, wmode);
     }
-    free(dx); free(da); free(dw1); free(dw2); free(db1); free(db2);
+    free(dx);
+    free(da);
+    free(dw1);
+    free(dw2);
+    free(db1);
+    free(db2);
     gold_free(&G);
     return MXFP8_OK;
 }

@@ -21,20 +21,18 @@ mxfp8_status mxfp8_moe_num_blocks(int64_t T, int64_t top_k, int64_t num_experts,
                                   int64_t *num_blocks) {
     static const char *fn = "mxfp8_moe_num_blocks";
     mxfp8i_clear_error();
-    if (!num_blocks) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: num_blocks is NULL", fn);
-    if (T < 0) return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: T = %lld is negative", fn, (long long)T);
-    if (num_experts < 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: num_experts = %lld must be >= 1", fn,
-                            (long long)num_experts);
-    if (top_k < 1 || top_k > num_experts)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: top_k = %lld must be in [1, num_experts = %lld]", fn,
-                            (long long)top_k, (long long)num_experts);
-    if (block_size < 1)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: block_size = %lld must be >= 1", fn,
-                            (long long)block_size);
+    MXFP8I_RETURN_ERROR_IF(!num_blocks, MXFP8_ERR_NULL_POINTER, "%s: num_blocks is NULL", fn);
+    MXFP8I_RETURN_ERROR_IF(T < 0, MXFP8_ERR_INVALID_ARGUMENT, "%s: T = %lld is negative", fn, (long long)T);
+    MXFP8I_RETURN_ERROR_IF(num_experts < 1, MXFP8_ERR_INVALID_ARGUMENT, "%s: num_experts = %lld must be >= 1", fn,
+                           (long long)num_experts);
+    MXFP8I_RETURN_ERROR_IF(top_k < 1 || top_k > num_experts, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: top_k = %lld must be in [1, num_experts = %lld]", fn, (long long)top_k,
+                           (long long)num_experts);
+    MXFP8I_RETURN_ERROR_IF(block_size < 1, MXFP8_ERR_INVALID_ARGUMENT, "%s: block_size = %lld must be >= 1", fn,
+                           (long long)block_size);
     int64_t TK;
-    if (!mxfp8i_mul_size(T, top_k, &TK) || TK > INT64_MAX - block_size)
-        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: T*top_k overflows", fn);
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(T, top_k, &TK) || TK > INT64_MAX - block_size, MXFP8_ERR_SIZE_OVERFLOW,
+                           "%s: T*top_k overflows", fn);
     *num_blocks = ceil_div_signed(TK - (num_experts - 1), block_size) + num_experts - 1;
     return MXFP8_OK;
 }
@@ -50,42 +48,42 @@ static mxfp8_status check_route(const char *fn, const mxfp8_tensor *topk_ids, co
         const char *argn[5] = {"topk_ids", "topk_weights", "token_position_to_id", "block_to_expert",
                                "expert_affinities_masked"};
         for (int i = 0; i < 5; i++) /* the message names the parameter */
-            if (!args[i]) return mxfp8i_error(MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, argn[i]);
+            MXFP8I_RETURN_ERROR_IF(!args[i], MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, argn[i]);
     }
-    if ((st = mxfp8i_check_rank(fn, "topk_ids", topk_ids, 2))) return st;
-    if ((st = mxfp8i_check_dtype(fn, "topk_ids", topk_ids, 1, MXFP8_DTYPE_I32))) return st;
-    if ((st = mxfp8i_check_rank(fn, "topk_weights", topk_weights, 2))) return st;
-    if (!mxfp8i_is_float_dtype(topk_weights->dtype))
-        return mxfp8i_error(MXFP8_ERR_DTYPE, "%s: topk_weights has dtype %s (expected f32, bf16 or f16)", fn,
-                            mxfp8_dtype_name(topk_weights->dtype));
-    if ((st = mxfp8i_check_same_shape(fn, "topk_ids", topk_ids, "topk_weights", topk_weights))) return st;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "topk_ids", topk_ids, 2));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "topk_ids", topk_ids, 1, MXFP8_DTYPE_I32));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "topk_weights", topk_weights, 2));
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_is_float_dtype(topk_weights->dtype), MXFP8_ERR_DTYPE,
+                           "%s: topk_weights has dtype %s (expected f32, bf16 or f16)", fn,
+                           mxfp8_dtype_name(topk_weights->dtype));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_same_shape(fn, "topk_ids", topk_ids, "topk_weights", topk_weights));
     const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], E = num_experts, B = block_size;
     int64_t N, NB, TE;
-    if (padding_id != -1 && (int64_t)padding_id != T)
-        return mxfp8i_error(MXFP8_ERR_INVALID_ARGUMENT, "%s: padding_id %d must be -1 or T = %lld", fn,
-                            (int)padding_id, (long long)T);
-    if (T > INT32_MAX - 1)
-        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: T = %lld does not fit int32 token ids", fn, (long long)T);
+    MXFP8I_RETURN_ERROR_IF(padding_id != -1 && (int64_t)padding_id != T, MXFP8_ERR_INVALID_ARGUMENT,
+                           "%s: padding_id %d must be -1 or T = %lld", fn, (int)padding_id, (long long)T);
+    MXFP8I_RETURN_ERROR_IF(T > INT32_MAX - 1, MXFP8_ERR_SIZE_OVERFLOW, "%s: T = %lld does not fit int32 token ids", fn,
+                           (long long)T);
     if ((st = mxfp8_moe_num_blocks(T, K, E, B, &N))) {
         /* re-raise with this function's name */
         return mxfp8i_error(st, "%s: T = %lld, top_k = %lld, num_experts = %lld, block_size = %lld: %s", fn,
-                            (long long)T, (long long)K, (long long)E, (long long)B, "invalid routing sizes (need "
+                            (long long)T, (long long)K, (long long)E, (long long)B,
+                            "invalid routing sizes (need "
                             "num_experts >= 1, 1 <= top_k <= num_experts, block_size >= 1)");
     }
-    if (!mxfp8i_mul_size(N, B, &NB) || !mxfp8i_mul_size(T, E, &TE))
-        return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: N*B or T*E overflows", fn);
-    if ((st = mxfp8i_check_rank(fn, "token_position_to_id", token_position_to_id, 1))) return st;
-    if ((st = mxfp8i_check_dtype(fn, "token_position_to_id", token_position_to_id, 1, MXFP8_DTYPE_I32))) return st;
-    if (token_position_to_id->shape[0] != NB)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: token_position_to_id has %lld entries, expected N*B = %lld",
-                            fn, (long long)token_position_to_id->shape[0], (long long)NB);
-    if ((st = mxfp8i_check_view(fn, "block_to_expert", block_to_expert))) return st;
-    if ((st = mxfp8i_check_dtype(fn, "block_to_expert", block_to_expert, 1, MXFP8_DTYPE_I32))) return st;
-    if (!(block_to_expert->ndim == 1 || (block_to_expert->ndim == 2 && block_to_expert->shape[1] == 1)) ||
-        block_to_expert->shape[0] != N)
-        return mxfp8i_error(MXFP8_ERR_SHAPE_MISMATCH, "%s: block_to_expert must be [N] or [N, 1] with N = %lld", fn,
-                            (long long)N);
-    if ((st = mxfp8i_moe_check_vec(fn, "expert_affinities_masked", expert_affinities_masked, 1, TE))) return st;
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(N, B, &NB) || !mxfp8i_mul_size(T, E, &TE), MXFP8_ERR_SIZE_OVERFLOW,
+                           "%s: N*B or T*E overflows", fn);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "token_position_to_id", token_position_to_id, 1));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "token_position_to_id", token_position_to_id, 1, MXFP8_DTYPE_I32));
+    MXFP8I_RETURN_ERROR_IF(token_position_to_id->shape[0] != NB, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: token_position_to_id has %lld entries, expected N*B = %lld", fn,
+                           (long long)token_position_to_id->shape[0], (long long)NB);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_view(fn, "block_to_expert", block_to_expert));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "block_to_expert", block_to_expert, 1, MXFP8_DTYPE_I32));
+    MXFP8I_RETURN_ERROR_IF(
+        !(block_to_expert->ndim == 1 || (block_to_expert->ndim == 2 && block_to_expert->shape[1] == 1)) ||
+            block_to_expert->shape[0] != N,
+        MXFP8_ERR_SHAPE_MISMATCH, "%s: block_to_expert must be [N] or [N, 1] with N = %lld", fn, (long long)N);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_check_vec(fn, "expert_affinities_masked", expert_affinities_masked, 1, TE));
     {
         const mxfp8_tensor *outs[3] = {token_position_to_id, block_to_expert, expert_affinities_masked};
         const char *names[3] = {"token_position_to_id", "block_to_expert", "expert_affinities_masked"};
@@ -107,8 +105,7 @@ static mxfp8_status check_route(const char *fn, const mxfp8_tensor *topk_ids, co
  * in a stack table for E <= 1024, else compared pairwise. */
 enum { ROUTE_STAMPS = 1024 };
 static mxfp8_status check_ids(const char *fn, const mxfp8_tensor *topk_ids, int64_t E) {
-    const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], s0 = topk_ids->strides[0],
-                  s1 = topk_ids->strides[1];
+    const int64_t T = topk_ids->shape[0], K = topk_ids->shape[1], s0 = topk_ids->strides[0], s1 = topk_ids->strides[1];
     int64_t stamp[ROUTE_STAMPS];
     const int stamps = E <= ROUTE_STAMPS;
     if (stamps)
@@ -175,8 +172,8 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
        allocates nothing), else on the heap */
     int64_t onstack[2 * ROUTE_STACK_EXPERTS];
     int64_t *heap = NULL;
-    if (E > ROUTE_STACK_EXPERTS && !(heap = (int64_t *)malloc(2 * (size_t)E * sizeof(int64_t))))
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld expert counters", fn, (long long)E);
+    MXFP8I_RETURN_ERROR_IF(E > ROUTE_STACK_EXPERTS && !(heap = (int64_t *)malloc(2 * (size_t)E * sizeof(int64_t))),
+                           MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld expert counters", fn, (long long)E);
     int64_t *count = heap ? heap : onstack, *cursor = count + E;
     memset(count, 0, 2 * (size_t)E * sizeof(int64_t));
     mxfp8_status st = count_ids(fn, topk_ids, E, B, N, count, cursor);
@@ -206,10 +203,8 @@ mxfp8_status mxfp8_moe_route(const mxfp8_tensor *topk_ids, const mxfp8_tensor *t
             tp[(cursor[e]++) * ts] = (int32_t)t;
             float w = mxfp8i_load_f32(topk_weights->data, topk_weights->dtype,
                                       t * topk_weights->strides[0] + k * topk_weights->strides[1]);
-            if (a->dtype == MXFP8_DTYPE_F64)
-                ((double *)a->data)[(t * E + e) * a->strides[0]] = (double)w;
-            else
-                mxfp8i_store_f32(a->data, a->dtype, (t * E + e) * a->strides[0], w);
+            if (a->dtype == MXFP8_DTYPE_F64) ((double *)a->data)[(t * E + e) * a->strides[0]] = (double)w;
+            else mxfp8i_store_f32(a->data, a->dtype, (t * E + e) * a->strides[0], w);
         }
     free(heap);
     return MXFP8_OK;
