@@ -63,10 +63,16 @@ static void load_seg(const mat *m, int64_t r, int64_t c0, int64_t n, float *dst,
     }
 }
 
-/* panel[(k - k0) * w + i] = m(r0 + i, k) for i < rows, k in [k0, k0 + kc); lanes rows..w-1 zero. In steps of 64
- * k so that the panel lines being filled stay in the L1 cache across the rows. */
+/* panel[(k - k0) * w + i] = m(r0 + i, k) for i < rows, k in [k0, k0 + kc); lanes rows..w-1 zero. BF16 rows with unit
+ * column stride go through the registry's transposing BF16 load (the MoE checkpoints'); else in steps of 64 k, so
+ * that the panel lines being filled stay in the L1 cache across the rows. */
 static void pack_rows(const mat *m, int64_t r0, int rows, int64_t k0, int64_t kc, int w, float *panel) {
     if (rows < w) memset(panel, 0, (size_t)(kc * w) * sizeof(float));
+    if (m->dt == MXFP8_DTYPE_BF16 && m->cs == 1) {
+        const uint16_t *src = (const uint16_t *)m->base + r0 * m->rs + k0;
+        mxfp8i_kernels_get()->quant->bf16_t(src, m->rs, panel, w, rows, kc);
+        return;
+    }
     for (int64_t kb = 0; kb < kc; kb += 64) {
         const int64_t n = kc - kb < 64 ? kc - kb : 64;
         for (int i = 0; i < rows; ++i) load_seg(m, r0 + i, k0 + kb, n, panel + kb * w + i, w);

@@ -105,7 +105,8 @@ static void run_case(shape s, int variant, tu_rng *rng, const mxfp8i_ukernel *co
     const mxfp8_dtype gd = dts[(variant / 2) % 3], wgd = dts[(variant + 1) % 3];
     const int lay = variant % 3, acc = variant % 2, has_bias = variant % 4 != 3;
     const int64_t T = s.T, H = s.H, E = s.E;
-    mat x = make(T, H, xd, lay, rng, -3, 6), w = make(E, H, wd, (lay + 1) % 3, rng, -4, 4);
+    mat x = make(T, H, xd, variant < 3 ? lay : (lay + 2) % 3, rng, -3, 6),
+        w = make(E, H, wd, (lay + 1) % 3, rng, -4, 4);
     mat b = make(1, E, bd, 0, rng, -2, 3);
     mat dl = make(T, E, dts[(variant + 2) % 2], (lay + 2) % 3, rng, -6, 8);
     mxfp8_tensor bv = b.v;
