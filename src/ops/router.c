@@ -193,7 +193,8 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
         }
         /* ct[e * NR + j] = chain of token t0 + j, expert e; the bias is added once, in FP32 */
         for (int j = 0; j < nr; ++j)
-            for (int64_t e = 0; e < E; ++e) out[(t0 + j) * ors + e * ocs] = ct[e * NR + j] + bv[e];
+            for (int64_t e = 0; e < E; ++e) /* no bias: the chain as it is (a -0 stays -0) */
+                out[(t0 + j) * ors + e * ocs] = has_bias ? ct[e * NR + j] + bv[e] : ct[e * NR + j];
         mxfp8i_fenv_leave(csr);
     }
     free(wp), free(scratch), free(bv);

@@ -236,6 +236,29 @@ static void mxcsr_case(tu_rng *rng) {
 }
 #endif
 
+/* A chain of products that round to -0 (-2^-100 * 2^-100) ends at -0: without a bias the logit is -0 (no + 0 that
+ * would make it +0); the gradients' chains likewise. */
+static void negative_zero(void) {
+    float x[2 * 40], w[3 * 40], dl[2 * 3], lg[6], gx[2 * 40], gw[3 * 40];
+    for (int i = 0; i < 80; ++i) x[i] = -ldexpf(1.0f, -100);
+    for (int i = 0; i < 120; ++i) w[i] = ldexpf(1.0f, -100);
+    for (int i = 0; i < 6; ++i) dl[i] = -ldexpf(1.0f, -100);
+    int64_t sx[2] = {2, 40}, sw[2] = {3, 40}, sl[2] = {2, 3};
+    mxfp8_tensor vx = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, sx), vw = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, sw);
+    mxfp8_tensor vl = mxfp8_tensor_make(lg, MXFP8_DTYPE_F32, 2, sl), vd = mxfp8_tensor_make(dl, MXFP8_DTYPE_F32, 2, sl);
+    mxfp8_tensor vgx = mxfp8_tensor_make(gx, MXFP8_DTYPE_F32, 2, sx),
+                 vgw = mxfp8_tensor_make(gw, MXFP8_DTYPE_F32, 2, sw);
+    float want[6];
+    orc_router_logits(x, w, NULL, 2, 40, 3, want);
+    TU_CHECK(tu_f32_bits(want[0]) == 0x80000000u, "the oracle's chain ends at -0");
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, NULL, &vl) == MXFP8_OK, "%s", mxfp8_last_error_message());
+    TU_CHECK(mxfp8_router_linear_input_grad(&vd, &vw, 0, &vgx) == MXFP8_OK, "%s", mxfp8_last_error_message());
+    TU_CHECK(mxfp8_router_linear_weight_grad(&vd, &vx, 0, &vgw) == MXFP8_OK, "%s", mxfp8_last_error_message());
+    for (int i = 0; i < 6; ++i) TU_CHECK(tu_f32_bits(lg[i]) == 0x80000000u, "logits[%d] = %g is not -0", i, lg[i]);
+    for (int i = 0; i < 80; ++i) TU_CHECK(tu_f32_bits(gx[i]) == 0x80000000u, "input_grad[%d] is not -0", i);
+    for (int i = 0; i < 120; ++i) TU_CHECK(tu_f32_bits(gw[i]) == 0x00000000u, "weight_grad[%d] is not +0", i);
+}
+
 #define MSG_HAS(s)                                                                                                     \
     TU_CHECK(strstr(mxfp8_last_error_message(), s) != NULL, "message lacks '%s': %s", s, mxfp8_last_error_message())
 
@@ -333,6 +356,7 @@ int main(void) {
 #ifdef HAVE_MXCSR
     mxcsr_case(&rng);
 #endif
+    negative_zero();
     errors();
     return tu_finish("test_router");
 }
