@@ -73,6 +73,26 @@ static void pack_rows(const mat *m, int64_t r0, int rows, int64_t k0, int64_t kc
         mxfp8i_kernels_get()->quant->bf16_t(src, m->rs, panel, w, rows, kc);
         return;
     }
+    if (m->dt == MXFP8_DTYPE_F32 && m->cs == 1) { /* blocks of 8 rows x 8 k, transposed through registers */
+        const float *src = (const float *)m->base + r0 * m->rs + k0;
+        const int64_t rs = m->rs;
+        int i0 = 0;
+        for (; i0 + 8 <= rows; i0 += 8) {
+            int64_t k = 0;
+            for (; k + 8 <= kc; k += 8) {
+                float t[8][8];
+                for (int i = 0; i < 8; ++i)
+                    for (int j = 0; j < 8; ++j) t[i][j] = src[(i0 + i) * rs + k + j];
+                for (int j = 0; j < 8; ++j)
+                    for (int i = 0; i < 8; ++i) panel[(k + j) * w + i0 + i] = t[i][j];
+            }
+            for (; k < kc; ++k)
+                for (int i = 0; i < 8; ++i) panel[k * w + i0 + i] = src[(i0 + i) * rs + k];
+        }
+        for (int i = i0; i < rows; ++i)
+            for (int64_t k = 0; k < kc; ++k) panel[k * w + i] = src[i * rs + k];
+        return;
+    }
     for (int64_t kb = 0; kb < kc; kb += 64) {
         const int64_t n = kc - kb < 64 ? kc - kb : 64;
         for (int i = 0; i < rows; ++i) load_seg(m, r0 + i, k0 + kb, n, panel + kb * w + i, w);
@@ -81,6 +101,18 @@ static void pack_rows(const mat *m, int64_t r0, int rows, int64_t k0, int64_t kc
 
 /* panel[(k - k0) * w + j] = m(k, c0 + j) for j < cols, k in [k0, k0 + kc); lanes cols..w-1 zero. */
 static void pack_cols(const mat *m, int64_t c0, int cols, int64_t k0, int64_t kc, int w, float *panel) {
+    if (cols == NR && w == NR && m->cs == 1 && m->dt != MXFP8_DTYPE_F16) { /* full panels: fixed-width copies */
+        if (m->dt == MXFP8_DTYPE_F32) {
+            const float *src = (const float *)m->base + k0 * m->rs + c0;
+            for (int64_t k = 0; k < kc; ++k)
+                for (int j = 0; j < NR; ++j) panel[k * NR + j] = src[k * m->rs + j];
+        } else {
+            const uint16_t *src = (const uint16_t *)m->base + k0 * m->rs + c0;
+            for (int64_t k = 0; k < kc; ++k)
+                for (int j = 0; j < NR; ++j) panel[k * NR + j] = mxfp8i_bf16_to_fp32(src[k * m->rs + j]);
+        }
+        return;
+    }
     for (int64_t k = 0; k < kc; ++k) {
         float *p = panel + k * w;
         load_seg(m, k0 + k, c0, cols, p, 1);
