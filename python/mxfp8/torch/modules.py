@@ -231,8 +231,33 @@ class BlockwiseMoE(nn.Module):
                  device=None, dtype=None, swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=None,
                  rounding_seed=0, score_func="softmax", router_bias=False, score_correction_bias=False, n_group=1,
                  topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0, shared_intermediate_size=None,
-                 shared_expert_gate=False, output_router_logits=False):
+                 shared_expert_gate=False, output_router_logits=False, expert_parallel_group=None,
+                 expert_parallel_wire="native"):
         super().__init__()
+        group = expert_parallel_group
+        if group is not None:
+            from . import expert_parallel as _ep
+            P, rank = _ep._check_group(group)  # without a usable group no rank can agree with the others
+        err = None
+        try:
+            self._build(hidden_size, intermediate_size, num_experts, top_k, block_size, activation, bias,
+                        clamp_limits, affinity_option, recipe, renormalize, device, dtype, swiglu_alpha, swiglu_limit,
+                        stochastic_rounding, rounding_seed, score_func, router_bias, score_correction_bias, n_group,
+                        topk_group, routed_scaling_factor, num_shared_experts, shared_intermediate_size,
+                        shared_expert_gate, output_router_logits, group, expert_parallel_wire)
+        except Exception as e:
+            if group is None:
+                raise
+            err = e
+        if group is not None:  # every rank raises the same error: a bad argument or a configuration differing
+            _ep._agree(group, err, None if err else self._expert_parallel_config(),
+                       "BlockwiseMoE(expert_parallel_group=...)")
+
+    def _build(self, hidden_size, intermediate_size, num_experts, top_k, block_size, activation, bias, clamp_limits,
+               affinity_option, recipe, renormalize, device, dtype, swiglu_alpha, swiglu_limit, stochastic_rounding,
+               rounding_seed, score_func, router_bias, score_correction_bias, n_group, topk_group,
+               routed_scaling_factor, num_shared_experts, shared_intermediate_size, shared_expert_gate,
+               output_router_logits, group, wire):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts = {num_experts}, got {top_k}")
         if block_size < 1:
@@ -252,6 +277,19 @@ class BlockwiseMoE(nn.Module):
         self.recipe = get_recipe(recipe)
         kw = dict(device=device, dtype=dtype)
         E, H, I = num_experts, hidden_size, intermediate_size
+        self.expert_parallel_group, self.expert_parallel_wire = group, None
+        self.expert_range = (0, E)  # (first expert, number of experts) held by this module
+        self.expert_parallel_stats = {}
+        if group is not None:
+            from . import expert_parallel as _ep
+            if stochastic_rounding:
+                raise ValueError("stochastic_rounding: not available with expert parallelism (an element's random "
+                                 "word comes from its position in the whole batch, which a rank's experts do not "
+                                 "see)")
+            self.expert_parallel_wire = _ep._check_wire(wire)
+            self.expert_range = _ep.expert_range(E, torch.distributed.get_world_size(group),
+                                               torch.distributed.get_rank(group))
+        E_local = self.expert_range[1]
         self.router = nn.Linear(H, E, bias=router_bias, **kw)
         if score_correction_bias:
             self.register_buffer("e_score_correction_bias", torch.zeros(E, device=device, dtype=torch.float32))
@@ -269,11 +307,11 @@ class BlockwiseMoE(nn.Module):
             if shared_expert_gate:
                 raise ValueError("shared_expert_gate: needs num_shared_experts >= 1")
             self.shared_experts = self.shared_expert_gate = None
-        self.gate_up_proj_weight = nn.Parameter(torch.empty(E, H, 2, I, **kw))
-        self.down_proj_weight = nn.Parameter(torch.empty(E, I, H, **kw))
+        self.gate_up_proj_weight = nn.Parameter(torch.empty(E_local, H, 2, I, **kw))
+        self.down_proj_weight = nn.Parameter(torch.empty(E_local, I, H, **kw))
         if bias:
-            self.gate_and_up_proj_bias = nn.Parameter(torch.empty(E, 2, I, **kw))
-            self.down_proj_bias = nn.Parameter(torch.empty(E, H, **kw))
+            self.gate_and_up_proj_bias = nn.Parameter(torch.empty(E_local, 2, I, **kw))
+            self.down_proj_bias = nn.Parameter(torch.empty(E_local, H, **kw))
         else:
             self.register_parameter("gate_and_up_proj_bias", None)
             self.register_parameter("down_proj_bias", None)
@@ -309,12 +347,17 @@ class BlockwiseMoE(nn.Module):
                                     topk_group=self.topk_group, routed_scaling_factor=self.routed_scaling_factor)
         return ids, w, logits
 
-    def forward(self, hidden_states):
+    def _check_input(self, hidden_states):
         shape = hidden_states.shape
         if hidden_states.dim() < 1 or shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states: last dimension must be hidden_size = {self.hidden_size}, got shape "
                              f"{tuple(shape)}")
-        x = _autocast(hidden_states.reshape(-1, self.hidden_size))
+        return shape, _autocast(hidden_states.reshape(-1, self.hidden_size))
+
+    def forward(self, hidden_states):
+        if self.expert_parallel_group is not None:
+            return self._forward_expert_parallel(hidden_states)
+        shape, x = self._check_input(hidden_states)
         ids, w, logits = self._route(self.router(x))
         tp, be, a = route(ids, w, self.num_experts, self.block_size)
         out = moe(x, a, self.gate_up_proj_weight, self.down_proj_weight, tp, be, self.block_size,
@@ -322,6 +365,48 @@ class BlockwiseMoE(nn.Module):
                   activation=self.activation, clamp_limits=self.clamp_limits, affinity_option=self.affinity_option,
                   recipe=self.recipe, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
                   stochastic_rounding=self.stochastic_rounding, rounding_seed=self.rounding_seed)
+        return self._finish(x, out, shape, w, logits)
+
+    def _forward_expert_parallel(self, hidden_states):
+        """forward with the experts split over expert_parallel_group (mxfp8.torch.expert_parallel): routing on this
+        rank's tokens, dispatch, the local experts, combine; local errors are agreed by every rank first."""
+        from . import expert_parallel as _ep
+
+        err = x = ids = w = logits = shape = None
+        try:
+            shape, x = self._check_input(hidden_states)
+            ids, w, logits = self._route(self.router(x))
+        except Exception as e:  # agreed inside expert_parallel_moe: every rank raises the same error
+            err = e
+        self.expert_parallel_stats = {}
+        out = _ep.expert_parallel_moe(
+            x, ids, w, self.gate_up_proj_weight, self.down_proj_weight, self.num_experts, self.expert_parallel_group,
+            block_size=self.block_size, wire=self.expert_parallel_wire,
+            gate_and_up_proj_bias=self.gate_and_up_proj_bias, down_proj_bias=self.down_proj_bias,
+            activation=self.activation, clamp_limits=self.clamp_limits, affinity_option=self.affinity_option,
+            recipe=self.recipe, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+            stats=self.expert_parallel_stats, config=self._expert_parallel_config(), local_error=err)
+        return self._finish(x, out, shape, w, logits)
+
+    def _expert_parallel_config(self):
+        """The configuration every rank of an expert-parallel layer must share (compared field by field)."""
+        sh = self.shared_experts
+        return dict(num_experts=self.num_experts, hidden_size=self.hidden_size,
+                    intermediate_size=self.intermediate_size, top_k=self.top_k, block_size=self.block_size,
+                    activation=self.activation, bias=self.gate_and_up_proj_bias is not None,
+                    clamp_limits=clamp_list(self.clamp_limits), affinity_option=self.affinity_option,
+                    recipe=(self.recipe.name, str(self.recipe.moe_dtype), self.recipe.scale_rule),
+                    renormalize=bool(self.renormalize), score_func=self.score_func,
+                    router_bias=self.router.bias is not None,
+                    score_correction_bias=self.e_score_correction_bias is not None, n_group=self.n_group,
+                    topk_group=self.topk_group, routed_scaling_factor=self.routed_scaling_factor,
+                    shared_experts=None if sh is None else tuple(sh.gate_proj.weight.shape),
+                    shared_expert_gate=self.shared_expert_gate is not None,
+                    swiglu=(float(self.swiglu_alpha), float(self.swiglu_limit)),
+                    expert_parallel_wire=self.expert_parallel_wire,
+                    parameter_dtype=str(self.gate_up_proj_weight.dtype))
+
+    def _finish(self, x, out, shape, w, logits):
         if self.shared_experts is not None:
             sh = self.shared_experts(x)
             if self.shared_expert_gate is not None:
