@@ -10,7 +10,9 @@ joins a gloo group through a FileStore and runs MODE:
     ckpt      checkpoints: gathered from the P ranks equal the single-process state dict; split back equal
     mismatch  a configuration differing on the last rank: every rank raises the same ExpertParallelError
     badinput  a bad input on the last rank only: every rank raises the same ExpertParallelError
-    crash     the last rank leaves without calling the layer: the others get an error from the group's timeout
+    crash     the last rank exits without calling the layer: the others get an error (the connection closes)
+    stall     the last rank stays alive but never calls the layer: the others get an error from the group's
+              timeout (TIMEOUT_S) and print how long they waited
 
 Prints "rank R: ok ..." or "rank R: FAIL ..." lines, "rank R: error <message>" for the fault modes, and exits 0 when
 every check passed, 1 otherwise.
@@ -19,6 +21,7 @@ every check passed, 1 otherwise.
 import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -282,12 +285,25 @@ def mode_crash():
     report(lambda: moe(torch.randn(5, 32)))
 
 
+def mode_stall():
+    moe = mt.BlockwiseMoE(32, 16, 4, 2, expert_parallel_group=dist.group.WORLD)
+    if RANK == P - 1:  # alive but elsewhere (e.g. an exception caught by the training loop): never calls the layer
+        say("stalling")
+        time.sleep(4 * TIMEOUT)
+        os._exit(0)
+    t0 = time.monotonic()
+    report(lambda: moe(torch.randn(5, 32)))
+    say(f"waited {time.monotonic() - t0:.1f} s")
+    os._exit(0)
+
+
 def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(STORE, P), rank=RANK, world_size=P,
                             timeout=datetime.timedelta(seconds=TIMEOUT))
     {"bitwise": mode_bitwise, "module": mode_module, "ckpt": mode_ckpt, "mismatch": mode_mismatch,
-     "badinput": mode_badinput, "crash": mode_crash}[MODE]()
+     "badinput": mode_badinput, "crash": mode_crash,
+     "stall": mode_stall}[MODE]()
     if MODE != "crash":
         dist.barrier()
         dist.destroy_process_group()
