@@ -661,6 +661,75 @@ MXFP8_API mxfp8_status mxfp8_matmul_backward(const mxfp8_matmul_bwd_args *args, 
  *  Threads: blocks of 128 columns are split between mxfp8_set_num_threads threads. */
 MXFP8_API mxfp8_status mxfp8_bias_grad(const mxfp8_tensor *output_grad, mxfp8_tensor *bias_grad);
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Router linear: batch-invariant FP32 logits of an MoE router                                                    */
+/* ------------------------------------------------------------------------------------------------------------ */
+/*
+ * The router of an MoE layer is a small linear layer, logits = X @ W^T + b with W [E, H] (E experts, H the hidden
+ * size). A BLAS GEMM computes a row's dot products in an order that depends on how many rows it is given and on the
+ * thread count (torch's CPU GEMM gives a row other bits among 1-3 rows than inside a larger batch), so the logits of a
+ * token, and the experts it is routed to, depend on which other tokens share its batch: a batch split over the ranks
+ * of expert parallelism, or a request batched with others at inference, would route differently from one process on
+ * the whole batch. These functions compute every output element as one FP32 fused multiply-add chain over its
+ * contraction index in ascending order, starting from +0 (the GEMM contract of mxfp8_gemm, without quantization):
+ * an element's bits depend on its own operands only -- not on the other rows, the thread count, the strides or
+ * MXFP8_ISA. No quantization: BF16 / FP16 operands are widened exactly to FP32.
+ *   forward        logits[t, e] = fl(c + bias[e]) with c = fmaf chain over h = 0 .. H-1 of x[t, h] * w[e, h]
+ *                  (one FP32 addition of the bias after the chain; without a bias logits[t, e] = c)
+ *   input grad     dx[t, h] = fmaf chain over e = 0 .. E-1 of dlogits[t, e] * w[e, h]
+ *   weight grad    dw[e, h] = fmaf chain over t = 0 .. T-1 of dlogits[t, e] * x[t, h]
+ * where "fmaf chain over k of a_k * b_k" is acc = +0; for k ascending: acc = fmaf(a_k, b_k, acc) (one rounding per
+ * step, RNE); the bias gradient is mxfp8_bias_grad(dlogits). The input gradient of a row depends on that row of
+ * dlogits only, so it is batch-invariant too; the weight gradient is a sum over the tokens, whose bits depend on
+ * the tokens and their order (not on the threads). A chain of length 0 is +0. IEEE defaults inside (no FTZ/DAZ
+ * whatever the caller's MXCSR). Threads (mxfp8_set_num_threads) split the outputs in tiles, never a chain.
+ * Every argument is checked before anything is written; on an error nothing is written.
+ */
+
+/** Router logits: logits[t, e] = (fmaf chain over h ascending from +0 of input[t, h] * weight[e, h]) + bias[e]
+ *  (section above), in FP32.
+ *  input:  X [T, H], F32, BF16 or F16, any strides (flatten the leading axes of [..., H] into T).
+ *  weight: W [E, H] (torch's nn.Linear(H, E).weight), F32, BF16 or F16, any strides.
+ *  bias:   NULL or an absent view (data NULL) for none, else [E], F32, BF16 or F16, any stride; added once, in FP32,
+ *          after the chain.
+ *  logits: [T, E], F32, any strides that address distinct elements, not overlapping an input. Every element is
+ *          written (T, E, H >= 0; H = 0 gives the bias, or +0).
+ *  Errors: NULL_POINTER (input, weight, logits or a view's data), DTYPE, SHAPE_MISMATCH (ranks 2 / 2 / 1 / 2,
+ *  weight's H differs from input's, bias length != E, logits not [T, E]), SIZE_OVERFLOW, BAD_STRIDES (logits'
+ *  elements overlap), ALIASING (logits overlaps input, weight or bias), OUT_OF_MEMORY (the packed operands, obtained
+ *  before the first store). Thread-safe. */
+MXFP8_API mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *weight,
+                                           const mxfp8_tensor *bias, mxfp8_tensor *logits);
+
+/** Input gradient of mxfp8_router_linear: dx[t, h] = fmaf chain over e ascending from +0 of
+ *  logits_grad[t, e] * weight[e, h], in FP32, then input_grad[t, h] = RNE(dx) (accumulate == 0) or
+ *  RNE(old + dx) with old the element's value before the call widened to FP32 and one FP32 addition
+ *  (accumulate != 0), rounded once to input_grad's dtype.
+ *  logits_grad: dlogits [T, E], F32, BF16 or F16, any strides.
+ *  weight:      W [E, H], F32, BF16 or F16, any strides.
+ *  input_grad:  [T, H], F32, BF16 or F16, any strides that address distinct elements, not overlapping an input;
+ *               every element written (E = 0 gives +0, or the old value).
+ *  Errors: NULL_POINTER, DTYPE, SHAPE_MISMATCH (ranks 2, weight's E differs from logits_grad's, input_grad not
+ *  [T, H]), SIZE_OVERFLOW, BAD_STRIDES, ALIASING (input_grad overlaps logits_grad or weight), OUT_OF_MEMORY; nothing
+ *  is written then. Thread-safe. */
+MXFP8_API mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *weight,
+                                                      int accumulate, mxfp8_tensor *input_grad);
+
+/** Weight gradient of mxfp8_router_linear: dw[e, h] = fmaf chain over t ascending from +0 of
+ *  logits_grad[t, e] * input[t, h], in FP32, then weight_grad[e, h] = RNE(dw) (accumulate == 0) or RNE(old + dw)
+ *  (accumulate != 0: old widened to FP32, one FP32 addition), rounded once to weight_grad's dtype. The order over t
+ *  is fixed, so the bits are the same for any thread count and ISA path; they depend on the rows given (a sum of
+ *  per-shard weight gradients over ranks is not this chain over the whole batch).
+ *  logits_grad: dlogits [T, E], F32, BF16 or F16, any strides.
+ *  input:       X [T, H], F32, BF16 or F16, any strides.
+ *  weight_grad: [E, H], F32, BF16 or F16, any strides that address distinct elements, not overlapping an input;
+ *               every element written (T = 0 gives +0, or the old value).
+ *  Errors: NULL_POINTER, DTYPE, SHAPE_MISMATCH (ranks 2, input's T differs from logits_grad's, weight_grad not
+ *  [E, H]), SIZE_OVERFLOW, BAD_STRIDES, ALIASING (weight_grad overlaps logits_grad or input), OUT_OF_MEMORY; nothing
+ *  is written then. Thread-safe. */
+MXFP8_API mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *input,
+                                                       int accumulate, mxfp8_tensor *weight_grad);
+
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Blockwise MoE [NKI-E]                                                                                          */

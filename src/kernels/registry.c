@@ -222,6 +222,18 @@ const mxfp8i_ukernel *mxfp8i_gemm_ukernel(void) {
     return f ? f : mxfp8i_kernels_get()->gemm;
 }
 
+const mxfp8i_ukernel *mxfp8i_f32_ukernel(void) {
+    const mxfp8i_ukernel *f = g_forced;
+    if (f && f->panel == MXFP8I_PANEL_F32 && f->fn) return f;
+    const int isa = mxfp8i_kernels_get()->isa;
+    for (const mxfp8i_ukernel *const *p = g_ukernels; *p; p++) {
+        const mxfp8i_ukernel *uk = *p;
+        if (uk->panel != MXFP8I_PANEL_F32 || !uk->fn || uk->isa_level > isa) continue;
+        if (uk->reference || mxfp8i_ukernel_usable(uk)) return uk;
+    }
+    return &mxfp8i_f32_gemm_8x32__ref_ukernel;
+}
+
 mxfp8_status mxfp8_get_info(mxfp8_info *info) {
     mxfp8i_clear_error();
     MXFP8I_RETURN_ERROR_IF(!info, MXFP8_ERR_NULL_POINTER, "mxfp8_get_info: info is NULL");

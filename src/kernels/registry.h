@@ -46,6 +46,11 @@ int mxfp8i_ukernel_usable(const mxfp8i_ukernel *uk);
 
 /** The GEMM kernel in use: the registry's, or the one forced by mxfp8i_force_ukernel (tests). Never NULL. */
 const mxfp8i_ukernel *mxfp8i_gemm_ukernel(void);
+/** The F32-panel microkernel (ukernel.h's F32 panel format, `fn` set) for FP32 fmaf-chain products that are not
+ *  MX GEMMs (the router's linear, src/ops/router.c): the forced kernel when mxfp8i_force_ukernel forced an
+ *  F32-panel one, else the first runtime candidate within the MXFP8_ISA level in force that this CPU can run and
+ *  that passed its self-test, else the reference. Every such kernel gives the reference's bits. Never NULL. */
+const mxfp8i_ukernel *mxfp8i_f32_ukernel(void);
 /** Tests only: make the GEMM driver use `uk` (NULL = back to the registry's choice). Not to be changed while GEMMs
  *  run on other threads. */
 void mxfp8i_force_ukernel(const mxfp8i_ukernel *uk);

@@ -11,6 +11,8 @@ views: data_ptr and strides, any strides the library accepts):
     dequantize(data, scales, axis, group, output_dtype, out=)    -> tensor
     linear(input, weight, bias, recipe, out=)                    -> y = input @ weight^T + bias (MXFP8 GEMMs)
     linear_backward(grad_output, input, weight, recipe, grad_input=, grad_weight=)
+    router_linear(input, weight, bias)                           -> float32 router logits, each row's bits
+                                                                     independent of the batch and the threads
     topk_softmax(router_logits, top_k, renormalize)              -> (topk_weights, topk_ids): the router
     route(topk_ids, topk_weights, num_experts, block_size)       -> (token_position_to_id, block_to_expert,
                                                                      expert_affinities_masked)
@@ -25,8 +27,8 @@ the "mxfp8" experts implementation (model.set_experts_implementation("mxfp8")); 
 Recipes: RECIPES ("nki", "mxfp8", "ocp"), MXFP8Recipe.
 Statistics: ``with collect_stats(model) as stats:`` records the quantization statistics of every layer during a
 training step (mxfp8.torch.stats).
-The registered ops live in torch.ops.mxfp8 (quantize, dequantize, linear, linear_backward, topk_softmax,
-route, moe, their backward ops, ids_to_int32 and out= variants).
+The registered ops live in torch.ops.mxfp8 (quantize, dequantize, linear, linear_backward, router_linear,
+topk_softmax, route, moe, their backward ops, ids_to_int32 and out= variants).
 
 Tensors must be on the CPU (a CUDA tensor raises ValueError naming the parameter); dtypes float32, bfloat16,
 float16 for values, float8_e4m3fn / float8_e5m2 for codes, float8_e8m0fnu (or uint8) for scales, int32 / int64
@@ -38,13 +40,13 @@ mxfp8.MXFP8Error with the library's message; nothing is written on error. ``impo
 import torch  # noqa: F401  (the PyTorch package, not this module: absolute import)
 
 from .modules import BlockwiseMoE, MXFP8Linear, convert_to_mxfp8  # noqa: F401
-from .moe_ops import moe, route, topk_softmax  # noqa: F401
+from .moe_ops import moe, route, router_linear, topk_softmax  # noqa: F401
 from .ops import dequantize, linear, linear_backward, quantize  # noqa: F401
 from .recipes import RECIPES, MXFP8Recipe, get_recipe  # noqa: F401
 from . import routing  # noqa: F401
 from .routing import load_balancing_loss, select_experts  # noqa: F401
 from .stats import collect_stats  # noqa: F401
 
-__all__ = ["quantize", "dequantize", "linear", "linear_backward", "topk_softmax", "route", "moe", "MXFP8Linear",
-           "convert_to_mxfp8", "BlockwiseMoE", "RECIPES", "MXFP8Recipe", "get_recipe", "collect_stats",
+__all__ = ["quantize", "dequantize", "linear", "linear_backward", "router_linear", "topk_softmax", "route", "moe",
+           "MXFP8Linear", "convert_to_mxfp8", "BlockwiseMoE", "RECIPES", "MXFP8Recipe", "get_recipe", "collect_stats",
            "load_balancing_loss", "select_experts"]

@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch import nn
 
-from .moe_ops import clamp_list, moe, numerics_lists, route, topk_softmax
+from .moe_ops import clamp_list, moe, numerics_lists, route, router_linear, topk_softmax
 from .ops import _autocast, linear
 from .recipes import get_recipe
 from .routing import select_experts
@@ -215,6 +215,15 @@ class BlockwiseMoE(nn.Module):
     sigmoid(shared_expert_gate(x)) (nn.Linear(H, 1), Qwen2-MoE). output_router_logits=True: forward returns
     (output, router_logits [T, E]) for the auxiliary loss (mxfp8.torch.load_balancing_loss).
 
+    batch_invariant_router=True computes the router logits with mxfp8.torch.router_linear(x, router.weight,
+    router.bias) instead of router(x): each logit is one FP32 fused multiply-add chain over the hidden size, so a
+    token's logits -- and the experts it is routed to -- are bitwise the same whatever other tokens share its batch
+    and whatever the thread count (nn.Linear's BLAS GEMM sums in an order that depends on the number of rows and the
+    threads). Use it where routing must not depend on how the batch is split: expert parallelism, batch-invariant
+    inference. The logits are then float32 (also under autocast; with router(x) they have x's dtype), and the
+    input gradient through the router is batch-invariant too. The parameters stay router (an nn.Linear), so state
+    dicts are the same either way.
+
     activation: "silu" (default), "swish" (x * sigmoid(1.702 x), the NKI name; transformers calls it "quick_gelu",
     also accepted here -- transformers' own "swish" is SiLU, "silu" here), "squared_relu" or "gpt_oss_swiglu" (gpt-oss's
     clamped SwiGLU, (u + 1) g sigmoid(swiglu_alpha g) with g <= swiglu_limit, |u| <= swiglu_limit; defaults 1.702
@@ -231,8 +240,8 @@ class BlockwiseMoE(nn.Module):
                  device=None, dtype=None, swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=None,
                  rounding_seed=0, score_func="softmax", router_bias=False, score_correction_bias=False, n_group=1,
                  topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0, shared_intermediate_size=None,
-                 shared_expert_gate=False, output_router_logits=False, expert_parallel_group=None,
-                 expert_parallel_wire="native"):
+                 shared_expert_gate=False, output_router_logits=False, batch_invariant_router=False,
+                 expert_parallel_group=None, expert_parallel_wire="native"):
         super().__init__()
         group = expert_parallel_group
         if group is not None:
@@ -244,7 +253,8 @@ class BlockwiseMoE(nn.Module):
                         clamp_limits, affinity_option, recipe, renormalize, device, dtype, swiglu_alpha, swiglu_limit,
                         stochastic_rounding, rounding_seed, score_func, router_bias, score_correction_bias, n_group,
                         topk_group, routed_scaling_factor, num_shared_experts, shared_intermediate_size,
-                        shared_expert_gate, output_router_logits, group, expert_parallel_wire)
+                        shared_expert_gate, output_router_logits, batch_invariant_router, group,
+                        expert_parallel_wire)
         except Exception as e:
             if group is None:
                 raise
@@ -257,7 +267,7 @@ class BlockwiseMoE(nn.Module):
                affinity_option, recipe, renormalize, device, dtype, swiglu_alpha, swiglu_limit, stochastic_rounding,
                rounding_seed, score_func, router_bias, score_correction_bias, n_group, topk_group,
                routed_scaling_factor, num_shared_experts, shared_intermediate_size, shared_expert_gate,
-               output_router_logits, group, wire):
+               output_router_logits, batch_invariant_router, group, wire):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts = {num_experts}, got {top_k}")
         if block_size < 1:
@@ -269,6 +279,7 @@ class BlockwiseMoE(nn.Module):
         self.activation, self.affinity_option, self.renormalize = activation, affinity_option, renormalize
         self.score_func, self.n_group, self.topk_group = score_func, n_group, topk_group
         self.routed_scaling_factor, self.output_router_logits = float(routed_scaling_factor), output_router_logits
+        self.batch_invariant_router = bool(batch_invariant_router)
         self.clamp_limits = clamp_limits
         clamp_list(clamp_limits)  # validate now, not at the first forward
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
@@ -287,6 +298,7 @@ class BlockwiseMoE(nn.Module):
                                  "word comes from its position in the whole batch, which a rank's experts do not "
                                  "see)")
             self.expert_parallel_wire = _ep._check_wire(wire)
+            self.batch_invariant_router = True  # each token's routing must not depend on the rank's batch
             self.expert_range = _ep.expert_range(E, torch.distributed.get_world_size(group),
                                                torch.distributed.get_rank(group))
         E_local = self.expert_range[1]
@@ -335,7 +347,14 @@ class BlockwiseMoE(nn.Module):
 
     def route_tokens(self, x):
         """(topk_ids [T, top_k] int64, topk_weights [T, top_k] float32) of tokens x [T, H]."""
-        return self._route(self.router(x))[:2]
+        return self._route(self._router_logits(x))[:2]
+
+    def _router_logits(self, x):
+        """The router logits [T, E] of tokens x [T, H]: router(x), or with batch_invariant_router the float32
+        logits of mxfp8.torch.router_linear (each row's bits independent of the batch)."""
+        if self.batch_invariant_router:
+            return router_linear(x, self.router.weight, self.router.bias)
+        return self.router(x)
 
     def _route(self, logits):
         if (self.score_func == "softmax" and self.e_score_correction_bias is None and self.n_group == 1
@@ -358,7 +377,7 @@ class BlockwiseMoE(nn.Module):
         if self.expert_parallel_group is not None:
             return self._forward_expert_parallel(hidden_states)
         shape, x = self._check_input(hidden_states)
-        ids, w, logits = self._route(self.router(x))
+        ids, w, logits = self._route(self._router_logits(x))
         tp, be, a = route(ids, w, self.num_experts, self.block_size)
         out = moe(x, a, self.gate_up_proj_weight, self.down_proj_weight, tp, be, self.block_size,
                   gate_and_up_proj_bias=self.gate_and_up_proj_bias, down_proj_bias=self.down_proj_bias,
@@ -375,7 +394,7 @@ class BlockwiseMoE(nn.Module):
         err = x = ids = w = logits = shape = None
         try:
             shape, x = self._check_input(hidden_states)
-            ids, w, logits = self._route(self.router(x))
+            ids, w, logits = self._route(self._router_logits(x))
         except Exception as e:  # agreed inside expert_parallel_moe: every rank raises the same error
             err = e
         self.expert_parallel_stats = {}
@@ -514,4 +533,5 @@ class BlockwiseMoE(nn.Module):
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"num_experts={self.num_experts}, top_k={self.top_k}, block_size={self.block_size}, "
                 f"activation={self.activation!r}, bias={self.gate_and_up_proj_bias is not None}, "
-                f"affinity_option={self.affinity_option!r}, recipe={self.recipe.name!r}")
+                f"affinity_option={self.affinity_option!r}, recipe={self.recipe.name!r}"
+                + (", batch_invariant_router=True" if self.batch_invariant_router else ""))

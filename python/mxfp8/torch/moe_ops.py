@@ -1,5 +1,5 @@
-"""MoE custom ops: ``mxfp8::topk_softmax``, ``mxfp8::route``, ``mxfp8::moe`` (each with its backward op) and
-``mxfp8::ids_to_int32``.
+"""MoE custom ops: ``mxfp8::router_linear``, ``mxfp8::topk_softmax``, ``mxfp8::route``, ``mxfp8::moe`` (each with
+its backward op) and ``mxfp8::ids_to_int32``.
 
 The layer is the blockwise Mixture-of-Experts of the NKI kernel blockwise_mm_bwd_mxfp8 (the C header mxfp8.h
 documents it in its section "Blockwise MoE"): X = hidden_states [T, H], W1 = gate_up_proj_weight [E, H, 2, I],
@@ -25,9 +25,10 @@ from .. import _lib as _mx
 from .. import moe_config as _moe_cfg
 from .._lib import parse_seed as _parse_seed
 from . import _bridge as B
+from .ops import _bias_grad
 from .recipes import get_recipe
 
-__all__ = ["topk_softmax", "route", "moe"]
+__all__ = ["router_linear", "topk_softmax", "route", "moe"]
 
 _lib = torch.library
 # the library's names (mxfp8_enum_name), as plain tables (torch.compile traces the argument checks)
@@ -62,6 +63,104 @@ def _ids32(t, name):
     """int32 ids for the library: int32 as given, int64 converted once by the checked ids_to_int32 op."""
     B.check_ids(t, name)
     return t if t.dtype == torch.int32 else torch.ops.mxfp8.ids_to_int32(t, name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# router_linear: the router's logits, each row's bits independent of the batch (one FP32 fmaf chain per element)
+# ---------------------------------------------------------------------------------------------------------------
+def _rows2(t, width):
+    """2-D [rows, width] view of an N-D tensor (leading dims flattened; a copy only where the strides force one)."""
+    M = math.prod(t.shape[:-1])
+    try:
+        return t.view(M, width)
+    except RuntimeError:
+        return t.reshape(M, width)
+
+
+@_lib.custom_op("mxfp8::router_linear", mutates_args=())
+def _router_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    E, H = weight.shape
+    out = torch.empty((*input.shape[:-1], E), dtype=torch.float32)
+    B.router_linear_into(_rows2(input, H), weight, bias, out.view(-1, E))
+    return out
+
+
+@_router_linear.register_fake
+def _(input, weight, bias):
+    return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=torch.float32)
+
+
+def _router_grad_shapes(input, weight, bias_dtype, output_mask):
+    return ((tuple(input.shape) if output_mask[0] else (0,)), (tuple(weight.shape) if output_mask[1] else (0,)),
+            ((weight.shape[0],) if bias_dtype is not None else (0,)))
+
+
+@_lib.custom_op("mxfp8::router_linear_backward", mutates_args=())
+def _router_linear_backward(grad_logits: Tensor, input: Tensor, weight: Tensor, bias_dtype: Optional[torch.dtype],
+                            output_mask: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    E, H = weight.shape
+    s_gi, s_gw, _ = _router_grad_shapes(input, weight, bias_dtype, output_mask)
+    dl2 = _rows2(grad_logits, E)
+    gi = torch.empty(s_gi, dtype=input.dtype)
+    gw = torch.empty(s_gw, dtype=weight.dtype)
+    if output_mask[0]:
+        B.router_linear_input_grad_into(dl2, weight, False, gi.view(-1, H))
+    if output_mask[1]:
+        B.router_linear_weight_grad_into(dl2, _rows2(input, H), False, gw)
+    gb = torch.empty(0) if bias_dtype is None else _bias_grad(dl2, bias_dtype)
+    return gi, gw, gb
+
+
+@_router_linear_backward.register_fake
+def _(grad_logits, input, weight, bias_dtype, output_mask):
+    s_gi, s_gw, s_gb = _router_grad_shapes(input, weight, bias_dtype, output_mask)
+    return (input.new_empty(s_gi), weight.new_empty(s_gw),
+            weight.new_empty(s_gb, dtype=torch.float32 if bias_dtype is None else bias_dtype))
+
+
+def _router_linear_setup(ctx, inputs, output):
+    input, weight, bias = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _router_linear_grad(ctx, grad_logits):
+    input, weight = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_b = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+    gi, gw, gb = torch.ops.mxfp8.router_linear_backward(grad_logits, input, weight,
+                                                         ctx.bias_dtype if need_b else None, [need_x, need_w])
+    return (gi if need_x else None), (gw if need_w else None), (gb if need_b else None)
+
+
+_router_linear.register_autograd(_router_linear_grad, setup_context=_router_linear_setup)
+
+
+def router_linear(input, weight, bias=None):
+    """Router logits input @ weight^T + bias in float32, each element one FP32 fused multiply-add chain over the
+    hidden size in ascending order from +0, then + bias once (the library's mxfp8_router_linear; no quantization).
+    Unlike nn.Linear (a BLAS GEMM whose summation order depends on how many rows it is given and on the thread
+    count), a row's logits are bitwise the same whatever other rows share the batch, whatever the thread count:
+    use it where routing must not depend on the batch split (expert parallelism, batch-invariant inference).
+
+    input [..., H] (float32 / bfloat16 / float16, any strides), weight [E, H] (nn.Linear(H, E).weight), bias [E]
+    or None. Returns float32 logits [..., E]. Differentiable in input, weight and bias: grad_input[t, h] = fmaf chain
+    over the experts of grad_logits[t, e] * weight[e, h] (so batch-invariant too), rounded once to input's dtype;
+    grad_weight[e, h] = fmaf chain over the rows in order, rounded once to weight's dtype; grad_bias = the sum of
+    grad_logits over the rows in FP32 in one fixed order (mxfp8_bias_grad). Under CPU autocast it still runs in
+    FP32 on the given dtypes (it is not autocast to a bfloat16 GEMM). Errors: TypeError / ValueError naming the
+    parameter; MXFP8Error from the library."""
+    B.check_tensor(input, "input", B.FLOAT)
+    B.check_tensor(weight, "weight", B.FLOAT, ndim=2)
+    if input.dim() < 1 or input.shape[-1] != weight.shape[1]:
+        raise ValueError(f"input: last dimension must be the hidden size H = {weight.shape[1]} (weight is [E, H] = "
+                         f"{tuple(weight.shape)}), got shape {tuple(input.shape)}")
+    if bias is not None:
+        B.check_tensor(bias, "bias", B.FLOAT, ndim=1)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias: expected shape ({weight.shape[0]},) (the number of experts), got "
+                             f"{tuple(bias.shape)}")
+    return torch.ops.mxfp8.router_linear(input, weight, bias)
 
 
 # ---------------------------------------------------------------------------------------------------------------

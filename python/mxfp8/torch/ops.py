@@ -9,6 +9,9 @@ with torch.library.register_autograd whose backward is itself an op (so AOTAutog
     torch.ops.mxfp8.linear(input, weight, bias?, elem_dtype, scale_rule) -> output        (differentiable)
     torch.ops.mxfp8.linear_backward(grad_output, input, weight, elem_dtype, scale_rule, bias_dtype?)
         -> (grad_input, grad_weight, grad_bias)                     (grad_bias empty when bias_dtype is None)
+    torch.ops.mxfp8.router_linear(input, weight, bias?) -> float32 logits       (differentiable; batch-invariant)
+    torch.ops.mxfp8.router_linear_backward(grad_logits, input, weight, bias_dtype?, output_mask)
+        -> (grad_input, grad_weight, grad_bias)          (each empty when not asked for: output_mask, bias_dtype)
     torch.ops.mxfp8.topk_softmax(router_logits, top_k, renormalize) -> (topk_weights, topk_ids)  (differentiable)
     torch.ops.mxfp8.topk_softmax_backward(grad_weights, router_logits, topk_ids, renormalize) -> grad_logits
     torch.ops.mxfp8.route(topk_ids, topk_weights, num_experts, block_size, skip_token)

@@ -1,0 +1,320 @@
+/*
+ * router.c -- the batch-invariant linear of an MoE router (include/mxfp8.h, "Router linear"):
+ *   mxfp8_router_linear              logits[t, e] = chain_h(x[t, h] * w[e, h]) (+ bias[e])
+ *   mxfp8_router_linear_input_grad   dx[t, h]     = chain_e(dlogits[t, e] * w[e, h])
+ *   mxfp8_router_linear_weight_grad  dw[e, h]     = chain_t(dlogits[t, e] * x[t, h])
+ * each chain one FP32 fmaf per step from +0 in ascending order of its index, so an element's bits depend on its own
+ * operands only: not on the batch it is computed in, the thread count or the ISA path.
+ *
+ * The chains run on the registry's F32-panel GEMM microkernel (mxfp8i_f32_ukernel: the reference or the AVX-512F
+ * kernel, which reproduce each other bit for bit; src/kernels/ukernel.h's contract is exactly such a chain per
+ * element, and splitting the contraction into chunks with load_c is exact). No quantization: the operands are
+ * packed as FP32 values (BF16 / FP16 widened exactly). Rows past the tensor's end in a panel are zeros, which touch
+ * only the padded outputs, never stored. Threads split tiles of outputs (tokens for the forward and the input
+ * gradient, hidden columns for the weight gradient), never a chain.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../format/codec.h"
+#include "../kernels/registry.h"
+#include "../runtime/error.h"
+#include "../runtime/fenv.h"
+#include "../runtime/tensor.h"
+#include "../runtime/threads.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define MR MXFP8I_MR /* rows of an A panel (8) */
+#define NR MXFP8I_NR /* columns of a B panel (32) */
+#define KC 512       /* contraction steps per panel chunk (a multiple of 16: chunks stay 64-byte aligned) */
+
+/* A 2-D operand: element (r, c) at base[(r * rs + c * cs) * size]. */
+typedef struct mat {
+    const char *base;
+    mxfp8_dtype dt;
+    int64_t rs, cs;
+} mat;
+
+static mat mat_of(const mxfp8_tensor *t) {
+    mat m = {(const char *)t->data, t->dtype, t->strides[0], t->strides[1]};
+    return m;
+}
+
+/* dst[j * ds] = m(r, c0 + j) as FP32 (exact widening) for j < n. */
+static void load_seg(const mat *m, int64_t r, int64_t c0, int64_t n, float *dst, int64_t ds) {
+    const int64_t off = r * m->rs + c0 * m->cs, cs = m->cs;
+    if (m->dt == MXFP8_DTYPE_F32) {
+        const float *p = (const float *)m->base + off;
+        if (cs == 1 && ds == 1) memcpy(dst, p, (size_t)n * sizeof(float));
+        else
+            for (int64_t j = 0; j < n; ++j) dst[j * ds] = p[j * cs];
+    } else if (m->dt == MXFP8_DTYPE_BF16) {
+        const uint16_t *p = (const uint16_t *)m->base + off;
+        if (cs == 1)
+            for (int64_t j = 0; j < n; ++j) dst[j * ds] = mxfp8i_bf16_to_fp32(p[j]);
+        else
+            for (int64_t j = 0; j < n; ++j) dst[j * ds] = mxfp8i_bf16_to_fp32(p[j * cs]);
+    } else {
+        const uint16_t *p = (const uint16_t *)m->base + off;
+        for (int64_t j = 0; j < n; ++j) dst[j * ds] = mxfp8i_fp16_to_fp32(p[j * cs]);
+    }
+}
+
+/* panel[(k - k0) * w + i] = m(r0 + i, k) for i < rows, k in [k0, k0 + kc); lanes rows..w-1 zero. */
+static void pack_rows(const mat *m, int64_t r0, int rows, int64_t k0, int64_t kc, int w, float *panel) {
+    if (rows < w) memset(panel, 0, (size_t)(kc * w) * sizeof(float));
+    for (int i = 0; i < rows; ++i) load_seg(m, r0 + i, k0, kc, panel + i, w);
+}
+
+/* panel[(k - k0) * w + j] = m(k, c0 + j) for j < cols, k in [k0, k0 + kc); lanes cols..w-1 zero. */
+static void pack_cols(const mat *m, int64_t c0, int cols, int64_t k0, int64_t kc, int w, float *panel) {
+    for (int64_t k = 0; k < kc; ++k) {
+        float *p = panel + k * w;
+        load_seg(m, k0 + k, c0, cols, p, 1);
+        for (int j = cols; j < w; ++j) p[j] = 0.0f;
+    }
+}
+
+static int imin(int64_t a, int64_t b) { return (int)(a < b ? a : b); }
+
+/* 64-byte aligned scratch of n floats (NULL on overflow or failure). */
+static float *alloc_floats(int64_t n) {
+    int64_t bytes;
+    if (!mxfp8i_mul_size(n < 16 ? 16 : n, (int64_t)sizeof(float), &bytes)) return NULL;
+    bytes = mxfp8i_round_up(bytes, 64);
+    if ((uint64_t)bytes > (uint64_t)SIZE_MAX) return NULL;
+    return (float *)aligned_alloc(64, (size_t)bytes);
+}
+
+/* Threads for `work` multiply-adds split over `tiles` units (the bits do not depend on it). */
+static int threads_for(double work, int64_t tiles) {
+    if (work < 262144.0 || tiles < 2) return 1;
+    int nt = mxfp8i_num_threads();
+    return nt > tiles ? (int)tiles : nt;
+}
+
+/* ---- validation ---------------------------------------------------------------------------------------------- */
+
+static mxfp8_status check_in(const char *fn, const char *name, const mxfp8_tensor *t) {
+    MXFP8I_RETURN_ERROR_IF(!t, MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, name, t, 2));
+    return mxfp8i_check_dtype(fn, name, t, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16);
+}
+
+static mxfp8_status check_out(const char *fn, const char *name, const mxfp8_tensor *t, int64_t rows, int64_t cols,
+                              const char *what) {
+    MXFP8I_RETURN_ERROR_IF(!t, MXFP8_ERR_NULL_POINTER, "%s: %s is NULL", fn, name);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, name, t, 2));
+    char buf[96];
+    MXFP8I_RETURN_ERROR_IF(t->shape[0] != rows || t->shape[1] != cols, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: %s has shape %s, expected [%lld, %lld] (%s)", fn, name,
+                           mxfp8i_shape_str(t, buf, sizeof buf), (long long)rows, (long long)cols, what);
+    return mxfp8i_check_distinct(fn, name, t);
+}
+
+/* ---- forward ------------------------------------------------------------------------------------------------- */
+
+mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *weight, const mxfp8_tensor *bias,
+                                 mxfp8_tensor *logits) {
+    static const char *fn = "mxfp8_router_linear";
+    mxfp8i_clear_error();
+    MXFP8I_FORWARD_IF_ERROR(check_in(fn, "input", input));
+    MXFP8I_FORWARD_IF_ERROR(check_in(fn, "weight", weight));
+    const int64_t T = input->shape[0], H = input->shape[1], E = weight->shape[0];
+    MXFP8I_RETURN_ERROR_IF(weight->shape[1] != H, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: weight [E, H] = [%lld, %lld] does not match input [T, H] = [%lld, %lld] (H differs)",
+                           fn, (long long)E, (long long)weight->shape[1], (long long)T, (long long)H);
+    const int has_bias = bias && bias->data;
+    if (has_bias) {
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "bias", bias, 1));
+        MXFP8I_FORWARD_IF_ERROR(
+            mxfp8i_check_dtype(fn, "bias", bias, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
+        MXFP8I_RETURN_ERROR_IF(bias->shape[0] != E, MXFP8_ERR_SHAPE_MISMATCH,
+                               "%s: bias has %lld elements, expected E = %lld (weight's rows)", fn,
+                               (long long)bias->shape[0], (long long)E);
+    }
+    MXFP8I_FORWARD_IF_ERROR(check_out(fn, "logits", logits, T, E, "[T, E]: input's rows, weight's rows"));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "logits", logits, 1, MXFP8_DTYPE_F32));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "logits", logits, "input", input));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "logits", logits, "weight", weight));
+    if (has_bias) MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "logits", logits, "bias", bias));
+    if (T == 0 || E == 0) return MXFP8_OK;
+
+    const mxfp8i_ukernel *uk = mxfp8i_f32_ukernel();
+    const int64_t EP = mxfp8i_ceil_div(E, MR), tiles = mxfp8i_ceil_div(T, NR), kc_max = H < KC ? H : KC;
+    const int nt = threads_for((double)T * (double)E * (double)H, tiles);
+    const int64_t wlen = mxfp8i_round_up(H, 2) * MR;          /* one expert panel (64-byte multiple) */
+    const int64_t per = kc_max * NR + EP * MR * NR + 16;      /* a thread's B chunk and C tiles */
+    int64_t wn, sn;
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(EP, wlen, &wn) || !mxfp8i_mul_size(nt, per, &sn), MXFP8_ERR_SIZE_OVERFLOW,
+                           "%s: the packed weight of [%lld, %lld] does not fit in memory", fn, (long long)E,
+                           (long long)H);
+    float *wp = alloc_floats(wn), *scratch = alloc_floats(sn), *bv = alloc_floats(EP * MR);
+    if (!wp || !scratch || !bv) {
+        free(wp), free(scratch), free(bv);
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
+                            (long long)(wn + sn));
+    }
+    const mat x = mat_of(input), w = mat_of(weight);
+    for (int64_t e = 0; e < EP * MR; ++e)
+        bv[e] = has_bias && e < E ? mxfp8i_load_f32(bias->data, bias->dtype, e * bias->strides[0]) : 0.0f;
+    for (int64_t p = 0; p < EP; ++p) pack_rows(&w, p * MR, imin(E - p * MR, MR), 0, H, MR, wp + p * wlen);
+    float *out = (float *)logits->data;
+    const int64_t ors = logits->strides[0], ocs = logits->strides[1];
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t q = 0; q < tiles; ++q) {
+        unsigned csr = mxfp8i_fenv_enter();
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *xb = scratch + tid * per, *ct = xb + kc_max * NR;
+        const int64_t t0 = q * NR;
+        const int nr = imin(T - t0, NR);
+        if (H == 0) memset(ct, 0, (size_t)(EP * MR * NR) * sizeof(float));
+        for (int64_t k0 = 0; k0 < H; k0 += KC) {
+            const int64_t kc = H - k0 < KC ? H - k0 : KC;
+            pack_rows(&x, t0, nr, k0, kc, NR, xb);
+            for (int64_t p = 0; p < EP; ++p)
+                uk->fn(kc, wp + p * wlen + k0 * MR, xb, ct + p * MR * NR, NR, imin(E - p * MR, MR), nr, k0 > 0);
+        }
+        /* ct[e * NR + j] = chain of token t0 + j, expert e; the bias is added once, in FP32 */
+        for (int j = 0; j < nr; ++j)
+            for (int64_t e = 0; e < E; ++e) out[(t0 + j) * ors + e * ocs] = ct[e * NR + j] + bv[e];
+        mxfp8i_fenv_leave(csr);
+    }
+    free(wp), free(scratch), free(bv);
+    return MXFP8_OK;
+}
+
+/* ---- gradients ----------------------------------------------------------------------------------------------- */
+
+/* Store an FP32 tile row: dst element j = v[j] (or old + v[j] in FP32), rounded once (RNE) to dst's dtype. */
+static void store_row(const mxfp8_tensor *dst, int64_t r, int64_t c0, int n, const float *v, int accumulate) {
+    const int64_t off = r * dst->strides[0] + c0 * dst->strides[1], cs = dst->strides[1];
+    for (int j = 0; j < n; ++j) {
+        float s = v[j];
+        if (accumulate) s = mxfp8i_load_f32(dst->data, dst->dtype, off + j * cs) + s;
+        mxfp8i_store_f32(dst->data, dst->dtype, off + j * cs, s);
+    }
+}
+
+mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *weight,
+                                            int accumulate, mxfp8_tensor *input_grad) {
+    static const char *fn = "mxfp8_router_linear_input_grad";
+    mxfp8i_clear_error();
+    MXFP8I_FORWARD_IF_ERROR(check_in(fn, "logits_grad", logits_grad));
+    MXFP8I_FORWARD_IF_ERROR(check_in(fn, "weight", weight));
+    const int64_t T = logits_grad->shape[0], E = logits_grad->shape[1], H = weight->shape[1];
+    MXFP8I_RETURN_ERROR_IF(weight->shape[0] != E, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: weight [E, H] = [%lld, %lld] does not match logits_grad [T, E] = [%lld, %lld] (E "
+                           "differs)", fn, (long long)weight->shape[0], (long long)H, (long long)T, (long long)E);
+    MXFP8I_FORWARD_IF_ERROR(
+        check_out(fn, "input_grad", input_grad, T, H, "[T, H]: logits_grad's rows, weight's columns"));
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_check_dtype(fn, "input_grad", input_grad, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "input_grad", input_grad, "logits_grad", logits_grad));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "input_grad", input_grad, "weight", weight));
+    if (T == 0 || H == 0) return MXFP8_OK;
+
+    const mxfp8i_ukernel *uk = mxfp8i_f32_ukernel();
+    const int64_t HP = mxfp8i_ceil_div(H, NR), tiles = mxfp8i_ceil_div(T, MR);
+    const int nt = threads_for((double)T * (double)E * (double)H, tiles);
+    const int64_t wlen = (E > 0 ? E : 1) * NR;     /* one panel of W^T: 32 columns of h, E steps */
+    const int64_t per = mxfp8i_round_up(E > 0 ? E : 1, 2) * MR + MR * NR; /* a thread's A panel and C tile */
+    int64_t wn, sn;
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(HP, wlen, &wn) || !mxfp8i_mul_size(nt, per, &sn), MXFP8_ERR_SIZE_OVERFLOW,
+                           "%s: the packed weight of [%lld, %lld] does not fit in memory", fn, (long long)E,
+                           (long long)H);
+    float *wp = alloc_floats(wn), *scratch = alloc_floats(sn);
+    if (!wp || !scratch) {
+        free(wp), free(scratch);
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
+                            (long long)(wn + sn));
+    }
+    const mat dl = mat_of(logits_grad), w = mat_of(weight);
+    for (int64_t p = 0; p < HP; ++p) pack_cols(&w, p * NR, imin(H - p * NR, NR), 0, E, NR, wp + p * wlen);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t q = 0; q < tiles; ++q) {
+        unsigned csr = mxfp8i_fenv_enter();
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *a = scratch + tid * per, *ct = a + (per - MR * NR);
+        const int64_t t0 = q * MR;
+        const int mr = imin(T - t0, MR);
+        if (E > 0) pack_rows(&dl, t0, mr, 0, E, MR, a);
+        else memset(ct, 0, (size_t)(MR * NR) * sizeof(float));
+        for (int64_t p = 0; p < HP; ++p) {
+            const int nr = imin(H - p * NR, NR);
+            if (E > 0) uk->fn(E, a, wp + p * wlen, ct, NR, mr, nr, 0);
+            for (int i = 0; i < mr; ++i) store_row(input_grad, t0 + i, p * NR, nr, ct + i * NR, accumulate);
+        }
+        mxfp8i_fenv_leave(csr);
+    }
+    free(wp), free(scratch);
+    return MXFP8_OK;
+}
+
+mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *input,
+                                             int accumulate, mxfp8_tensor *weight_grad) {
+    static const char *fn = "mxfp8_router_linear_weight_grad";
+    mxfp8i_clear_error();
+    MXFP8I_FORWARD_IF_ERROR(check_in(fn, "logits_grad", logits_grad));
+    MXFP8I_FORWARD_IF_ERROR(check_in(fn, "input", input));
+    const int64_t T = logits_grad->shape[0], E = logits_grad->shape[1], H = input->shape[1];
+    MXFP8I_RETURN_ERROR_IF(input->shape[0] != T, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: input [T, H] = [%lld, %lld] does not match logits_grad [T, E] = [%lld, %lld] (T "
+                           "differs)", fn, (long long)input->shape[0], (long long)H, (long long)T, (long long)E);
+    MXFP8I_FORWARD_IF_ERROR(
+        check_out(fn, "weight_grad", weight_grad, E, H, "[E, H]: logits_grad's columns, input's columns"));
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_check_dtype(fn, "weight_grad", weight_grad, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "weight_grad", weight_grad, "logits_grad", logits_grad));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "weight_grad", weight_grad, "input", input));
+    if (E == 0 || H == 0) return MXFP8_OK;
+
+    const mxfp8i_ukernel *uk = mxfp8i_f32_ukernel();
+    const int64_t EP = mxfp8i_ceil_div(E, MR), tiles = mxfp8i_ceil_div(H, NR), kc_max = T < KC ? T : KC;
+    const int nt = threads_for((double)T * (double)E * (double)H, tiles);
+    const int64_t alen = mxfp8i_round_up(T > 0 ? T : 1, 2) * MR; /* one panel of dlogits^T: 8 experts, T steps */
+    const int64_t per = (kc_max > 0 ? kc_max : 1) * NR + EP * MR * NR + 16;
+    int64_t an, sn;
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(EP, alen, &an) || !mxfp8i_mul_size(nt, per, &sn), MXFP8_ERR_SIZE_OVERFLOW,
+                           "%s: the packed logits_grad of [%lld, %lld] does not fit in memory", fn, (long long)T,
+                           (long long)E);
+    float *ap = alloc_floats(an), *scratch = alloc_floats(sn);
+    if (!ap || !scratch) {
+        free(ap), free(scratch);
+        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
+                            (long long)(an + sn));
+    }
+    const mat dl = mat_of(logits_grad), x = mat_of(input);
+    for (int64_t p = 0; p < EP; ++p) pack_cols(&dl, p * MR, imin(E - p * MR, MR), 0, T, MR, ap + p * alen);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t q = 0; q < tiles; ++q) {
+        unsigned csr = mxfp8i_fenv_enter();
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *xb = scratch + tid * per, *ct = xb + (kc_max > 0 ? kc_max : 1) * NR;
+        const int64_t h0 = q * NR;
+        const int nr = imin(H - h0, NR);
+        if (T == 0) memset(ct, 0, (size_t)(EP * MR * NR) * sizeof(float));
+        for (int64_t k0 = 0; k0 < T; k0 += KC) {
+            const int64_t kc = T - k0 < KC ? T - k0 : KC;
+            pack_cols(&x, h0, nr, k0, kc, NR, xb);
+            for (int64_t p = 0; p < EP; ++p)
+                uk->fn(kc, ap + p * alen + k0 * MR, xb, ct + p * MR * NR, NR, imin(E - p * MR, MR), nr, k0 > 0);
+        }
+        for (int64_t e = 0; e < E; ++e) store_row(weight_grad, e, h0, nr, ct + e * NR, accumulate);
+        mxfp8i_fenv_leave(csr);
+    }
+    free(ap), free(scratch);
+    return MXFP8_OK;
+}
