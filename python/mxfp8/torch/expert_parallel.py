@@ -127,7 +127,12 @@ def _agree(group, error, values=None, what="expert parallel MoE"):
     msg = None if error is None else _describe(error)
     got = [None] * P
     dist.all_gather_object(got, (msg, values), group=group)
-    bad = [f"rank {q}: {m}" for q, (m, _) in enumerate(got) if m is not None]
+    by_msg = {}
+    for q, (m, _) in enumerate(got):
+        if m is not None:
+            by_msg.setdefault(m, []).append(q)
+    bad = [("every rank" if len(qs) == P and P > 1 else "rank " if len(qs) == 1 else "ranks ") +
+           ("" if len(qs) == P and P > 1 else ", ".join(map(str, qs))) + f": {m}" for m, qs in by_msg.items()]
     if bad:
         raise ExpertParallelError(f"{what}: " + "; ".join(bad)) from error
     ref = got[0][1]
