@@ -239,6 +239,13 @@ def mode_ckpt():
     one = torch.nn.Sequential(torch.nn.Linear(H, H), mt.BlockwiseMoE(H, I, E, 2, bias=True))
     one.load_state_dict(back)  # P ranks -> one process
     same(one[1].gate_up_proj_weight.data, full[1].gate_up_proj_weight.data, "ckpt: loaded into one process")
+    # weights in the Mixtral layout, all E experts: each rank copies its own
+    w1, w3, w2 = torch.randn(E, I, H), torch.randn(E, I, H), torch.randn(E, H, I)
+    rw = torch.randn(E, H)
+    model[1].load_mixtral_weights(rw, w1, w3, w2)
+    one[1].load_mixtral_weights(rw, w1, w3, w2)
+    same(model[1].down_proj_weight.data, one[1].down_proj_weight.data[e0:e0 + n], "ckpt: load_mixtral_weights")
+    same(model[1].gate_up_proj_weight.data, one[1].gate_up_proj_weight.data[e0:e0 + n], "ckpt: load_mixtral_weights")
     if not FAILS:
         say("ok ckpt")
 

@@ -224,6 +224,27 @@ class BlockwiseMoE(nn.Module):
     input gradient through the router is batch-invariant too. The parameters stay router (an nn.Linear), so state
     dicts are the same either way.
 
+    Expert parallelism: expert_parallel_group=pg (a torch.distributed ProcessGroup of the gloo or MPI backend)
+    splits the experts over the P <= E ranks of pg in contiguous ranges (mxfp8.torch.expert_parallel.expert_range;
+    E % P may be nonzero): this module then holds only its experts, gate_up_proj_weight [E_local, H, 2, I] and so on,
+    at expert_range = (first expert, E_local); the router and shared experts are replicated and run on this rank's
+    tokens; forward and backward are collective (every rank of pg calls them, in the same order). Each token row goes
+    to the ranks owning its experts and the results come back through the group's all-to-all, with the rows in their
+    own dtype on the wire (expert_parallel_wire="native", BF16 for a BF16 model or under autocast) or as MXFP8 codes
+    and E8M0 scales ("mxfp8": about half the bytes; the expert inputs and output gradients are then the rows' MX
+    round trip, the router and shared experts see the unquantized rows). batch_invariant_router is turned on, so
+    outputs, input gradients, router logits and their gradients and the expert weight gradients are bitwise equal to
+    BlockwiseMoE(batch_invariant_router=True) on the batch gathered from all ranks in rank order (for the "mxfp8"
+    wire: with that round trip applied), for any P and any tokens per rank (none included); a token's experts'
+    results are summed in ascending expert order in FP32 and rounded once, as in one process. The router weight (and
+    shared experts) are data-parallel: sum their gradients over the ranks (expert_parallel.all_reduce_dense_gradients;
+    those bits depend on P and the token split). Shared experts are nn.Linear layers (torch's GEMM): their rows are
+    not batch-invariant unless converted to MXFP8Linear. A bad input or a configuration differing between ranks
+    raises the same ExpertParallelError on every rank before any exchange; a rank that never calls the layer leaves
+    the others waiting until pg's timeout. Checkpoints: expert_parallel.gather_experts_state_dict /
+    split_experts_state_dict. Not with stochastic_rounding, torch.compile or the transformers conversions (from_hf /
+    to_hf). expert_parallel_stats holds the bytes each exchange of the last forward / backward moved.
+
     activation: "silu" (default), "swish" (x * sigmoid(1.702 x), the NKI name; transformers calls it "quick_gelu",
     also accepted here -- transformers' own "swish" is SiLU, "silu" here), "squared_relu" or "gpt_oss_swiglu" (gpt-oss's
     clamped SwiGLU, (u + 1) g sigmoid(swiglu_alpha g) with g <= swiglu_limit, |u| <= swiglu_limit; defaults 1.702
@@ -492,6 +513,9 @@ class BlockwiseMoE(nn.Module):
     def _hf_copy(self, block, to_hf):
         from . import hf
 
+        if self.expert_parallel_group is not None:
+            raise ValueError("to_hf: this BlockwiseMoE holds only its rank's experts (expert_parallel_group); gather "
+                             "them first (mxfp8.torch.expert_parallel.gather_experts_state_dict)")
         w1, w2, b1, b2 = hf.experts_views(block.experts)
         router = getattr(block, "gate", None) or getattr(block, "router", None)
         pairs = [(w1, self.gate_up_proj_weight), (w2, self.down_proj_weight), (router.weight, self.router.weight)]
@@ -516,13 +540,15 @@ class BlockwiseMoE(nn.Module):
     def load_mixtral_weights(self, router_weight, w1, w3, w2):
         """Copy weights given in the Mixtral / Hugging Face layout: router_weight [E, H]; w1 (gate) and w3 (up):
         [E, I, H] tensors or sequences of E [I, H] tensors; w2 (down): [E, H, I] or E tensors [H, I] (nn.Linear
-        weights, [out, in]). Returns self."""
+        weights, [out, in]); all E experts also under expert parallelism (this rank copies its own). Returns self."""
         E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
         w1, w3, w2 = (torch.stack(list(w)) if not isinstance(w, torch.Tensor) else w for w in (w1, w3, w2))
         for t, name, shape in ((router_weight, "router_weight", (E, H)), (w1, "w1", (E, I, H)),
                                (w3, "w3", (E, I, H)), (w2, "w2", (E, H, I))):
             if tuple(t.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+        e0, n = self.expert_range
+        w1, w3, w2 = w1[e0:e0 + n], w3[e0:e0 + n], w2[e0:e0 + n]
         self.router.weight.copy_(router_weight)
         self.gate_up_proj_weight[:, :, 0, :].copy_(w1.transpose(1, 2))
         self.gate_up_proj_weight[:, :, 1, :].copy_(w3.transpose(1, 2))
