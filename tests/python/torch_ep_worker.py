@@ -6,7 +6,7 @@ joins a gloo group through a FileStore and runs MODE:
     bitwise   every case: the expert-parallel layer on this rank's tokens and experts equal, bit for bit, to the
               single-process layer on the gathered batch (the oracle: mxfp8.torch.route + mxfp8.torch.moe, or a
               BlockwiseMoE holding all experts), computed on every rank
-    module    the same for BlockwiseMoE(expert_parallel_group=...) against BlockwiseMoE, router included
+    module    the same for BlockwiseMoE(expert_parallel_group=...) against BlockwiseMoE, router included; then ckpt
     ckpt      checkpoints: gathered from the P ranks equal the single-process state dict; split back equal
     mismatch  a configuration differing on the last rank: every rank raises the same ExpertParallelError
     badinput  a bad input on the last rank only: every rank raises the same ExpertParallelError
@@ -216,6 +216,7 @@ def mode_module():
     module_case("module top1 even", E=5, K=1, kind="even")
     module_case("module top4 mxfp8 wire", E=6, K=4, wire="mxfp8")
     module_case("module all tokens on the last rank", E=4, K=2, kind="last")
+    mode_ckpt()
 
 
 # ---- checkpoints --------------------------------------------------------------------------------------------------
@@ -301,11 +302,14 @@ def mode_stall():
     moe = mt.BlockwiseMoE(32, 16, 4, 2, expert_parallel_group=dist.group.WORLD)
     if RANK == P - 1:  # alive but elsewhere (e.g. an exception caught by the training loop): never calls the layer
         say("stalling")
-        time.sleep(4 * TIMEOUT)
+        end = time.monotonic() + 4 * TIMEOUT
+        while time.monotonic() < end and not os.path.exists(STORE + ".done"):
+            time.sleep(0.2)
         os._exit(0)
     t0 = time.monotonic()
     report(lambda: moe(torch.randn(5, 32)))
     say(f"waited {time.monotonic() - t0:.1f} s")
+    open(STORE + ".done", "w").close()  # the stalled rank may leave now
     os._exit(0)
 
 
