@@ -494,8 +494,13 @@ def main_expert_parallel(a):
         _clip_global(model, group)
         opt.step()
         busy += time.perf_counter() - t0
-        moved.append(sum(v for b in blocks for k, v in b.moe.expert_parallel_stats.items()
-                         if k.endswith("_bytes_sent")))
+        sent = {}
+        for b in blocks:  # bytes this process sent to the others in the step, by exchange
+            for k, v in b.moe.expert_parallel_stats.items():
+                if k.endswith("_bytes_sent"):
+                    kind = "combine" if "combine" in k else "dispatch"  # dispatch: rows, pair records, counts
+                    sent[kind] = sent.get(kind, 0) + v
+        moved.append(sent)
         tot = ce.detach().double().reshape(1)
         dist.all_reduce(tot, group=group)
         train_losses.append(float(tot[0]))
@@ -507,8 +512,11 @@ def main_expert_parallel(a):
             print(f"step {step}/{a.steps}: loss {train_losses[-1]:.4f}, val {val_losses[max(val_losses)]:.4f}, "
                   f"{n * a.seq * step / busy:.0f} tokens/s on this process", flush=True)
     per_proc = [None] * P
+    mean = {k: round(sum(m.get(k, 0) for m in moved) / len(moved)) for k in ("dispatch", "combine")}
     dist.all_gather_object(per_proc, {"tokens_per_s": round(n * a.seq * len(train_losses) / busy, 1),
-                                      "bytes_sent_per_step": round(sum(moved) / len(moved))}, group=group)
+                                      "bytes_sent_per_step": mean["dispatch"] + mean["combine"],
+                                      "dispatch_bytes_sent_per_step": mean["dispatch"],
+                                      "combine_bytes_sent_per_step": mean["combine"]}, group=group)
     summary = {"processes": P, "wire": a.wire, "steps": a.steps, "tokens_per_step": N, "recipe": a.recipe,
                "threads_per_process": threads, "train_losses": train_losses,
                "val_losses": {str(k): v for k, v in val_losses.items()}, "per_process": per_proc}
@@ -517,8 +525,10 @@ def main_expert_parallel(a):
     if rank == 0:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         for q, d in enumerate(per_proc):
-            print(f"process {q}: {d['tokens_per_s']:.0f} tokens/s, {d['bytes_sent_per_step'] / 1e6:.2f} MB sent to "
-                  f"the other processes per step (expert-parallel dispatch and combine, forward and backward)")
+            print(f"process {q}: {d['tokens_per_s']:.0f} tokens/s, {d['bytes_sent_per_step'] / 1e6:.3f} MB sent to "
+                  f"the other processes per step (forward and backward: dispatch "
+                  f"{d['dispatch_bytes_sent_per_step'] / 1e6:.3f} MB, combine "
+                  f"{d['combine_bytes_sent_per_step'] / 1e6:.3f} MB)")
         print(f"final validation loss {val_losses[a.steps]:.4f}")
         if "check" in summary:
             c = summary["check"]

@@ -52,6 +52,22 @@ error on them: set a timeout that suits the job. Every rank must call the forwar
 (a rank whose loss does not depend on the output must still call backward, e.g. through (0 * y).sum()), with the
 same grad mode (agreed: a difference raises before any exchange).
 
+Data parallelism of the dense parameters (router, shared experts, attention, embeddings, ...): every rank holds
+them whole and computes their gradients on its own tokens; sum those gradients over the ranks after the backward
+with all_reduce_dense_gradients(model) (expert parameters left out), and give each rank the loss
+sum(its tokens' losses) / (the global batch's token count). Then every gradient -- dense ones summed, expert ones
+(which already receive every rank's tokens) as they are -- is the gradient of the global batch's mean loss. With
+torch's DistributedDataParallel instead: leave the expert parameters out
+(DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, expert_parameter_names(model))), give
+DDP a process group of its own (torch.distributed.new_group) so that its bucketed all-reduces never interleave with
+the layer's exchanges, and remember that DDP averages: with per-rank mean losses, divide the expert gradients by P.
+The router weight's gradient is a sum of per-rank partial sums: equal in value to one process's, its bits depend
+on P, the tokens per rank and the all-reduce's summation order; the router-logit gradients stay bitwise equal.
+Gradient-norm clipping must sum the expert gradients' squares over the ranks (each rank holds other experts).
+Checkpoints: gather_experts_state_dict(model) gives every rank the single-process state dict (save it on one rank);
+split_experts_state_dict(model, state_dict) cuts a single-process state dict down to this rank's experts for
+model.load_state_dict (any P: a checkpoint saved on P ranks loads on one and on any other number of ranks).
+
 Not supported: stochastic rounding (an element's random word comes from its position in the gathered problem, which
 the local problem does not share); torch.compile (the layer runs eagerly: its shapes depend on the routing);
 other devices than the CPU.
