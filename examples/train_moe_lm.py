@@ -375,6 +375,10 @@ def parse_args(argv=None):
     a.runs = runs
     if a.steps < 1 or a.width % a.heads:
         p.error("--steps must be >= 1 and --width a multiple of --heads")
+    if a.expert_parallel and (a.compile or runs != ["bf16", "mxfp8"]):
+        p.error("--expert-parallel trains the MXFP8 run alone, eagerly: drop --runs and --compile")
+    if not a.expert_parallel and (a.wire != "native" or a.check_against):
+        p.error("--wire and --check-against need --expert-parallel")
     return a
 
 # ---- --expert-parallel ----
