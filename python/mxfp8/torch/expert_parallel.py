@@ -44,6 +44,14 @@ round trip (the router and shared experts see the unquantized rows); every row t
 rank keeps for itself, so that the results do not depend on P. About half the bytes of BF16 rows (1 + 1/32 bytes an
 element).
 
+Bytes on the network (the stats of expert_parallel_moe, BlockwiseMoE.expert_parallel_stats): per step and layer a
+rank sends one row of r bytes (H elements of the rows' dtype, or H + ceil(H/32) with the MXFP8 wire) per (token,
+other rank owning one of its experts) and a 12-byte record per (token, expert of another rank) in the forward
+dispatch, one FP32 row (4 H bytes) per such pair in the combine, the same rows again in the backward dispatch and
+4 (H + 1) bytes per pair in the backward combine, plus 16 bytes of counts per other rank: the traffic of
+libmxfp8_mpi, so the network model of `mxfp8 bench moe --expert-parallel` (ranks, link bandwidths) prices this
+path as well.
+
 Faults and time limits: a local error (bad input, a library error in the local layer) is agreed by all ranks before
 the next exchange and raised on every rank as the same ExpertParallelError. A rank that fails outside these calls
 (an exception elsewhere in its training step, a crash) leaves the others waiting in a collective until the process
