@@ -364,7 +364,7 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--expert-parallel", action="store_true",
                    help="the MXFP8 run alone, its experts split over the processes of a gloo group (torchrun)")
-    p.add_argument("--wire", default="native", choices=["native", "mxfp8"],
+    p.add_argument("--wire", default="native", choices=["native", "bf16", "mxfp8"],
                    help="--expert-parallel: the dispatched rows in their own dtype (BF16 under autocast) or MXFP8")
     p.add_argument("--check-against", metavar="DIR",
                    help="--expert-parallel: compare with the out directory of the same run on one process")
@@ -544,6 +544,12 @@ def main_expert_parallel(a):
     return summary
 
 
+def _same_bits(a, b):
+    bits = {2: torch.int16, 4: torch.int32}
+    return a.shape == b.shape and a.dtype == b.dtype and \
+        torch.equal(a.contiguous().view(bits[a.element_size()]), b.contiguous().view(bits[b.element_size()]))
+
+
 def _check_first_step(a, rank, group, out, train_losses):
     """Compare this process's first-step MoE tensors with the one-process run's in a.check_against (bit for bit)
     and the training losses; the verdicts of all processes are combined."""
@@ -555,21 +561,19 @@ def _check_first_step(a, rank, group, out, train_losses):
         r0, r1 = m["rows"]
         e0, ne = m["expert_range"]
         r = ref[i]
-        pairs = [("y", m["y"], r["y"].reshape(-1, a.width)[r0:r1]), ("dy", m["dy"], r["dy"].reshape(-1, a.width)[r0:r1]),
-                 ("dh", m["dh"], r["dh"].reshape(-1, a.width)[r0:r1])]
-        pairs = [(k, g.reshape(-1, a.width), w) for k, g, w in pairs]
+        pairs = [(k, m[k].reshape(-1, a.width), r[k].reshape(-1, a.width)[r0:r1]) for k in ("y", "dy", "dh")]
         pairs += [(k, m[k], r[k][e0:e0 + ne]) for k in ("gate_up_proj_weight_grad", "down_proj_weight_grad")]
         for k, got, want in pairs:
-            if got.shape != want.shape or not torch.equal(got.contiguous().view(torch.int16 if got.element_size() == 2
-                                                                                  else torch.int32),
-                                                          want.contiguous().view(torch.int16 if want.element_size() == 2
-                                                                                 else torch.int32)):
+            if not _same_bits(got, want):
                 diffs.append(f"layer {i} {k}")
     verdicts = [None] * dist.get_world_size(group)
     dist.all_gather_object(verdicts, diffs, group=group)
-    ref_losses = json.loads((Path(a.check_against) / "summary.json").read_text())["train_losses"]
+    ref_summary = json.loads((Path(a.check_against) / "summary.json").read_text())
+    ref_losses = ref_summary["train_losses"]
     k = min(len(ref_losses), len(train_losses))
-    return {"first_step_bitwise_equal": all(not v for v in verdicts),
+    return {"against": {"dir": str(a.check_against), "processes": ref_summary["processes"],
+                        "wire": ref_summary["wire"]},
+            "first_step_bitwise_equal": all(not v for v in verdicts),
             "first_step_differences": [d for v in verdicts for d in v],
             "max_train_loss_diff": max(abs(x - y) for x, y in zip(train_losses[:k], ref_losses[:k]))}
 

@@ -3,12 +3,14 @@
     python torch_ep_worker.py RANK WORLD STORE_FILE MODE [TIMEOUT_S]
 
 joins a gloo group through a FileStore and runs MODE:
+    all       bitwise, then module (one group for both)
     bitwise   every case: the expert-parallel layer on this rank's tokens and experts equal, bit for bit, to the
               single-process layer on the gathered batch (the oracle: mxfp8.torch.route + mxfp8.torch.moe, or a
               BlockwiseMoE holding all experts), computed on every rank
     module    the same for BlockwiseMoE(expert_parallel_group=...) against BlockwiseMoE, router included; then ckpt
     ckpt      checkpoints: gathered from the P ranks equal the single-process state dict; split back equal
-    mismatch  a configuration differing on the last rank: every rank raises the same ExpertParallelError
+    mismatch  a configuration differing on the last rank: every rank raises the same ExpertParallelError; then
+              badinput
     badinput  a bad input on the last rank only: every rank raises the same ExpertParallelError
     crash     the last rank exits without calling the layer: the others get an error (the connection closes)
     stall     the last rank stays alive but never calls the layer: the others get an error from the group's
@@ -112,13 +114,15 @@ def functional_case(name, E, K, H=64, I=32, T=40, Bs=8, kind="uneven", dtype=tor
     kw = dict(activation=activation, affinity_option=affinity_option, recipe=recipe)
 
     # the single-process oracle on the gathered batch (with the wire's round trip for "mxfp8")
-    xr = (qdq(x, recipe) if wire == "mxfp8" else x).clone().requires_grad_()
+    trip = (lambda t: qdq(t, recipe)) if wire == "mxfp8" else (lambda t: t.bfloat16().to(t.dtype)) \
+        if wire == "bf16" else (lambda t: t)  # what the wire does to the rows
+    xr = trip(x).clone().requires_grad_()
     wr = w.clone().requires_grad_()
     params = [t.clone().requires_grad_() if t is not None else None for t in (w1, w2, b1, b2)]
     tp, be, a = mt.route(ids, wr, E, Bs)
     yr = mt.moe(xr, a, params[0], params[1], tp, be, Bs, gate_and_up_proj_bias=params[2],
                 down_proj_bias=params[3], **kw)
-    yr.backward(qdq(dy, recipe) if wire == "mxfp8" else dy)
+    yr.backward(trip(dy))
 
     counts = counts_of(kind, T)
     sl = rank_slice(counts)
@@ -144,7 +148,7 @@ def functional_case(name, E, K, H=64, I=32, T=40, Bs=8, kind="uneven", dtype=tor
               for e in range(E)]
     rows = sum(len({owners[e] for e in ids[t].tolist()} - {RANK}) for t in range(sl.start, sl.stop))
     pairs = sum(owners[e] != RANK for t in range(sl.start, sl.stop) for e in ids[t].tolist())
-    rb = H + (H + 31) // 32 if wire == "mxfp8" else H * x.element_size()
+    rb = H + (H + 31) // 32 if wire == "mxfp8" else 2 * H if wire == "bf16" else H * x.element_size()
     want = dict(counts_bytes_sent=16 * (P - 1), dispatch_bytes_sent=rows * rb + 12 * pairs,
                 combine_bytes_received=4 * H * pairs, backward_dispatch_bytes_sent=rows * rb,
                 backward_combine_bytes_received=4 * (H + 1) * pairs)
@@ -165,6 +169,7 @@ def mode_bitwise():
     functional_case("bias fp32 affinity_on_h", E=4, K=2, bias=True, dtype=torch.float32,
                     affinity_option="affinity_on_h", activation="swish")
     functional_case("fp32 top3 (the combine's summation order shows)", E=6, K=3, dtype=torch.float32, T=48)
+    functional_case("fp32 rows on a bf16 wire", E=4, K=2, dtype=torch.float32, wire="bf16")
     functional_case("no tokens anywhere", E=4, K=2, T=0)
     functional_case("block size 1, 3 blocks per expert", E=4, K=3, T=23, Bs=1, wire="mxfp8")
 
@@ -296,7 +301,8 @@ def mode_badinput():
     report(lambda: moe(torch.randn(5, H)))
     x = torch.randn(5, 32, dtype=torch.float32 if RANK == P - 1 else torch.bfloat16)
     report(lambda: moe(x))
-    report(lambda: mt.BlockwiseMoE(32, 16, 4, 2, expert_parallel_group=dist.group.WORLD, expert_parallel_wire="fp4"))
+    report(lambda: mt.BlockwiseMoE(32, 16, 4, 2, expert_parallel_group=dist.group.WORLD,
+                                   expert_parallel_wire="fp4"))
     report(lambda: mt.BlockwiseMoE(32, 16, 4, 2, expert_parallel_group=dist.group.WORLD, stochastic_rounding="all"))
     report(lambda: mt.BlockwiseMoE(32, 16, P - 1 or 1, 1, expert_parallel_group=dist.group.WORLD))
     y = moe(torch.randn(4, 32))  # the layer still works after agreed errors
@@ -330,7 +336,8 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(STORE, P), rank=RANK, world_size=P,
                             timeout=datetime.timedelta(seconds=TIMEOUT))
-    {"bitwise": mode_bitwise, "module": mode_module, "ckpt": mode_ckpt, "mismatch": mode_mismatch,
+    {"all": lambda: (mode_bitwise(), mode_module()), "bitwise": mode_bitwise, "module": mode_module,
+     "ckpt": mode_ckpt, "mismatch": lambda: (mode_mismatch(), mode_badinput()),
      "badinput": mode_badinput, "crash": mode_crash,
      "stall": mode_stall}[MODE]()
     if MODE != "crash":

@@ -18,7 +18,8 @@ Data flow of one forward (each step the mirror of libmxfp8_mpi's mxfp8_mpi_moe_f
      (error or None, configuration) so that a bad input or a configuration that differs between ranks raises the
      same ExpertParallelError on every rank, naming the rank and the field, before any exchange;
   2. dispatch: each token row goes once to every rank owning one of its experts (all_to_all_single of bytes: the rows
-     in their own dtype, wire="native", or MXFP8 codes + E8M0 scales, wire="mxfp8"), with one (row, expert, weight)
+     in their own dtype, wire="native"; rounded to BF16, wire="bf16"; or MXFP8 codes + E8M0 scales,
+     wire="mxfp8"), with one (row, expert, weight)
      record per (token, expert) pair;
   3. local layer: the owner places each pair in its own "pair-row" and forms its experts' blocks exactly as
      mxfp8.torch.route does for the gathered batch (all ranks' tokens concatenated in rank order): expert-major,
@@ -42,7 +43,10 @@ the owner: the results then equal the single-process layer whose expert inputs a
 in the backward, whose output gradient is dequantize(quantize(dY)) rows, the gradient passing straight through the
 round trip (the router and shared experts see the unquantized rows); every row takes the round trip, also the rows a
 rank keeps for itself, so that the results do not depend on P. About half the bytes of BF16 rows (1 + 1/32 bytes an
-element).
+element). (With the "mxfp8" and "nki" recipes the MoE kernels start from that same MX quantization of the rows, and
+in the tests the round trip leaves the results unchanged; with "ocp" the weight gradients see it.) wire="bf16" is
+the same with the BF16 rounding of the rows as the round trip: for BF16 inputs (a BF16 model, or under autocast) it
+is exact and the same as "native"; for FP32 inputs it halves the dispatched bytes.
 
 Bytes on the network (the stats of expert_parallel_moe, BlockwiseMoE.expert_parallel_stats): per step and layer a
 rank sends one row of r bytes (H elements of the rows' dtype, or H + ceil(H/32) with the MXFP8 wire) per (token,
@@ -94,7 +98,7 @@ from .recipes import get_recipe
 __all__ = ["ExpertParallelError", "WIRES", "expert_range", "expert_parallel_moe", "expert_parameter_names",
            "all_reduce_dense_gradients", "gather_experts_state_dict", "split_experts_state_dict"]
 
-WIRES = ("native", "mxfp8")
+WIRES = ("native", "bf16", "mxfp8")
 # the expert parameters of BlockwiseMoE, [E, ...] in one process and [E_local, ...] under expert parallelism
 EXPERT_PARAMETERS = ("gate_up_proj_weight", "down_proj_weight", "gate_and_up_proj_bias", "down_proj_bias")
 
@@ -186,7 +190,8 @@ def _agree_status(group, error, what):
 # ---------------------------------------------------------------------------------------------------------------
 def _encode(x, wire, recipe):
     """Token rows [T, H] as bytes [T, row_bytes]: their own dtype, or MX codes then E8M0 scales along H."""
-    if wire == "native":
+    if wire != "mxfp8":
+        x = x.to(torch.bfloat16) if wire == "bf16" else x
         return x.contiguous().view(torch.uint8).reshape(x.shape[0], x.shape[1] * x.element_size())
     data, scales = quantize(x, recipe.moe_dtype, axis=-1, scale_rule=recipe.scale_rule)
     return torch.cat([data.view(torch.uint8), scales.view(torch.uint8)], dim=1)
@@ -194,8 +199,8 @@ def _encode(x, wire, recipe):
 
 def _decode(rows, idx, wire, dtype, H, recipe):
     """Rows idx of the received bytes as FP32 [len(idx), H] (exact for the native wire; the MX values otherwise)."""
-    if wire == "native":
-        return rows.view(dtype)[idx].float()
+    if wire != "mxfp8":
+        return rows.view(torch.bfloat16 if wire == "bf16" else dtype)[idx].float()
     sel = rows[idx]
     codes = sel[:, :H].contiguous().view(recipe.moe_dtype)
     scales = sel[:, H:].contiguous().view(torch.float8_e8m0fnu)
@@ -205,7 +210,9 @@ def _decode(rows, idx, wire, dtype, H, recipe):
 
 
 def _row_bytes(wire, dtype, H):
-    return H + (H + 31) // 32 if wire == "mxfp8" else H * torch.empty(0, dtype=dtype).element_size()
+    if wire == "mxfp8":
+        return H + (H + 31) // 32
+    return H * (2 if wire == "bf16" else torch.empty(0, dtype=dtype).element_size())
 
 
 def _exchange(group, send, send_counts, recv_counts, stats=None, key=None):
@@ -480,8 +487,8 @@ def expert_parallel_moe(hidden_states, topk_ids, topk_weights, gate_up_proj_weig
     for mxfp8.torch.route. gate_up_proj_weight [E_local, H, 2, I], down_proj_weight [E_local, I, H] and the optional
     biases [E_local, 2, I], [E_local, H]: this rank's experts expert_range(num_experts, P, rank). block_size, the
     activation, clamp_limits, affinity_option, recipe, swiglu_alpha / swiglu_limit: as for mxfp8.torch.moe, the same
-    on every rank. wire: "native" (rows in hidden_states' dtype: exact) or "mxfp8" (MX codes + E8M0 scales along H;
-    see the module doc for what equality then means). stats: a dict that receives the bytes sent to and received
+    on every rank. wire: "native" (rows in hidden_states' dtype: exact), "bf16" (rows rounded to BF16: exact for BF16
+    inputs) or "mxfp8" (MX codes + E8M0 scales along H; see the module doc for what equality then means). stats: a dict that receives the bytes sent to and received
     from the other ranks by each exchange ("dispatch_bytes_sent", "combine_bytes_received", ...; the backward adds
     "backward_dispatch_*" and "backward_combine_*"), counted cumulatively. config: a dict of configuration values
     every rank must share (checked with the call's own values in the agreement); local_error: an exception the

@@ -230,12 +230,12 @@ class BlockwiseMoE(nn.Module):
     at expert_range = (first expert, E_local); the router and shared experts are replicated and run on this rank's
     tokens; forward and backward are collective (every rank of pg calls them, in the same order). Each token row goes
     to the ranks owning its experts and the results come back through the group's all-to-all, with the rows in their
-    own dtype on the wire (expert_parallel_wire="native", BF16 for a BF16 model or under autocast) or as MXFP8 codes
-    and E8M0 scales ("mxfp8": about half the bytes; the expert inputs and output gradients are then the rows' MX
+    own dtype on the wire (expert_parallel_wire="native", BF16 for a BF16 model or under autocast), rounded to BF16
+    ("bf16") or as MXFP8 codes and E8M0 scales ("mxfp8": about half the bytes of BF16; the expert inputs and output gradients are then the rows' MX
     round trip, the router and shared experts see the unquantized rows). batch_invariant_router is turned on, so
     outputs, input gradients, router logits and their gradients and the expert weight gradients are bitwise equal to
     BlockwiseMoE(batch_invariant_router=True) on the batch gathered from all ranks in rank order (for the "mxfp8"
-    wire: with that round trip applied), for any P and any tokens per rank (none included); a token's experts'
+    and "bf16" wires: with that round trip applied), for any P and any tokens per rank (none included); a token's experts'
     results are summed in ascending expert order in FP32 and rounded once, as in one process. The router weight (and
     shared experts) are data-parallel: sum their gradients over the ranks (expert_parallel.all_reduce_dense_gradients;
     those bits depend on P and the token split). Shared experts are nn.Linear layers (torch's GEMM): their rows are
