@@ -229,11 +229,44 @@ def module_case(name, E, K, H=64, I=32, T=36, Bs=8, kind="uneven", wire="native"
         say(f"ok {name}")
 
 
+def ddp_case():
+    """DistributedDataParallel over a group of its own, the expert parameters left out, beside the layer's group:
+    the dense gradients are DDP's averages (all_reduce_dense_gradients(average=True) gives the same values), the
+    expert gradients those of the model without DDP."""
+    torch.manual_seed(5)
+    E, H, I, T = 5, 32, 16, 12
+    full = torch.nn.Sequential(torch.nn.Linear(H, H), mt.BlockwiseMoE(H, I, E, 2))
+    sd = full.state_dict()
+
+    def build():
+        m = torch.nn.Sequential(torch.nn.Linear(H, H), mt.BlockwiseMoE(H, I, E, 2,
+                                                                       expert_parallel_group=dist.group.WORLD))
+        m.load_state_dict(ep.split_experts_state_dict(m, sd))
+        return m
+    g = torch.Generator().manual_seed(6 + RANK)
+    x = torch.randn(T, H, generator=g)
+    plain, wrapped = build(), build()
+    plain(x).pow(2).sum().backward()
+    ep.all_reduce_dense_gradients(plain, average=True)
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        wrapped, ep.expert_parameter_names(wrapped))
+    ddp = torch.nn.parallel.DistributedDataParallel(wrapped, process_group=dist.new_group(backend="gloo"))
+    ddp(x).pow(2).sum().backward()
+    for (n, a), (_, b) in zip(plain.named_parameters(), wrapped.named_parameters()):
+        if n in ep.expert_parameter_names(plain):
+            same(b.grad, a.grad, f"ddp: {n} grad")
+        else:
+            check(torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-6), f"ddp: {n} grad differs from the helper's")
+    if not FAILS:
+        say("ok module ddp")
+
+
 def mode_module():
     module_case("module top2", E=6, K=2)
     module_case("module top1 even", E=5, K=1, kind="even")
     module_case("module top4 mxfp8 wire", E=6, K=4, wire="mxfp8")
     module_case("module all tokens on the last rank", E=4, K=2, kind="last")
+    ddp_case()
     mode_ckpt()
 
 
