@@ -182,8 +182,10 @@ def module_case(name, E, K, H=64, I=32, T=36, Bs=8, kind="uneven", wire="native"
                            dtype=dtype, **kw)
     moe = mt.BlockwiseMoE(H, I, E, K, block_size=Bs, output_router_logits=True, dtype=dtype,
                           expert_parallel_group=dist.group.WORLD, expert_parallel_wire=wire, **kw)
-    moe.load_state_dict(ep.split_experts_state_dict(moe, full.state_dict()))
     g = torch.Generator().manual_seed(seed + 100)
+    if full.e_score_correction_bias is not None:  # DeepSeek-V3's bias of the choice, set by the training loop
+        full.e_score_correction_bias.copy_(torch.randn(E, generator=g) / 4)
+    moe.load_state_dict(ep.split_experts_state_dict(moe, full.state_dict()))
     x = torch.randn(T, H, generator=g).to(dtype)
     dy = torch.randn(T, H, generator=g).to(dtype)
     counts = counts_of(kind, T)
@@ -216,8 +218,9 @@ def module_case(name, E, K, H=64, I=32, T=36, Bs=8, kind="uneven", wire="native"
         yr.backward(qdq(dy.float().to(dtype), full.recipe))
         same(ye, yr[sl].detach(), f"{name}: output")
         same(le.grad, lr.grad[sl], f"{name}: router logits grad")
-    for nm in ("gate_up_proj_weight", "down_proj_weight"):
-        same(getattr(moe, nm).grad, getattr(full, nm).grad[es], f"{name}: {nm} grad")
+    for nm in ep.EXPERT_PARAMETERS:
+        if getattr(full, nm) is not None:
+            same(getattr(moe, nm).grad, getattr(full, nm).grad[es], f"{name}: {nm} grad")
     # the router weight's gradient: a data-parallel sum over the ranks (its bits depend on the split)
     gw = moe.router.weight.grad.clone()
     dist.all_reduce(gw)
@@ -266,6 +269,9 @@ def mode_module():
     module_case("module top1 even", E=5, K=1, kind="even")
     module_case("module top4 mxfp8 wire", E=6, K=4, wire="mxfp8")
     module_case("module all tokens on the last rank", E=4, K=2, kind="last")
+    module_case("module sigmoid router, expert groups, biases", E=6, K=2, score_func="sigmoid",
+                score_correction_bias=True, n_group=3, topk_group=2, routed_scaling_factor=2.5, bias=True,
+                router_bias=True)
     ddp_case()
     mode_ckpt()
 
