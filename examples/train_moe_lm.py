@@ -524,6 +524,16 @@ def main_expert_parallel(a):
     summary = {"processes": P, "wire": a.wire, "steps": a.steps, "tokens_per_step": N, "recipe": a.recipe,
                "threads_per_process": threads, "train_losses": train_losses,
                "val_losses": {str(k): v for k, v in val_losses.items()}, "per_process": per_proc}
+    # the network model at more processes: this run's tokens per process (weak scaling), max(E, P) experts, uniform
+    # top-k routing; bytes per process and step over all layers, and their time on a link of each bandwidth
+    step_s = busy / len(train_losses)
+    summary["network_model"] = []
+    for Pm in (8, 64):
+        b = ep.exchange_bytes(N // P, max(a.experts, Pm), a.top_k, a.width, Pm, wire=a.wire)
+        total = a.layers * (b["forward"] + b["backward"])
+        summary["network_model"].append({"processes": Pm, "experts": max(a.experts, Pm), "bytes_per_step": round(total),
+                                         **{f"ms_at_{g}_gbps": 1e3 * total * 8 / (g * 1e9) for g in (100, 400)}})
+    summary["step_seconds_measured"] = step_s
     if a.check_against:
         summary["check"] = _check_first_step(a, rank, group, out, train_losses)
     if rank == 0:
@@ -534,6 +544,10 @@ def main_expert_parallel(a):
                   f"{d['dispatch_bytes_sent_per_step'] / 1e6:.3f} MB, combine "
                   f"{d['combine_bytes_sent_per_step'] / 1e6:.3f} MB)")
         print(f"final validation loss {val_losses[a.steps]:.4f}")
+        for m in summary["network_model"]:
+            print(f"network model, {m['processes']} processes ({m['experts']} experts, {N // P} tokens each): "
+                  f"{m['bytes_per_step'] / 1e6:.2f} MB sent per process and step, {m['ms_at_100_gbps']:.2f} ms at "
+                  f"100 Gb/s, {m['ms_at_400_gbps']:.2f} ms at 400 Gb/s (a step here: {step_s * 1e3:.0f} ms)")
         if "check" in summary:
             c = summary["check"]
             print(f"first step vs one process: MoE outputs and gradients bitwise equal on every process: "

@@ -66,6 +66,29 @@ def test_expert_range_follows_the_contiguous_rule():
         ep.expert_range(4, 2, 2)
 
 
+def test_exchange_bytes_model_against_an_enumeration_of_every_routing():
+    """The network model against a brute-force average over every top-k choice of a token (all homes, all
+    subsets): rows to each distinct other rank, 12 + 4H bytes per remote pair forward, 4(H + 1) backward."""
+    import itertools
+    for E, K, P, H, wire in ((6, 2, 4, 64, "native"), (5, 3, 2, 40, "mxfp8"), (8, 1, 8, 32, "bf16"),
+                             (7, 4, 3, 16, "native")):
+        owner = [next(q for q in range(P) if ep.expert_range(E, P, q)[0] <= e < sum(ep.expert_range(E, P, q)))
+                 for e in range(E)]
+        rb = {"native": 2 * H, "bf16": 2 * H, "mxfp8": H + (H + 31) // 32}[wire]
+        subsets = list(itertools.combinations(range(E), K))
+        fwd = bwd = 0.0
+        for home in range(P):
+            for s in subsets:
+                rows = len({owner[e] for e in s} - {home})
+                pairs = sum(owner[e] != home for e in s)
+                fwd += rows * rb + pairs * (12 + 4 * H)
+                bwd += rows * rb + pairs * 4 * (H + 1)
+        n = P * len(subsets)
+        got = ep.exchange_bytes(10, E, K, H, P, wire=wire, dtype=torch.bfloat16)
+        assert got["forward"] == pytest.approx(10 * fwd / n + 16 * (P - 1), rel=1e-12)
+        assert got["backward"] == pytest.approx(10 * bwd / n, rel=1e-12)
+
+
 @pytest.mark.parametrize("P,threads", [(1, 1), (2, 1), (3, 2)])
 def test_bitwise_equal_to_one_process(tmp_path, P, threads):
     """expert_parallel_moe against route + moe on the gathered batch (all three wires, uneven token counts, ranks

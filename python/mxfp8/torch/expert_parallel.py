@@ -96,7 +96,8 @@ from .ops import dequantize, quantize
 from .recipes import get_recipe
 
 __all__ = ["ExpertParallelError", "WIRES", "expert_range", "expert_parallel_moe", "expert_parameter_names",
-           "all_reduce_dense_gradients", "gather_experts_state_dict", "split_experts_state_dict"]
+           "all_reduce_dense_gradients", "gather_experts_state_dict", "split_experts_state_dict",
+           "exchange_bytes"]
 
 WIRES = ("native", "bf16", "mxfp8")
 # the expert parameters of BlockwiseMoE, [E, ...] in one process and [E_local, ...] under expert parallelism
@@ -539,6 +540,29 @@ def expert_parallel_moe(hidden_states, topk_ids, topk_weights, gate_up_proj_weig
 
 
 expert_parallel_moe = torch.compiler.disable(expert_parallel_moe)
+
+
+def exchange_bytes(tokens_per_rank, num_experts, top_k, hidden_size, world_size, wire="native",
+                   dtype=torch.bfloat16):
+    """The network model: the bytes one rank sends to the others per MoE layer and step, on average over the ranks
+    and over uniform top-k routing (each token's top_k experts a uniformly random set of distinct experts), as the
+    layer moves them (see the module doc): returns {"forward": bytes, "backward": bytes}. tokens_per_rank T (weak
+    scaling: every rank holds T tokens), num_experts E (world_size <= E, contiguous ranges as expert_range),
+    top_k K, hidden_size H, world_size P, wire and dtype (of the rows) as for the layer. Per token, with E_q the
+    experts of rank q: rows to rank q != home with probability 1 - C(E - E_q, K) / C(E, K), pairs to other ranks
+    K (E - E_home) / E; forward = T (rows r + pairs (12 + 4 H)) + 16 (P - 1), backward = T (rows r + pairs 4 (H + 1)),
+    r the bytes of a row on the wire. Divide by a link's bandwidth (bytes/s, each direction) for a lower bound of
+    the exchange time (no latency, no congestion)."""
+    E, K, P, H, T = num_experts, top_k, world_size, hidden_size, tokens_per_rank
+    if not 1 <= K <= E:
+        raise ValueError(f"top_k: expected 1 <= top_k <= num_experts = {E}, got {K}")
+    sizes = [expert_range(E, P, q)[1] for q in range(P)]
+    r = _row_bytes(_check_wire(wire), dtype, H)
+    none = [math.comb(E - n, K) / math.comb(E, K) for n in sizes]  # P(no expert of a token on rank q)
+    rows = sum(sum(1 - none[q] for q in range(P) if q != h) for h in range(P)) / P
+    pairs = sum(K * (E - sizes[h]) / E for h in range(P)) / P
+    return {"forward": T * (rows * r + pairs * (12 + 4 * H)) + 16 * (P - 1),
+            "backward": T * (rows * r + pairs * 4 * (H + 1))}
 
 
 # ---------------------------------------------------------------------------------------------------------------
