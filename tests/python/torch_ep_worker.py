@@ -291,6 +291,11 @@ def mode_ckpt():
     check(set(back) == set(sd), "ckpt: gathered keys differ")
     for k in sd:
         same(back[k], sd[k], f"ckpt: gathered {k}")
+    torch.manual_seed(3)  # the same seed: each rank's experts are the single-process layer's
+    seeded = torch.nn.Sequential(torch.nn.Linear(H, H),
+                                 mt.BlockwiseMoE(H, I, E, 2, bias=True, expert_parallel_group=dist.group.WORLD))
+    for k, v in ep.split_experts_state_dict(seeded, sd).items():
+        same(seeded.state_dict()[k], v, f"ckpt: seeded {k}")
     names = ep.expert_parameter_names(model)
     check(names == ["1.gate_up_proj_weight", "1.down_proj_weight", "1.gate_and_up_proj_bias", "1.down_proj_bias"],
           f"ckpt: expert_parameter_names {names}")

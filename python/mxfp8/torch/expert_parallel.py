@@ -489,9 +489,10 @@ def expert_parallel_moe(hidden_states, topk_ids, topk_weights, gate_up_proj_weig
     biases [E_local, 2, I], [E_local, H]: this rank's experts expert_range(num_experts, P, rank). block_size, the
     activation, clamp_limits, affinity_option, recipe, swiglu_alpha / swiglu_limit: as for mxfp8.torch.moe, the same
     on every rank. wire: "native" (rows in hidden_states' dtype: exact), "bf16" (rows rounded to BF16: exact for BF16
-    inputs) or "mxfp8" (MX codes + E8M0 scales along H; see the module doc for what equality then means). stats: a dict that receives the bytes sent to and received
-    from the other ranks by each exchange ("dispatch_bytes_sent", "combine_bytes_received", ...; the backward adds
-    "backward_dispatch_*" and "backward_combine_*"), counted cumulatively. config: a dict of configuration values
+    inputs) or "mxfp8" (MX codes + E8M0 scales along H; see the module doc for what equality then means).
+    stats: a dict that receives the bytes sent to and received from the other ranks by each exchange
+    ("dispatch_bytes_sent", "combine_bytes_received", ...; the backward adds "backward_dispatch_*" and
+    "backward_combine_*"), counted cumulatively. config: a dict of configuration values
     every rank must share (checked with the call's own values in the agreement); local_error: an exception the
     caller met while preparing this call on this rank (it is agreed and raised on every rank).
 

@@ -231,12 +231,14 @@ class BlockwiseMoE(nn.Module):
     tokens; forward and backward are collective (every rank of pg calls them, in the same order). Each token row goes
     to the ranks owning its experts and the results come back through the group's all-to-all, with the rows in their
     own dtype on the wire (expert_parallel_wire="native", BF16 for a BF16 model or under autocast), rounded to BF16
-    ("bf16") or as MXFP8 codes and E8M0 scales ("mxfp8": about half the bytes of BF16; the expert inputs and output gradients are then the rows' MX
-    round trip, the router and shared experts see the unquantized rows). batch_invariant_router is turned on, so
-    outputs, input gradients, router logits and their gradients and the expert weight gradients are bitwise equal to
-    BlockwiseMoE(batch_invariant_router=True) on the batch gathered from all ranks in rank order (for the "mxfp8"
-    and "bf16" wires: with that round trip applied), for any P and any tokens per rank (none included); a token's experts'
-    results are summed in ascending expert order in FP32 and rounded once, as in one process. The router weight (and
+    ("bf16") or as MXFP8 codes and E8M0 scales ("mxfp8": about half the bytes of BF16; the expert inputs and output
+    gradients are then the rows' MX round trip, the router and shared experts see the unquantized rows).
+    batch_invariant_router is turned on, so outputs, input gradients, router logits and their gradients and the
+    expert weight gradients are bitwise equal to BlockwiseMoE(batch_invariant_router=True) on the batch gathered
+    from all ranks in rank order (for the "mxfp8" and "bf16" wires: with that round trip applied), for any P and
+    any tokens per rank (none included); a token's experts' results are summed in ascending expert order in FP32
+    and rounded once, as in one process. Built after the same torch.manual_seed, every rank holds the experts of
+    the single-process layer (reset_parameters draws them all and keeps its own). The router weight (and
     shared experts) are data-parallel: sum their gradients over the ranks (expert_parallel.all_reduce_dense_gradients;
     those bits depend on P and the token split). Shared experts are nn.Linear layers (torch's GEMM): their rows are
     not batch-invariant unless converted to MXFP8Linear. A bad input or a configuration differing between ranks
@@ -267,7 +269,7 @@ class BlockwiseMoE(nn.Module):
         group = expert_parallel_group
         if group is not None:
             from . import expert_parallel as _ep
-            P, rank = _ep._check_group(group)  # without a usable group no rank can agree with the others
+            _ep._check_group(group)  # without a usable group no rank can agree with the others
         err = None
         try:
             self._build(hidden_size, intermediate_size, num_experts, top_k, block_size, activation, bias,
@@ -352,7 +354,9 @@ class BlockwiseMoE(nn.Module):
 
     def reset_parameters(self):
         """nn.Linear's initialization per expert projection: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = H
-        for the gate/up projection (weight and bias) and I for the down projection; the router as nn.Linear."""
+        for the gate/up projection (weight and bias) and I for the down projection; the router as nn.Linear. Under
+        expert parallelism each rank draws the whole layer's values and keeps its experts', so that ranks seeded
+        alike hold the experts of one process's layer built from that seed."""
         self.router.reset_parameters()
         for m in (self.shared_experts, self.shared_expert_gate):
             if m is not None:
@@ -360,11 +364,16 @@ class BlockwiseMoE(nn.Module):
                     if isinstance(lin, nn.Linear):
                         lin.reset_parameters()
         bh, bi = 1 / math.sqrt(self.hidden_size), 1 / math.sqrt(self.intermediate_size)
-        nn.init.uniform_(self.gate_up_proj_weight, -bh, bh)
-        nn.init.uniform_(self.down_proj_weight, -bi, bi)
-        if self.gate_and_up_proj_bias is not None:
-            nn.init.uniform_(self.gate_and_up_proj_bias, -bh, bh)
-            nn.init.uniform_(self.down_proj_bias, -bi, bi)
+        e0, n = self.expert_range
+        for t, b in ((self.gate_up_proj_weight, bh), (self.down_proj_weight, bi), (self.gate_and_up_proj_bias, bh),
+                     (self.down_proj_bias, bi)):
+            if t is None:
+                continue
+            if n == self.num_experts or t.is_meta:
+                nn.init.uniform_(t, -b, b)
+            else:  # expert parallelism: this rank's slice of the whole layer's draw (same seed, same experts)
+                with torch.no_grad():
+                    t.copy_(nn.init.uniform_(t.new_empty((self.num_experts,) + tuple(t.shape[1:])), -b, b)[e0:e0 + n])
 
     def route_tokens(self, x):
         """(topk_ids [T, top_k] int64, topk_weights [T, top_k] float32) of tokens x [T, H]."""
@@ -560,4 +569,6 @@ class BlockwiseMoE(nn.Module):
                 f"num_experts={self.num_experts}, top_k={self.top_k}, block_size={self.block_size}, "
                 f"activation={self.activation!r}, bias={self.gate_and_up_proj_bias is not None}, "
                 f"affinity_option={self.affinity_option!r}, recipe={self.recipe.name!r}"
-                + (", batch_invariant_router=True" if self.batch_invariant_router else ""))
+                + (", batch_invariant_router=True" if self.batch_invariant_router else "")
+                + (f", expert_range={self.expert_range}, expert_parallel_wire={self.expert_parallel_wire!r}"
+                   if self.expert_parallel_group is not None else ""))
