@@ -76,6 +76,8 @@ the layer's exchanges, and remember that DDP averages: with per-rank mean losses
 The router weight's gradient is a sum of per-rank partial sums: equal in value to one process's, its bits depend
 on P, the tokens per rank and the all-reduce's summation order; the router-logit gradients stay bitwise equal.
 Gradient-norm clipping must sum the expert gradients' squares over the ranks (each rank holds other experts).
+With several expert-parallel groups (expert parallelism inside data-parallel replicas), also all-reduce each
+expert gradient over the ranks that hold the same experts in the other groups.
 Checkpoints: gather_experts_state_dict(model) gives every rank the single-process state dict (save it on one rank);
 split_experts_state_dict(model, state_dict) cuts a single-process state dict down to this rank's experts for
 model.load_state_dict (any P: a checkpoint saved on P ranks loads on one and on any other number of ranks).
