@@ -1,5 +1,6 @@
 """Expert parallelism of the blockwise MXFP8 MoE layer over a torch.distributed process group (gloo on the CPU).
 
+    import datetime
     import torch.distributed as dist
     import mxfp8.torch as mt
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))    # e.g. under torchrun
@@ -18,9 +19,8 @@ Data flow of one forward (each step the mirror of libmxfp8_mpi's mxfp8_mpi_moe_f
      (error or None, configuration) so that a bad input or a configuration that differs between ranks raises the
      same ExpertParallelError on every rank, naming the rank and the field, before any exchange;
   2. dispatch: each token row goes once to every rank owning one of its experts (all_to_all_single of bytes: the rows
-     in their own dtype, wire="native"; rounded to BF16, wire="bf16"; or MXFP8 codes + E8M0 scales,
-     wire="mxfp8"), with one (row, expert, weight)
-     record per (token, expert) pair;
+     in their own dtype, wire="native"; rounded to BF16, wire="bf16"; or MXFP8 codes + E8M0 scales, wire="mxfp8"),
+     with one (row, expert, weight) record per (token, expert) pair;
   3. local layer: the owner places each pair in its own "pair-row" and forms its experts' blocks exactly as
      mxfp8.torch.route does for the gathered batch (all ranks' tokens concatenated in rank order): expert-major,
      tokens in ascending global order, ceil(count / block_size) blocks per expert, so that every block holds the rows
