@@ -667,13 +667,13 @@ MXFP8_API mxfp8_status mxfp8_bias_grad(const mxfp8_tensor *output_grad, mxfp8_te
 /*
  * The router of an MoE layer is a small linear layer, logits = X @ W^T + b with W [E, H] (E experts, H the hidden
  * size). A BLAS GEMM computes a row's dot products in an order that depends on how many rows it is given and on the
- * thread count (torch's CPU GEMM gives a row other bits among 1-3 rows than inside a larger batch), so the logits of a
- * token, and the experts it is routed to, depend on which other tokens share its batch: a batch split over the ranks
- * of expert parallelism, or a request batched with others at inference, would route differently from one process on
- * the whole batch. These functions compute every output element as one FP32 fused multiply-add chain over its
- * contraction index in ascending order, starting from +0 (the GEMM contract of mxfp8_gemm, without quantization):
- * an element's bits depend on its own operands only -- not on the other rows, the thread count, the strides or
- * MXFP8_ISA. No quantization: BF16 / FP16 operands are widened exactly to FP32.
+ * thread count (torch's CPU GEMM gives a row alone, or among a few, other bits than inside a larger batch), so the
+ * logits of a token, and the experts it is routed to, depend on which other tokens share its batch: a batch split
+ * over the ranks of expert parallelism, or a request batched with others at inference, would route differently from
+ * one process on the whole batch. These functions compute every output element as one FP32 fused multiply-add
+ * chain over its contraction index in ascending order, starting from +0 (the GEMM contract of mxfp8_gemm, without
+ * quantization): an element's bits depend on its own operands only -- not on the other rows, the thread count, the
+ * strides or MXFP8_ISA. No quantization: BF16 / FP16 operands are widened exactly to FP32.
  *   forward        logits[t, e] = fl(c + bias[e]) with c = fmaf chain over h = 0 .. H-1 of x[t, h] * w[e, h]
  *                  (one FP32 addition of the bias after the chain; without a bias logits[t, e] = c)
  *   input grad     dx[t, h] = fmaf chain over e = 0 .. E-1 of dlogits[t, e] * w[e, h]

@@ -63,14 +63,56 @@ static void load_seg(const mat *m, int64_t r, int64_t c0, int64_t n, float *dst,
     }
 }
 
-/* panel[(k - k0) * w + i] = m(r0 + i, k) for i < rows, k in [k0, k0 + kc); lanes rows..w-1 zero. */
+/* panel[(k - k0) * w + i] = m(r0 + i, k) for i < rows, k in [k0, k0 + kc); lanes rows..w-1 zero. BF16 rows with unit
+ * column stride go through the registry's transposing BF16 load (the MoE checkpoints'); else in steps of 64 k, so
+ * that the panel lines being filled stay in the L1 cache across the rows. */
 static void pack_rows(const mat *m, int64_t r0, int rows, int64_t k0, int64_t kc, int w, float *panel) {
     if (rows < w) memset(panel, 0, (size_t)(kc * w) * sizeof(float));
-    for (int i = 0; i < rows; ++i) load_seg(m, r0 + i, k0, kc, panel + i, w);
+    if (m->dt == MXFP8_DTYPE_BF16 && m->cs == 1) {
+        const uint16_t *src = (const uint16_t *)m->base + r0 * m->rs + k0;
+        mxfp8i_kernels_get()->quant->bf16_t(src, m->rs, panel, w, rows, kc);
+        return;
+    }
+    if (m->dt == MXFP8_DTYPE_F32 && m->cs == 1) { /* blocks of 8 rows x 8 k, transposed through registers */
+        const float *src = (const float *)m->base + r0 * m->rs + k0;
+        const int64_t rs = m->rs;
+        int i0 = 0;
+        for (; i0 + 8 <= rows; i0 += 8) {
+            int64_t k = 0;
+            for (; k + 8 <= kc; k += 8) {
+                float t[8][8];
+                for (int i = 0; i < 8; ++i)
+                    for (int j = 0; j < 8; ++j) t[i][j] = src[(i0 + i) * rs + k + j];
+                for (int j = 0; j < 8; ++j)
+                    for (int i = 0; i < 8; ++i) panel[(k + j) * w + i0 + i] = t[i][j];
+            }
+            for (; k < kc; ++k)
+                for (int i = 0; i < 8; ++i) panel[k * w + i0 + i] = src[(i0 + i) * rs + k];
+        }
+        for (int i = i0; i < rows; ++i)
+            for (int64_t k = 0; k < kc; ++k) panel[k * w + i] = src[i * rs + k];
+        return;
+    }
+    for (int64_t kb = 0; kb < kc; kb += 64) {
+        const int64_t n = kc - kb < 64 ? kc - kb : 64;
+        for (int i = 0; i < rows; ++i) load_seg(m, r0 + i, k0 + kb, n, panel + kb * w + i, w);
+    }
 }
 
 /* panel[(k - k0) * w + j] = m(k, c0 + j) for j < cols, k in [k0, k0 + kc); lanes cols..w-1 zero. */
 static void pack_cols(const mat *m, int64_t c0, int cols, int64_t k0, int64_t kc, int w, float *panel) {
+    if (cols == NR && w == NR && m->cs == 1 && m->dt != MXFP8_DTYPE_F16) { /* full panels: fixed-width copies */
+        if (m->dt == MXFP8_DTYPE_F32) {
+            const float *src = (const float *)m->base + k0 * m->rs + c0;
+            for (int64_t k = 0; k < kc; ++k)
+                for (int j = 0; j < NR; ++j) panel[k * NR + j] = src[k * m->rs + j];
+        } else {
+            const uint16_t *src = (const uint16_t *)m->base + k0 * m->rs + c0;
+            for (int64_t k = 0; k < kc; ++k)
+                for (int j = 0; j < NR; ++j) panel[k * NR + j] = mxfp8i_bf16_to_fp32(src[k * m->rs + j]);
+        }
+        return;
+    }
     for (int64_t k = 0; k < kc; ++k) {
         float *p = panel + k * w;
         load_seg(m, k0 + k, c0, cols, p, 1);
@@ -146,8 +188,8 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
     const mxfp8i_ukernel *uk = mxfp8i_f32_ukernel();
     const int64_t EP = mxfp8i_ceil_div(E, MR), tiles = mxfp8i_ceil_div(T, NR), kc_max = H < KC ? H : KC;
     const int nt = threads_for((double)T * (double)E * (double)H, tiles);
-    const int64_t wlen = mxfp8i_round_up(H, 2) * MR;          /* one expert panel (64-byte multiple) */
-    const int64_t per = kc_max * NR + EP * MR * NR + 16;      /* a thread's B chunk and C tiles */
+    const int64_t wlen = mxfp8i_round_up(H, 2) * MR;     /* one expert panel (64-byte multiple) */
+    const int64_t per = kc_max * NR + EP * MR * NR + 16; /* a thread's B chunk and C tiles */
     int64_t wn, sn;
     MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(EP, wlen, &wn) || !mxfp8i_mul_size(nt, per, &sn), MXFP8_ERR_SIZE_OVERFLOW,
                            "%s: the packed weight of [%lld, %lld] does not fit in memory", fn, (long long)E,
@@ -183,7 +225,8 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
         }
         /* ct[e * NR + j] = chain of token t0 + j, expert e; the bias is added once, in FP32 */
         for (int j = 0; j < nr; ++j)
-            for (int64_t e = 0; e < E; ++e) out[(t0 + j) * ors + e * ocs] = ct[e * NR + j] + bv[e];
+            for (int64_t e = 0; e < E; ++e) /* no bias: the chain as it is (a -0 stays -0) */
+                out[(t0 + j) * ors + e * ocs] = has_bias ? ct[e * NR + j] + bv[e] : ct[e * NR + j];
         mxfp8i_fenv_leave(csr);
     }
     free(wp), free(scratch), free(bv);
@@ -192,18 +235,34 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
 
 /* ---- gradients ----------------------------------------------------------------------------------------------- */
 
-/* Store an FP32 tile row: dst element j = v[j] (or old + v[j] in FP32), rounded once (RNE) to dst's dtype. */
-static void store_row(const mxfp8_tensor *dst, int64_t r, int64_t c0, int n, const float *v, int accumulate) {
+/* Store an FP32 tile row: dst element j = v[j] (or old + v[j] in FP32), rounded once (RNE) to dst's dtype. One loop
+ * per dtype and mode, which the compiler vectorizes. */
+static void store_row(const mxfp8_tensor *dst, int64_t r, int64_t c0, int64_t n, const float *v, int accumulate) {
     const int64_t off = r * dst->strides[0] + c0 * dst->strides[1], cs = dst->strides[1];
-    for (int j = 0; j < n; ++j) {
-        float s = v[j];
-        if (accumulate) s = mxfp8i_load_f32(dst->data, dst->dtype, off + j * cs) + s;
-        mxfp8i_store_f32(dst->data, dst->dtype, off + j * cs, s);
+    if (dst->dtype == MXFP8_DTYPE_F32) {
+        float *p = (float *)dst->data + off;
+        if (accumulate)
+            for (int64_t j = 0; j < n; ++j) p[j * cs] = p[j * cs] + v[j];
+        else if (cs == 1) memcpy(p, v, (size_t)n * sizeof(float));
+        else
+            for (int64_t j = 0; j < n; ++j) p[j * cs] = v[j];
+    } else if (dst->dtype == MXFP8_DTYPE_BF16) {
+        uint16_t *p = (uint16_t *)dst->data + off;
+        if (accumulate)
+            for (int64_t j = 0; j < n; ++j) p[j * cs] = mxfp8i_fp32_to_bf16(mxfp8i_bf16_to_fp32(p[j * cs]) + v[j]);
+        else
+            for (int64_t j = 0; j < n; ++j) p[j * cs] = mxfp8i_fp32_to_bf16(v[j]);
+    } else {
+        uint16_t *p = (uint16_t *)dst->data + off;
+        if (accumulate)
+            for (int64_t j = 0; j < n; ++j) p[j * cs] = mxfp8i_fp32_to_fp16(mxfp8i_fp16_to_fp32(p[j * cs]) + v[j]);
+        else
+            for (int64_t j = 0; j < n; ++j) p[j * cs] = mxfp8i_fp32_to_fp16(v[j]);
     }
 }
 
-mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *weight,
-                                            int accumulate, mxfp8_tensor *input_grad) {
+mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *weight, int accumulate,
+                                            mxfp8_tensor *input_grad) {
     static const char *fn = "mxfp8_router_linear_input_grad";
     mxfp8i_clear_error();
     MXFP8I_FORWARD_IF_ERROR(check_in(fn, "logits_grad", logits_grad));
@@ -211,7 +270,8 @@ mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, con
     const int64_t T = logits_grad->shape[0], E = logits_grad->shape[1], H = weight->shape[1];
     MXFP8I_RETURN_ERROR_IF(weight->shape[0] != E, MXFP8_ERR_SHAPE_MISMATCH,
                            "%s: weight [E, H] = [%lld, %lld] does not match logits_grad [T, E] = [%lld, %lld] (E "
-                           "differs)", fn, (long long)weight->shape[0], (long long)H, (long long)T, (long long)E);
+                           "differs)",
+                           fn, (long long)weight->shape[0], (long long)H, (long long)T, (long long)E);
     MXFP8I_FORWARD_IF_ERROR(
         check_out(fn, "input_grad", input_grad, T, H, "[T, H]: logits_grad's rows, weight's columns"));
     MXFP8I_FORWARD_IF_ERROR(
@@ -223,12 +283,13 @@ mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, con
     const mxfp8i_ukernel *uk = mxfp8i_f32_ukernel();
     const int64_t HP = mxfp8i_ceil_div(H, NR), tiles = mxfp8i_ceil_div(T, MR);
     const int nt = threads_for((double)T * (double)E * (double)H, tiles);
-    const int64_t wlen = (E > 0 ? E : 1) * NR;     /* one panel of W^T: 32 columns of h, E steps */
-    const int64_t per = mxfp8i_round_up(E > 0 ? E : 1, 2) * MR + MR * NR; /* a thread's A panel and C tile */
-    int64_t wn, sn;
-    MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(HP, wlen, &wn) || !mxfp8i_mul_size(nt, per, &sn), MXFP8_ERR_SIZE_OVERFLOW,
-                           "%s: the packed weight of [%lld, %lld] does not fit in memory", fn, (long long)E,
-                           (long long)H);
+    const int64_t wlen = (E > 0 ? E : 1) * NR;                   /* one panel of W^T: 32 columns of h, E steps */
+    const int64_t alen = mxfp8i_round_up(E > 0 ? E : 1, 2) * MR; /* a thread's A panel (8 rows of dlogits) */
+    int64_t wn, sn, strip;
+    MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(HP, wlen, &wn) || !mxfp8i_mul_size(MR, H, &strip) ||
+                               !mxfp8i_mul_size(nt, alen + strip, &sn),
+                           MXFP8_ERR_SIZE_OVERFLOW, "%s: the packed weight of [%lld, %lld] does not fit in memory", fn,
+                           (long long)E, (long long)H);
     float *wp = alloc_floats(wn), *scratch = alloc_floats(sn);
     if (!wp || !scratch) {
         free(wp), free(scratch);
@@ -237,6 +298,13 @@ mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, con
     }
     const mat dl = mat_of(logits_grad), w = mat_of(weight);
     for (int64_t p = 0; p < HP; ++p) pack_cols(&w, p * NR, imin(H - p * NR, NR), 0, E, NR, wp + p * wlen);
+    /* FP32 rows with unit column stride, no accumulation: the kernel writes input_grad itself; BF16 rows likewise:
+       8 rows of FP32 chains, then the registry's FP32 -> BF16 rounding (the GEMM epilogue's); else store_row */
+    const int unit = input_grad->strides[1] == 1 && !accumulate;
+    const int direct = E > 0 && unit && input_grad->dtype == MXFP8_DTYPE_F32;
+    const int to_bf16 = unit && input_grad->dtype == MXFP8_DTYPE_BF16;
+    const mxfp8i_to_bf16_fn cvt = mxfp8i_kernels_get()->quant->to_bf16;
+    const int64_t grs = input_grad->strides[0];
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t q = 0; q < tiles; ++q) {
         unsigned csr = mxfp8i_fenv_enter();
@@ -244,24 +312,28 @@ mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, con
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *a = scratch + tid * per, *ct = a + (per - MR * NR);
+        float *a = scratch + tid * (alen + strip), *rows = a + alen;
         const int64_t t0 = q * MR;
         const int mr = imin(T - t0, MR);
-        if (E > 0) pack_rows(&dl, t0, mr, 0, E, MR, a);
-        else memset(ct, 0, (size_t)(MR * NR) * sizeof(float));
-        for (int64_t p = 0; p < HP; ++p) {
-            const int nr = imin(H - p * NR, NR);
-            if (E > 0) uk->fn(E, a, wp + p * wlen, ct, NR, mr, nr, 0);
-            for (int i = 0; i < mr; ++i) store_row(input_grad, t0 + i, p * NR, nr, ct + i * NR, accumulate);
+        float *c = direct ? (float *)input_grad->data + t0 * grs : rows;
+        const int64_t ldc = direct ? grs : H;
+        if (E > 0) {
+            pack_rows(&dl, t0, mr, 0, E, MR, a);
+            for (int64_t p = 0; p < HP; ++p) uk->fn(E, a, wp + p * wlen, c + p * NR, ldc, mr, imin(H - p * NR, NR), 0);
+        } else if (!direct) {
+            memset(rows, 0, (size_t)(mr * H) * sizeof(float));
         }
+        if (to_bf16) cvt(rows, H, (uint16_t *)input_grad->data + t0 * grs, grs, mr, H);
+        else if (!direct)
+            for (int i = 0; i < mr; ++i) store_row(input_grad, t0 + i, 0, H, rows + i * H, accumulate);
         mxfp8i_fenv_leave(csr);
     }
     free(wp), free(scratch);
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *input,
-                                             int accumulate, mxfp8_tensor *weight_grad) {
+mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *input, int accumulate,
+                                             mxfp8_tensor *weight_grad) {
     static const char *fn = "mxfp8_router_linear_weight_grad";
     mxfp8i_clear_error();
     MXFP8I_FORWARD_IF_ERROR(check_in(fn, "logits_grad", logits_grad));
@@ -269,7 +341,8 @@ mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, co
     const int64_t T = logits_grad->shape[0], E = logits_grad->shape[1], H = input->shape[1];
     MXFP8I_RETURN_ERROR_IF(input->shape[0] != T, MXFP8_ERR_SHAPE_MISMATCH,
                            "%s: input [T, H] = [%lld, %lld] does not match logits_grad [T, E] = [%lld, %lld] (T "
-                           "differs)", fn, (long long)input->shape[0], (long long)H, (long long)T, (long long)E);
+                           "differs)",
+                           fn, (long long)input->shape[0], (long long)H, (long long)T, (long long)E);
     MXFP8I_FORWARD_IF_ERROR(
         check_out(fn, "weight_grad", weight_grad, E, H, "[E, H]: logits_grad's columns, input's columns"));
     MXFP8I_FORWARD_IF_ERROR(

@@ -13,6 +13,7 @@
  *   codec.c  FP8 E4M3/E5M2, E8M0, BF16, FP16 values and encodings; the three scale rules
  *   quant.c  MX groups (1x32, wrapX), group quantization, line quantize / dequantize / qdq, naive GEMM
  *   moe.c    naive blockwise MoE forward and backward in FP64 on the oracle's quantized GEMM operands
+ *   router.c the router linear (logits, input and weight gradients) as the fmaf chains its definition names
  */
 #ifndef MXFP8_TEST_ORACLE_H
 #define MXFP8_TEST_ORACLE_H
@@ -92,5 +93,14 @@ typedef struct orc_moe_grads {
 int orc_moe_forward(const orc_moe *m, double *out);
 /** The layer's backward (FP64, every gradient overwritten). Returns 0, or -1 when out of memory. */
 int orc_moe_backward(const orc_moe *m, orc_moe_grads *g);
+
+/* ---- router.c ---- (include/mxfp8.h, "Router linear"; every array row-major, FP32 values) */
+/** out[t*E + e] = (acc over h = 0..H-1 ascending from +0 of acc = fmaf(x[t*H + h], w[e*H + h], acc)) + b[e]
+ *  (one FP32 addition; b NULL = none). */
+void orc_router_logits(const float *x, const float *w, const float *b, int64_t T, int64_t H, int64_t E, float *out);
+/** dx[t*H + h] = acc over e = 0..E-1 ascending from +0 of acc = fmaf(dl[t*E + e], w[e*H + h], acc). */
+void orc_router_input_grad(const float *dl, const float *w, int64_t T, int64_t E, int64_t H, float *dx);
+/** dw[e*H + h] = acc over t = 0..T-1 ascending from +0 of acc = fmaf(dl[t*E + e], x[t*H + h], acc). */
+void orc_router_weight_grad(const float *dl, const float *x, int64_t T, int64_t E, int64_t H, float *dw);
 
 #endif /* MXFP8_TEST_ORACLE_H */
