@@ -24,6 +24,22 @@ without them the run prints a line every 5% of the steps and writes no loss.png 
 both into .venv).
 
     python examples/train_moe_lm.py --steps 300 --out out/train_moe_lm
+
+--expert-parallel trains the MXFP8 model alone with its experts split over the processes of a torch.distributed
+gloo group (launch it with torchrun; without torchrun it runs as one process): each process holds its share of every
+MoE layer's experts (BlockwiseMoE(expert_parallel_group=...)) and takes a contiguous share of each global batch's
+sequences; the dense parameters are data-parallel (their gradients summed over the processes by
+mxfp8.torch.expert_parallel.all_reduce_dense_gradients). Each process's loss is its part of the global batch's
+loss (the sum of its tokens' losses divided by the global token count; the load-balancing loss from globally
+counted expert loads), so the gradients are those of the global loss, and the routers are batch-invariant: the MoE
+layers' outputs and gradients of the first step are bitwise those of the same run on one process. Writes
+DIR/first_step_rank{R}.pt (each MoE layer's output, output gradient, input gradient and expert weight gradients on
+that process) and DIR/summary.json (losses, tokens/s per process, bytes moved per step); --check-against DIR1 (the
+out directory of the same command run on one process) compares the first step bit for bit and the losses.
+
+    python examples/train_moe_lm.py --expert-parallel --steps 50 --out out/ep1
+    torchrun --nproc-per-node 2 examples/train_moe_lm.py --expert-parallel --steps 50 --out out/ep2 \
+        --check-against out/ep1
 """
 
 import argparse
@@ -105,6 +121,7 @@ class Block(nn.Module):
         self.qkv = nn.Linear(a.width, 3 * a.width, bias=False)
         self.proj = nn.Linear(a.width, a.width, bias=False)
         self.moe = moe_cls(a.width, a.intermediate, a.experts, a.top_k, block_size=a.block_size, recipe=a.recipe)
+        self.global_tokens, self.record = None, None  # --expert-parallel: set by the training loop
 
     def forward(self, x):
         B, S, D = x.shape
@@ -112,12 +129,32 @@ class Block(nn.Module):
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(B, S, D))
         h = self.norm2(x)
+        if getattr(self.moe, "expert_parallel_group", None) is not None:
+            return self._moe_expert_parallel(x, h)
         # Switch-style load balancing: E * sum_e (fraction of tokens routed to e) * (mean router probability of e)
         probs = torch.softmax(self.moe.router(h).float().reshape(-1, self.moe.num_experts), dim=-1)
         chosen = torch.topk(probs, self.moe.top_k, dim=-1).indices
         frac = F.one_hot(chosen, self.moe.num_experts).float().mean((0, 1))
         aux = self.moe.num_experts * (frac * probs.mean(0)).sum()
         return x + self.moe(h), aux
+
+    def _moe_expert_parallel(self, x, h):
+        """The MoE layer of --expert-parallel and this process's part of the load-balancing loss: the expert loads
+        counted over every process (an exact integer all-reduce), the router probabilities summed over this
+        process's tokens and divided by the global token count (global_tokens), so that the parts sum to the global
+        loss and each token's gradient is the single-process one."""
+        y, logits = self.moe(h)
+        probs = torch.softmax(logits.float().reshape(-1, self.moe.num_experts), dim=-1)
+        chosen = torch.topk(probs, self.moe.top_k, dim=-1).indices
+        counts = torch.bincount(chosen.reshape(-1), minlength=self.moe.num_experts)
+        torch.distributed.all_reduce(counts, group=self.moe.expert_parallel_group)
+        frac = counts.float() / (self.global_tokens * self.moe.top_k)
+        aux = self.moe.num_experts * (frac * probs.sum(0)).sum() / self.global_tokens
+        if self.record is not None:  # the first step's tensors, compared with the one-process run
+            h.retain_grad()
+            y.retain_grad()
+            self.record.update(h=h, y=y)
+        return x + y, aux
 
 
 class MoELM(nn.Module):
@@ -325,6 +362,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch and mxfp8 threads (default: all cores)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (both runs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--expert-parallel", action="store_true",
+                   help="the MXFP8 run alone, its experts split over the processes of a gloo group (torchrun)")
+    p.add_argument("--wire", default="native", choices=["native", "bf16", "mxfp8"],
+                   help="--expert-parallel: the dispatched rows in their own dtype (BF16 under autocast) or MXFP8")
+    p.add_argument("--check-against", metavar="DIR",
+                   help="--expert-parallel: compare with the out directory of the same run on one process")
     a = p.parse_args(argv)
     runs = [r.strip() for r in a.runs.split(",") if r.strip()]
     if not runs or set(runs) - {"bf16", "mxfp8"}:
@@ -332,11 +375,227 @@ def parse_args(argv=None):
     a.runs = runs
     if a.steps < 1 or a.width % a.heads:
         p.error("--steps must be >= 1 and --width a multiple of --heads")
+    if a.expert_parallel and (a.compile or runs != ["bf16", "mxfp8"]):
+        p.error("--expert-parallel trains the MXFP8 run alone, eagerly: drop --runs and --compile")
+    if not a.expert_parallel and (a.wire != "native" or a.check_against):
+        p.error("--wire and --check-against need --expert-parallel")
     return a
+
+# ---- --expert-parallel ----
+def _init_group():
+    """The default gloo group: torchrun's environment, or a group of one process without it."""
+    import datetime
+
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(minutes=10)  # how long a process waits for a peer that failed
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group("gloo", timeout=timeout)
+        else:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return dist.group.WORLD, dist.get_rank(), dist.get_world_size()
+
+
+def build_expert_parallel(a, group):
+    """The MXFP8 model with its experts split over `group`: built whole from the seed (the one-process model's
+    weights), then each process keeps its experts (split_experts_state_dict)."""
+    import functools
+
+    from mxfp8.torch import expert_parallel as ep
+    torch.manual_seed(a.seed)
+    whole = mt.convert_to_mxfp8(MoELM(a, mt.BlockwiseMoE), recipe=a.recipe, quantize_routers=True)
+    moe_cls = functools.partial(mt.BlockwiseMoE, expert_parallel_group=group, expert_parallel_wire=a.wire,
+                                output_router_logits=True)
+    model = mt.convert_to_mxfp8(MoELM(a, moe_cls), recipe=a.recipe, quantize_routers=True)
+    model.load_state_dict(ep.split_experts_state_dict(model, whole.state_dict()))
+    return model
+
+
+def _clip_global(model, group, max_norm=1.0):
+    """clip_grad_norm_ over the whole model of all processes: the dense gradients are equal everywhere (after the
+    all-reduce), the expert gradients differ: their squares are summed over the processes."""
+    import torch.distributed as dist
+
+    from mxfp8.torch import expert_parallel as ep
+    experts = set(ep.expert_parameter_names(model))
+    sq = torch.zeros(2, dtype=torch.float64)
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            sq[int(n in experts)] += p.grad.double().pow(2).sum()
+    e = sq[1:].clone()
+    dist.all_reduce(e, group=group)
+    total = float((sq[0] + e[0]).sqrt())
+    coef = min(1.0, max_norm / (total + 1e-6))
+    if coef < 1.0:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return total
+
+
+def main_expert_parallel(a):
+    import torch.distributed as dist
+
+    from mxfp8.torch import expert_parallel as ep
+    group, rank, P = _init_group()
+    threads = a.threads or max(1, (os.cpu_count() or 1) // P)
+    torch.set_num_threads(threads)
+    mxfp8.set_num_threads(threads)
+    if a.batch < P:
+        sys.exit(f"train_moe_lm: --batch {a.batch} gives no sequence to some of the {P} processes")
+    lo, n = ep.expert_range(a.batch, P, rank)  # this process's sequences of each global batch (contiguous)
+    data, val, _, _ = load_corpus()
+    vr = np.random.default_rng(a.seed + 2)
+    val_batches = [windows(val, vr.integers(0, len(val) - a.seq - 1, a.batch), a.seq) for _ in range(a.eval_batches)]
+    model = build_expert_parallel(a, group)
+    blocks = list(model.blocks)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    rng = np.random.default_rng(a.seed + 1)  # the same global batches as the one-process run
+    N = a.batch * a.seq
+
+    def global_loss(xs, ys):
+        for b in blocks:
+            b.global_tokens = N
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits, aux = model(xs)
+        ce = F.cross_entropy(logits.float().reshape(-1, 256), ys.reshape(-1), reduction="sum") / N
+        return ce, aux
+
+    def evaluate_ep():
+        model.eval()
+        tot = torch.zeros(1, dtype=torch.float64)
+        with torch.no_grad():
+            for x, y in val_batches:
+                tot += global_loss(x[lo:lo + n], y[lo:lo + n])[0].double()
+        model.train()
+        dist.all_reduce(tot, group=group)
+        return float(tot[0]) / len(val_batches)
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_losses, val_losses, busy, moved = [], {0: evaluate_ep()}, 0.0, []
+    for step in range(1, a.steps + 1):
+        x, y = windows(data, rng.integers(0, len(data) - a.seq - 1, a.batch), a.seq)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a)
+        for b in blocks:
+            b.record = {} if step == 1 else None
+        t0 = time.perf_counter()
+        ce, aux = global_loss(x[lo:lo + n], y[lo:lo + n])
+        opt.zero_grad(set_to_none=True)
+        (ce + a.aux_weight * aux / len(blocks)).backward()
+        if step == 1:
+            first = {}
+            for i, b in enumerate(blocks):
+                r = b.record
+                first[i] = {"y": r["y"].detach(), "dy": r["y"].grad, "dh": r["h"].grad,
+                            "gate_up_proj_weight_grad": b.moe.gate_up_proj_weight.grad.clone(),
+                            "down_proj_weight_grad": b.moe.down_proj_weight.grad.clone(),
+                            "expert_range": b.moe.expert_range, "rows": (lo * a.seq, (lo + n) * a.seq)}
+                b.record = None
+            torch.save(first, out / f"first_step_rank{rank}.pt")
+        ep.all_reduce_dense_gradients(model, group)
+        _clip_global(model, group)
+        opt.step()
+        busy += time.perf_counter() - t0
+        sent = {}
+        for b in blocks:  # bytes this process sent to the others in the step, by exchange
+            for k, v in b.moe.expert_parallel_stats.items():
+                if k.endswith("_bytes_sent"):
+                    kind = "combine" if "combine" in k else "dispatch"  # dispatch: rows, pair records, counts
+                    sent[kind] = sent.get(kind, 0) + v
+        moved.append(sent)
+        tot = ce.detach().double().reshape(1)
+        dist.all_reduce(tot, group=group)
+        train_losses.append(float(tot[0]))
+        if not math.isfinite(train_losses[-1]):
+            sys.exit(f"train_moe_lm: loss is {train_losses[-1]} at step {step}")
+        if step % a.eval_every == 0 or step == a.steps:
+            val_losses[step] = evaluate_ep()
+        if rank == 0 and not a.no_progress and (step % max(1, a.steps // 20) == 0 or step == a.steps):
+            print(f"step {step}/{a.steps}: loss {train_losses[-1]:.4f}, val {val_losses[max(val_losses)]:.4f}, "
+                  f"{n * a.seq * step / busy:.0f} tokens/s on this process", flush=True)
+    per_proc = [None] * P
+    mean = {k: round(sum(m.get(k, 0) for m in moved) / len(moved)) for k in ("dispatch", "combine")}
+    dist.all_gather_object(per_proc, {"tokens_per_s": round(n * a.seq * len(train_losses) / busy, 1),
+                                      "bytes_sent_per_step": mean["dispatch"] + mean["combine"],
+                                      "dispatch_bytes_sent_per_step": mean["dispatch"],
+                                      "combine_bytes_sent_per_step": mean["combine"]}, group=group)
+    summary = {"processes": P, "wire": a.wire, "steps": a.steps, "tokens_per_step": N, "recipe": a.recipe,
+               "threads_per_process": threads, "train_losses": train_losses,
+               "val_losses": {str(k): v for k, v in val_losses.items()}, "per_process": per_proc}
+    # the network model at more processes: this run's tokens per process (weak scaling), max(E, P) experts, uniform
+    # top-k routing; bytes per process and step over all layers, and their time on a link of each bandwidth
+    step_s = busy / len(train_losses)
+    summary["network_model"] = []
+    for Pm in (8, 64):
+        b = ep.exchange_bytes(N // P, max(a.experts, Pm), a.top_k, a.width, Pm, wire=a.wire)
+        total = a.layers * (b["forward"] + b["backward"])
+        summary["network_model"].append({"processes": Pm, "experts": max(a.experts, Pm), "bytes_per_step": round(total),
+                                         **{f"ms_at_{g}_gbps": 1e3 * total * 8 / (g * 1e9) for g in (100, 400)}})
+    summary["step_seconds_measured"] = step_s
+    if a.check_against:
+        summary["check"] = _check_first_step(a, rank, group, out, train_losses)
+    if rank == 0:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        for q, d in enumerate(per_proc):
+            print(f"process {q}: {d['tokens_per_s']:.0f} tokens/s, {d['bytes_sent_per_step'] / 1e6:.3f} MB sent to "
+                  f"the other processes per step (forward and backward: dispatch "
+                  f"{d['dispatch_bytes_sent_per_step'] / 1e6:.3f} MB, combine "
+                  f"{d['combine_bytes_sent_per_step'] / 1e6:.3f} MB)")
+        print(f"final validation loss {val_losses[a.steps]:.4f}")
+        for m in summary["network_model"]:
+            print(f"network model, {m['processes']} processes ({m['experts']} experts, {N // P} tokens each): "
+                  f"{m['bytes_per_step'] / 1e6:.2f} MB sent per process and step, {m['ms_at_100_gbps']:.2f} ms at "
+                  f"100 Gb/s, {m['ms_at_400_gbps']:.2f} ms at 400 Gb/s (a step here: {step_s * 1e3:.0f} ms)")
+        if "check" in summary:
+            c = summary["check"]
+            print(f"first step vs one process: MoE outputs and gradients bitwise equal on every process: "
+                  f"{c['first_step_bitwise_equal']}; largest training-loss difference over {a.steps} steps: "
+                  f"{c['max_train_loss_diff']:.3g}")
+        print(f"wrote {out / 'summary.json'}")
+    dist.barrier(group=group)
+    return summary
+
+
+def _same_bits(a, b):
+    bits = {2: torch.int16, 4: torch.int32}
+    return a.shape == b.shape and a.dtype == b.dtype and \
+        torch.equal(a.contiguous().view(bits[a.element_size()]), b.contiguous().view(bits[b.element_size()]))
+
+
+def _check_first_step(a, rank, group, out, train_losses):
+    """Compare this process's first-step MoE tensors with the one-process run's in a.check_against (bit for bit)
+    and the training losses; the verdicts of all processes are combined."""
+    import torch.distributed as dist
+    ref = torch.load(Path(a.check_against) / "first_step_rank0.pt")
+    mine = torch.load(out / f"first_step_rank{rank}.pt")
+    diffs = []
+    for i, m in mine.items():
+        r0, r1 = m["rows"]
+        e0, ne = m["expert_range"]
+        r = ref[i]
+        pairs = [(k, m[k].reshape(-1, a.width), r[k].reshape(-1, a.width)[r0:r1]) for k in ("y", "dy", "dh")]
+        pairs += [(k, m[k], r[k][e0:e0 + ne]) for k in ("gate_up_proj_weight_grad", "down_proj_weight_grad")]
+        for k, got, want in pairs:
+            if not _same_bits(got, want):
+                diffs.append(f"layer {i} {k}")
+    verdicts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(verdicts, diffs, group=group)
+    ref_summary = json.loads((Path(a.check_against) / "summary.json").read_text())
+    ref_losses = ref_summary["train_losses"]
+    k = min(len(ref_losses), len(train_losses))
+    return {"against": {"dir": str(a.check_against), "processes": ref_summary["processes"],
+                        "wire": ref_summary["wire"]},
+            "first_step_bitwise_equal": all(not v for v in verdicts),
+            "first_step_differences": [d for v in verdicts for d in v],
+            "max_train_loss_diff": max(abs(x - y) for x, y in zip(train_losses[:k], ref_losses[:k]))}
 
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.expert_parallel:
+        return main_expert_parallel(a)
     threads = a.threads or os.cpu_count()
     torch.set_num_threads(threads)
     mxfp8.set_num_threads(threads)

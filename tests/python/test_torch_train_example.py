@@ -65,3 +65,46 @@ def test_train_moe_lm_without_tqdm_and_matplotlib(tmp_path, monkeypatch, capsys)
     assert "step 4/4: mxfp8 loss" in out
     assert sorted(os.listdir(tmp_path)) == ["loss.csv", "summary.json"]
     assert f"wrote {tmp_path / 'loss.csv'}, {tmp_path / 'summary.json'}" in out
+
+
+EP_TINY = ["--expert-parallel", "--steps", "2", "--layers", "1", "--width", "64", "--heads", "2", "--experts", "3",
+           "--top-k", "2", "--intermediate", "32", "--seq", "32", "--batch", "3", "--block-size", "16",
+           "--eval-every", "10", "--eval-batches", "1", "--threads", "1", "--no-progress"]
+
+
+def test_train_moe_lm_expert_parallel_first_step_equals_one_process(tmp_path):
+    """--expert-parallel on 2 processes (torchrun, E = 3 experts split 2 + 1, 3 sequences split 2 + 1): the first
+    step's MoE outputs, output and input gradients and expert weight gradients equal the 1-process run's bit for bit
+    (the example compares them with --check-against), and the losses track it."""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(mxfp8.__file__))),
+               OMP_NUM_THREADS="1")
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = subprocess.run([sys.executable, SCRIPT, *EP_TINY, "--out", str(one)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        SCRIPT, *EP_TINY, "--out", str(two), "--check-against", str(one)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads((two / "summary.json").read_text())
+    assert s["processes"] == 2 and len(s["per_process"]) == 2
+    assert s["check"]["first_step_bitwise_equal"], s["check"]
+    assert s["check"]["max_train_loss_diff"] < 1e-3, s["check"]
+    assert all(p["bytes_sent_per_step"] > 0 and p["tokens_per_s"] > 0 for p in s["per_process"])
+    # the check can fail: one expert weight gradient of the reference moved by one unit in the last place
+    import shutil
+
+    import torch
+    bad = tmp_path / "bad"
+    shutil.copytree(one, bad)
+    ref = torch.load(bad / "first_step_rank0.pt")
+    g = ref[0]["down_proj_weight_grad"]
+    g.view(-1)[-1] = torch.nextafter(g.view(-1)[-1].float(), torch.tensor(float("inf"))).to(g.dtype) \
+        if g.dtype == torch.float32 else (g.view(-1)[-1].view(torch.int16) + 1).view(g.dtype)
+    torch.save(ref, bad / "first_step_rank0.pt")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        SCRIPT, *EP_TINY, "--steps", "1", "--out", str(tmp_path / "again"), "--check-against",
+                        str(bad)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    c = json.loads((tmp_path / "again" / "summary.json").read_text())["check"]
+    assert not c["first_step_bitwise_equal"] and c["first_step_differences"] == ["layer 0 down_proj_weight_grad"], c

@@ -22,7 +22,9 @@ views: data_ptr and strides, any strides the library accepts):
                                                                      (transformers' formula)
     select_experts(router_logits, top_k, score_func=, renormalize=, score_correction_bias=, n_group=, topk_group=,
                    routed_scaling_factor=)                       -> (topk_weights, topk_ids): router variants
-Modules: MXFP8Linear, convert_to_mxfp8, BlockwiseMoE. Hugging Face transformers: ``import mxfp8.torch.hf`` registers
+Modules: MXFP8Linear, convert_to_mxfp8, BlockwiseMoE (with expert_parallel_group=: its experts split over a
+torch.distributed gloo group; mxfp8.torch.expert_parallel holds the functional layer, the dense-gradient all-reduce
+and the checkpoint helpers). Hugging Face transformers: ``import mxfp8.torch.hf`` registers
 the "mxfp8" experts implementation (model.set_experts_implementation("mxfp8")); convert_to_mxfp8 uses it.
 Recipes: RECIPES ("nki", "mxfp8", "ocp"), MXFP8Recipe.
 Memory: the ops' output buffers (activations, gradients, MoE checkpoints) are reused by later calls of the same
@@ -48,6 +50,7 @@ from .moe_ops import moe, route, router_linear, topk_softmax  # noqa: F401
 from .ops import dequantize, linear, linear_backward, quantize  # noqa: F401
 from .recipes import RECIPES, MXFP8Recipe, get_recipe  # noqa: F401
 from . import routing  # noqa: F401
+from . import expert_parallel  # noqa: F401
 from .routing import load_balancing_loss, select_experts  # noqa: F401
 from .stats import collect_stats  # noqa: F401
 from ._buffers import buffer_stats, empty_cache, memory_reserved, set_buffer_reuse  # noqa: F401

@@ -224,6 +224,29 @@ class BlockwiseMoE(nn.Module):
     input gradient through the router is batch-invariant too. The parameters stay router (an nn.Linear), so state
     dicts are the same either way.
 
+    Expert parallelism: expert_parallel_group=pg (a torch.distributed ProcessGroup of the gloo or MPI backend)
+    splits the experts over the P <= E ranks of pg in contiguous ranges (mxfp8.torch.expert_parallel.expert_range;
+    E % P may be nonzero): this module then holds only its experts, gate_up_proj_weight [E_local, H, 2, I] and so on,
+    at expert_range = (first expert, E_local); the router and shared experts are replicated and run on this rank's
+    tokens; forward and backward are collective (every rank of pg calls them, in the same order). Each token row goes
+    to the ranks owning its experts and the results come back through the group's all-to-all, with the rows in their
+    own dtype on the wire (expert_parallel_wire="native", BF16 for a BF16 model or under autocast), rounded to BF16
+    ("bf16") or as MXFP8 codes and E8M0 scales ("mxfp8": about half the bytes of BF16; the expert inputs and output
+    gradients are then the rows' MX round trip, the router and shared experts see the unquantized rows).
+    batch_invariant_router is turned on, so outputs, input gradients, router logits and their gradients and the
+    expert weight gradients are bitwise equal to BlockwiseMoE(batch_invariant_router=True) on the batch gathered
+    from all ranks in rank order (for the "mxfp8" and "bf16" wires: with that round trip applied), for any P and
+    any tokens per rank (none included); a token's experts' results are summed in ascending expert order in FP32
+    and rounded once, as in one process. Built after the same torch.manual_seed, every rank holds the experts of
+    the single-process layer (reset_parameters draws them all and keeps its own). The router weight (and
+    shared experts) are data-parallel: sum their gradients over the ranks (expert_parallel.all_reduce_dense_gradients;
+    those bits depend on P and the token split). Shared experts are nn.Linear layers (torch's GEMM): their rows are
+    not batch-invariant unless converted to MXFP8Linear. A bad input or a configuration differing between ranks
+    raises the same ExpertParallelError on every rank before any exchange; a rank that never calls the layer leaves
+    the others waiting until pg's timeout. Checkpoints: expert_parallel.gather_experts_state_dict /
+    split_experts_state_dict. Not with stochastic_rounding, torch.compile or the transformers conversions (from_hf /
+    to_hf). expert_parallel_stats holds the bytes each exchange of the last forward / backward moved.
+
     activation: "silu" (default), "swish" (x * sigmoid(1.702 x), the NKI name; transformers calls it "quick_gelu",
     also accepted here -- transformers' own "swish" is SiLU, "silu" here), "squared_relu" or "gpt_oss_swiglu" (gpt-oss's
     clamped SwiGLU, (u + 1) g sigmoid(swiglu_alpha g) with g <= swiglu_limit, |u| <= swiglu_limit; defaults 1.702
@@ -240,8 +263,34 @@ class BlockwiseMoE(nn.Module):
                  device=None, dtype=None, swiglu_alpha=1.702, swiglu_limit=7.0, stochastic_rounding=None,
                  rounding_seed=0, score_func="softmax", router_bias=False, score_correction_bias=False, n_group=1,
                  topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0, shared_intermediate_size=None,
-                 shared_expert_gate=False, output_router_logits=False, batch_invariant_router=False):
+                 shared_expert_gate=False, output_router_logits=False, batch_invariant_router=False,
+                 expert_parallel_group=None, expert_parallel_wire="native"):
         super().__init__()
+        group = expert_parallel_group
+        if group is not None:
+            from . import expert_parallel as _ep
+            _ep._check_group(group)  # without a usable group no rank can agree with the others
+        err = None
+        try:
+            self._build(hidden_size, intermediate_size, num_experts, top_k, block_size, activation, bias,
+                        clamp_limits, affinity_option, recipe, renormalize, device, dtype, swiglu_alpha, swiglu_limit,
+                        stochastic_rounding, rounding_seed, score_func, router_bias, score_correction_bias, n_group,
+                        topk_group, routed_scaling_factor, num_shared_experts, shared_intermediate_size,
+                        shared_expert_gate, output_router_logits, batch_invariant_router, group,
+                        expert_parallel_wire)
+        except Exception as e:
+            if group is None:
+                raise
+            err = e
+        if group is not None:  # every rank raises the same error: a bad argument or a configuration differing
+            _ep._agree(group, err, None if err else self._expert_parallel_config(),
+                       "BlockwiseMoE(expert_parallel_group=...)")
+
+    def _build(self, hidden_size, intermediate_size, num_experts, top_k, block_size, activation, bias, clamp_limits,
+               affinity_option, recipe, renormalize, device, dtype, swiglu_alpha, swiglu_limit, stochastic_rounding,
+               rounding_seed, score_func, router_bias, score_correction_bias, n_group, topk_group,
+               routed_scaling_factor, num_shared_experts, shared_intermediate_size, shared_expert_gate,
+               output_router_logits, batch_invariant_router, group, wire):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts = {num_experts}, got {top_k}")
         if block_size < 1:
@@ -262,6 +311,20 @@ class BlockwiseMoE(nn.Module):
         self.recipe = get_recipe(recipe)
         kw = dict(device=device, dtype=dtype)
         E, H, I = num_experts, hidden_size, intermediate_size
+        self.expert_parallel_group, self.expert_parallel_wire = group, None
+        self.expert_range = (0, E)  # (first expert, number of experts) held by this module
+        self.expert_parallel_stats = {}
+        if group is not None:
+            from . import expert_parallel as _ep
+            if stochastic_rounding:
+                raise ValueError("stochastic_rounding: not available with expert parallelism (an element's random "
+                                 "word comes from its position in the whole batch, which a rank's experts do not "
+                                 "see)")
+            self.expert_parallel_wire = _ep._check_wire(wire)
+            self.batch_invariant_router = True  # each token's routing must not depend on the rank's batch
+            self.expert_range = _ep.expert_range(E, torch.distributed.get_world_size(group),
+                                               torch.distributed.get_rank(group))
+        E_local = self.expert_range[1]
         self.router = nn.Linear(H, E, bias=router_bias, **kw)
         if score_correction_bias:
             self.register_buffer("e_score_correction_bias", torch.zeros(E, device=device, dtype=torch.float32))
@@ -279,11 +342,11 @@ class BlockwiseMoE(nn.Module):
             if shared_expert_gate:
                 raise ValueError("shared_expert_gate: needs num_shared_experts >= 1")
             self.shared_experts = self.shared_expert_gate = None
-        self.gate_up_proj_weight = nn.Parameter(torch.empty(E, H, 2, I, **kw))
-        self.down_proj_weight = nn.Parameter(torch.empty(E, I, H, **kw))
+        self.gate_up_proj_weight = nn.Parameter(torch.empty(E_local, H, 2, I, **kw))
+        self.down_proj_weight = nn.Parameter(torch.empty(E_local, I, H, **kw))
         if bias:
-            self.gate_and_up_proj_bias = nn.Parameter(torch.empty(E, 2, I, **kw))
-            self.down_proj_bias = nn.Parameter(torch.empty(E, H, **kw))
+            self.gate_and_up_proj_bias = nn.Parameter(torch.empty(E_local, 2, I, **kw))
+            self.down_proj_bias = nn.Parameter(torch.empty(E_local, H, **kw))
         else:
             self.register_parameter("gate_and_up_proj_bias", None)
             self.register_parameter("down_proj_bias", None)
@@ -291,7 +354,9 @@ class BlockwiseMoE(nn.Module):
 
     def reset_parameters(self):
         """nn.Linear's initialization per expert projection: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = H
-        for the gate/up projection (weight and bias) and I for the down projection; the router as nn.Linear."""
+        for the gate/up projection (weight and bias) and I for the down projection; the router as nn.Linear. Under
+        expert parallelism each rank draws the whole layer's values and keeps its experts', so that ranks seeded
+        alike hold the experts of one process's layer built from that seed."""
         self.router.reset_parameters()
         for m in (self.shared_experts, self.shared_expert_gate):
             if m is not None:
@@ -299,11 +364,16 @@ class BlockwiseMoE(nn.Module):
                     if isinstance(lin, nn.Linear):
                         lin.reset_parameters()
         bh, bi = 1 / math.sqrt(self.hidden_size), 1 / math.sqrt(self.intermediate_size)
-        nn.init.uniform_(self.gate_up_proj_weight, -bh, bh)
-        nn.init.uniform_(self.down_proj_weight, -bi, bi)
-        if self.gate_and_up_proj_bias is not None:
-            nn.init.uniform_(self.gate_and_up_proj_bias, -bh, bh)
-            nn.init.uniform_(self.down_proj_bias, -bi, bi)
+        e0, n = self.expert_range
+        for t, b in ((self.gate_up_proj_weight, bh), (self.down_proj_weight, bi), (self.gate_and_up_proj_bias, bh),
+                     (self.down_proj_bias, bi)):
+            if t is None:
+                continue
+            if n == self.num_experts or t.is_meta:
+                nn.init.uniform_(t, -b, b)
+            else:  # expert parallelism: this rank's slice of the whole layer's draw (same seed, same experts)
+                with torch.no_grad():
+                    t.copy_(nn.init.uniform_(t.new_empty((self.num_experts,) + tuple(t.shape[1:])), -b, b)[e0:e0 + n])
 
     def route_tokens(self, x):
         """(topk_ids [T, top_k] int64, topk_weights [T, top_k] float32) of tokens x [T, H]."""
@@ -326,12 +396,17 @@ class BlockwiseMoE(nn.Module):
                                     topk_group=self.topk_group, routed_scaling_factor=self.routed_scaling_factor)
         return ids, w, logits
 
-    def forward(self, hidden_states):
+    def _check_input(self, hidden_states):
         shape = hidden_states.shape
         if hidden_states.dim() < 1 or shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states: last dimension must be hidden_size = {self.hidden_size}, got shape "
                              f"{tuple(shape)}")
-        x = _autocast(hidden_states.reshape(-1, self.hidden_size))
+        return shape, _autocast(hidden_states.reshape(-1, self.hidden_size))
+
+    def forward(self, hidden_states):
+        if self.expert_parallel_group is not None:
+            return self._forward_expert_parallel(hidden_states)
+        shape, x = self._check_input(hidden_states)
         ids, w, logits = self._route(self._router_logits(x))
         tp, be, a = route(ids, w, self.num_experts, self.block_size)
         out = moe(x, a, self.gate_up_proj_weight, self.down_proj_weight, tp, be, self.block_size,
@@ -339,6 +414,48 @@ class BlockwiseMoE(nn.Module):
                   activation=self.activation, clamp_limits=self.clamp_limits, affinity_option=self.affinity_option,
                   recipe=self.recipe, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
                   stochastic_rounding=self.stochastic_rounding, rounding_seed=self.rounding_seed)
+        return self._finish(x, out, shape, w, logits)
+
+    def _forward_expert_parallel(self, hidden_states):
+        """forward with the experts split over expert_parallel_group (mxfp8.torch.expert_parallel): routing on this
+        rank's tokens, dispatch, the local experts, combine; local errors are agreed by every rank first."""
+        from . import expert_parallel as _ep
+
+        err = x = ids = w = logits = shape = None
+        try:
+            shape, x = self._check_input(hidden_states)
+            ids, w, logits = self._route(self._router_logits(x))
+        except Exception as e:  # agreed inside expert_parallel_moe: every rank raises the same error
+            err = e
+        self.expert_parallel_stats = {}
+        out = _ep.expert_parallel_moe(
+            x, ids, w, self.gate_up_proj_weight, self.down_proj_weight, self.num_experts, self.expert_parallel_group,
+            block_size=self.block_size, wire=self.expert_parallel_wire,
+            gate_and_up_proj_bias=self.gate_and_up_proj_bias, down_proj_bias=self.down_proj_bias,
+            activation=self.activation, clamp_limits=self.clamp_limits, affinity_option=self.affinity_option,
+            recipe=self.recipe, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+            stats=self.expert_parallel_stats, config=self._expert_parallel_config(), local_error=err)
+        return self._finish(x, out, shape, w, logits)
+
+    def _expert_parallel_config(self):
+        """The configuration every rank of an expert-parallel layer must share (compared field by field)."""
+        sh = self.shared_experts
+        return dict(num_experts=self.num_experts, hidden_size=self.hidden_size,
+                    intermediate_size=self.intermediate_size, top_k=self.top_k, block_size=self.block_size,
+                    activation=self.activation, bias=self.gate_and_up_proj_bias is not None,
+                    clamp_limits=clamp_list(self.clamp_limits), affinity_option=self.affinity_option,
+                    recipe=(self.recipe.name, str(self.recipe.moe_dtype), self.recipe.scale_rule),
+                    renormalize=bool(self.renormalize), score_func=self.score_func,
+                    router_bias=self.router.bias is not None,
+                    score_correction_bias=self.e_score_correction_bias is not None, n_group=self.n_group,
+                    topk_group=self.topk_group, routed_scaling_factor=self.routed_scaling_factor,
+                    shared_experts=None if sh is None else tuple(sh.gate_proj.weight.shape),
+                    shared_expert_gate=self.shared_expert_gate is not None,
+                    swiglu=(float(self.swiglu_alpha), float(self.swiglu_limit)),
+                    expert_parallel_wire=self.expert_parallel_wire,
+                    parameter_dtype=str(self.gate_up_proj_weight.dtype))
+
+    def _finish(self, x, out, shape, w, logits):
         if self.shared_experts is not None:
             sh = self.shared_experts(x)
             if self.shared_expert_gate is not None:
@@ -405,6 +522,9 @@ class BlockwiseMoE(nn.Module):
     def _hf_copy(self, block, to_hf):
         from . import hf
 
+        if self.expert_parallel_group is not None:
+            raise ValueError("to_hf: this BlockwiseMoE holds only its rank's experts (expert_parallel_group); gather "
+                             "them first (mxfp8.torch.expert_parallel.gather_experts_state_dict)")
         w1, w2, b1, b2 = hf.experts_views(block.experts)
         router = getattr(block, "gate", None) or getattr(block, "router", None)
         pairs = [(w1, self.gate_up_proj_weight), (w2, self.down_proj_weight), (router.weight, self.router.weight)]
@@ -429,13 +549,15 @@ class BlockwiseMoE(nn.Module):
     def load_mixtral_weights(self, router_weight, w1, w3, w2):
         """Copy weights given in the Mixtral / Hugging Face layout: router_weight [E, H]; w1 (gate) and w3 (up):
         [E, I, H] tensors or sequences of E [I, H] tensors; w2 (down): [E, H, I] or E tensors [H, I] (nn.Linear
-        weights, [out, in]). Returns self."""
+        weights, [out, in]); all E experts also under expert parallelism (this rank copies its own). Returns self."""
         E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
         w1, w3, w2 = (torch.stack(list(w)) if not isinstance(w, torch.Tensor) else w for w in (w1, w3, w2))
         for t, name, shape in ((router_weight, "router_weight", (E, H)), (w1, "w1", (E, I, H)),
                                (w3, "w3", (E, I, H)), (w2, "w2", (E, H, I))):
             if tuple(t.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+        e0, n = self.expert_range
+        w1, w3, w2 = w1[e0:e0 + n], w3[e0:e0 + n], w2[e0:e0 + n]
         self.router.weight.copy_(router_weight)
         self.gate_up_proj_weight[:, :, 0, :].copy_(w1.transpose(1, 2))
         self.gate_up_proj_weight[:, :, 1, :].copy_(w3.transpose(1, 2))
@@ -447,4 +569,6 @@ class BlockwiseMoE(nn.Module):
                 f"num_experts={self.num_experts}, top_k={self.top_k}, block_size={self.block_size}, "
                 f"activation={self.activation!r}, bias={self.gate_and_up_proj_bias is not None}, "
                 f"affinity_option={self.affinity_option!r}, recipe={self.recipe.name!r}"
-                + (", batch_invariant_router=True" if self.batch_invariant_router else ""))
+                + (", batch_invariant_router=True" if self.batch_invariant_router else "")
+                + (f", expert_range={self.expert_range}, expert_parallel_wire={self.expert_parallel_wire!r}"
+                   if self.expert_parallel_group is not None else ""))
