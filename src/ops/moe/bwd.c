@@ -35,9 +35,51 @@ static void *slot(int *next, int64_t n, size_t es, bool *ok) {
     return q;
 }
 
+static int g_segmented = 1; /* mxfp8i_moe_set_segmented_wgrad */
+
+int mxfp8i_moe_set_segmented_wgrad(int on) {
+    const int prev = g_segmented;
+    g_segmented = on != 0;
+    return prev;
+}
+
+/* The segmented weight gradients' extents: Re = the most rows (sum of block lengths) and Se = the most blocks of
+ * one expert (blocks of length 0 do not count). */
+static void wgrad_extents(const mxfp8i_moe *p, int64_t *Re, int64_t *Se) {
+    *Re = *Se = 0;
+    for (int64_t e = 0; e < p->E; e++) {
+        int64_t r = 0, s = 0;
+        for (int64_t n = 0; n < p->N; n++) {
+            const int64_t L = p->expert[n] == e ? mxfp8i_moe_block_len(p, n) : 0;
+            if (L > 0) r += L, s++;
+        }
+        if (r > *Re) *Re = r;
+        if (s > *Se) *Se = s;
+    }
+}
+
+/* What the segmented weight gradients take beyond the per-block path (w->seg = 1): the block lists and operand
+ * arrays, and both segmented GEMMs (Phase 3: [H, 2I], Phase 4: [I, H], at most Se segments of at most Bw
+ * positions). Its expert-sized operand buffers are sized by the caller (rows Re). OUT_OF_MEMORY or OK. */
+static mxfp8_status reserve_segmented_wgrad(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, int64_t Se, int *next) {
+    bool ok = true;
+    w->sn = (int64_t *)slot(next, 3 * Se, sizeof(int64_t), &ok);
+    w->sops = (mxfp8i_gop *)slot(next, 2 * Se, sizeof(mxfp8i_gop), &ok);
+    if (!ok) return MXFP8_ERR_OUT_OF_MEMORY;
+    w->sL = w->sn + Se;
+    w->so = w->sL + Se;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_segments_reserve(p, p->H, 2 * p->I, p->Bw, (int)Se));
+    return mxfp8i_moe_gemm_segments_reserve(p, p->I, p->H, p->Bw, (int)Se);
+}
+
 /* Every buffer, and every block GEMM's, before the first store; zeroed accumulators. OUT_OF_MEMORY or OK. */
 static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8_moe_bwd_grads *grads) {
     const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Bw, Es = E > 1 ? E - 1 : 0;
+    int64_t Re = 0, Se = 0;
+    if (w->seg) wgrad_extents(p, &Re, &Se);
+    if (Se > 0x7fffffff) w->seg = 0; /* more segments than an int counts: the per-block path */
+    /* rows of the Phase 3 / 4 operand buffers: expert-sized on the segmented path */
+    const int64_t Rx = w->seg ? Re : Bw, RI = w->seg && !w->onH ? Re : Bw, RH = w->seg && w->onH ? Re : Bw;
     bool ok = true;
     int k = MXFP8I_WS_MOE_BUF0;
     w->dx = (float *)slot(&k, T * H, sizeof(float), &ok);
@@ -50,23 +92,26 @@ static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8
     w->db2 = (double *)slot(&k, E * H, sizeof(double), &ok);
     float **rows[] = {&w->xb, &w->dyb, &w->dxb, &w->D, &w->down}, **cols[] = {&w->g, &w->u, &w->act, &w->inter,
                                                                               &w->dI, &w->S, &w->sg};
-    for (int i = 0; i < 5; i++) *rows[i] = (float *)slot(&k, Bw * H, sizeof(float), &ok);
-    for (int i = 0; i < 7; i++) *cols[i] = (float *)slot(&k, Bw * I, sizeof(float), &ok);
+    const int64_t nrows[] = {Rx, RI, Bw, RH, Bw}, ncols[] = {Bw, Bw, Bw, RH, Bw, RI, Bw};
+    for (int i = 0; i < 5; i++) *rows[i] = (float *)slot(&k, nrows[i] * H, sizeof(float), &ok);
+    for (int i = 0; i < 7; i++) *cols[i] = (float *)slot(&k, ncols[i] * I, sizeof(float), &ok);
     w->gu = (float *)slot(&k, Bw * I2, sizeof(float), &ok);
-    w->dgu = (float *)slot(&k, Bw * I2, sizeof(float), &ok);
+    w->dgu = (float *)slot(&k, Rx * I2, sizeof(float), &ok);
     w->b1 = (float *)slot(&k, I2, sizeof(float), &ok);
     w->b2 = (float *)slot(&k, H, sizeof(float), &ok);
     w->dablk = (double *)slot(&k, Bw, sizeof(double), &ok);
+    w->xb0 = w->xb, w->dgu0 = w->dgu, w->S0 = w->S, w->dyb0 = w->dyb, w->inter0 = w->inter, w->D0 = w->D;
+    if (!ok || (w->seg && reserve_segmented_wgrad(w, p, Se, &k))) return MXFP8_ERR_OUT_OF_MEMORY;
     /* the weight uses: Phases 1, 2; the recomputations when their checkpoints are absent */
     const int re_gu = !w->args->gate_up_proj_act_checkpoint_T.data;
     const int re_down = w->onH && !w->args->down_proj_output_checkpoint.data;
     unsigned uses = 1u << MXFP8I_W2_H | 1u << MXFP8I_W1_2I;
     if (re_gu) uses |= 1u << MXFP8I_W1_H;
     if (re_down) uses |= 1u << MXFP8I_W2_I;
-    if (!ok || mxfp8i_moe_wcopy_alloc(p, uses, &w->wc)) return MXFP8_ERR_OUT_OF_MEMORY;
+    if (mxfp8i_moe_wcopy_alloc(p, uses, &w->wc)) return MXFP8_ERR_OUT_OF_MEMORY;
     /* the block GEMMs (at most Bw positions): Phase 1 and 2 weights in keyed slots 0 and 1 */
     if (mxfp8i_moe_gemm_reserve(p, Bw, I, H, 0) || mxfp8i_moe_gemm_reserve(p, Bw, H, I2, 1) ||
-        mxfp8i_moe_gemm_reserve(p, H, I2, Bw, -1) || mxfp8i_moe_gemm_reserve(p, I, H, Bw, -1) ||
+        (!w->seg && (mxfp8i_moe_gemm_reserve(p, H, I2, Bw, -1) || mxfp8i_moe_gemm_reserve(p, I, H, Bw, -1))) ||
         (re_gu && mxfp8i_moe_gemm_reserve(p, Bw, I2, H, -1)) || (re_down && mxfp8i_moe_gemm_reserve(p, Bw, H, I, -1)))
         return MXFP8_ERR_OUT_OF_MEMORY;
     memset(w->dx, 0, sizeof(float) * (size_t)(T * H));
@@ -74,6 +119,21 @@ static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8
     for (int64_t i = 0; i < E * I2; i++) w->db1[i] = 0.0;
     for (int64_t i = 0; i < E * H; i++) w->db2[i] = 0.0;
     return MXFP8_OK;
+}
+
+/* The segmented path: point the Phase 3 / 4 operand buffers at the next rows of their expert-sized buffers for
+ * block n (length L) and record it. */
+static void seg_next_block(mxfp8i_moe_bwd *w, int64_t n, int64_t L) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I = p->I, r = w->rows;
+    const size_t xes = mxfp8_dtype_size(mxfp8i_moe_xb_dtype(&p->X));
+    w->xb = (float *)(void *)((char *)w->xb0 + (size_t)(r * H) * xes);
+    w->dgu = w->dgu0 + r * 2 * I;
+    if (w->onH) w->inter = w->inter0 + r * I, w->D = w->D0 + r * H;
+    else w->S = w->S0 + r * I, w->dyb = w->dyb0 + r * H;
+    w->sn[w->nseg] = n, w->sL[w->nseg] = L, w->so[w->nseg] = r;
+    w->nseg++;
+    w->rows += L;
 }
 
 /* Round once into the outputs (no allocation happens from here on). */
@@ -104,10 +164,14 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
     memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2)); /* later experts find them zeroed by the staging */
     memset(w->dw2, 0, sizeof(float) * (size_t)(I * H));
     for (int64_t e = 0; e < p->E; e++) {
+        w->nseg = 0, w->rows = 0;
         for (int64_t n = 0; n < p->N; n++) {
             const int64_t L = p->expert[n] == e ? mxfp8i_moe_block_len(p, n) : 0;
-            if (L > 0) MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_bwd_block(w, n, e, L));
+            if (L <= 0) continue;
+            if (w->seg) seg_next_block(w, n, L);
+            MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_bwd_block(w, n, e, L));
         }
+        if (w->seg) MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_wgrad_segments(w, e));
         if (e == p->E - 1) break;
         const int skip = p->cfg.skip_grad_initialization;
         mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1, 1);
@@ -128,6 +192,7 @@ static mxfp8_status backward_scoped(const char *fn, const mxfp8_moe_bwd_args *ar
     w.p = &p;
     w.args = args;
     w.onH = p.cfg.affinity_option == MXFP8_AFFINITY_ON_H;
+    w.seg = g_segmented;
     MXFP8I_RETURN_ERROR_IF(ws_alloc(&w, &p, grads) || mxfp8i_moe_stats_alloc(&p, args->stats),
                            MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", fn);
     MXFP8I_RETURN_ERROR_IF(run_experts(&w, grads), MXFP8_ERR_INTERNAL, "%s: a block GEMM failed after its reservation",

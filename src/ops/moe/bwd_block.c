@@ -247,6 +247,35 @@ static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L)
     return mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P4_S, &B, MXFP8_MOE_P4_DY, 1, w->dw2, H);
 }
 
+/* Phases 3 and 4 of expert e over the blocks recorded by the driver, as two segmented GEMMs: per block the same
+ * operands (views of its rows of the expert-sized buffers, with its rounding) as phases34, the blocks' sums added
+ * in block order. */
+mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    const int ns = w->nseg;
+    if (ns == 0) return MXFP8_OK;
+    mxfp8i_gop *A = w->sops, *B = w->sops + ns;
+    const mxfp8_dtype xdt = mxfp8i_moe_xb_dtype(&p->X);
+    const size_t xes = mxfp8_dtype_size(xdt);
+    for (int s = 0; s < ns; s++) {
+        const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
+        A[s] = mxfp8i_gop_hp((const char *)w->xb0 + (size_t)(r * H) * xes, xdt, H, L, 1, H);
+        B[s] = mxfp8i_gop_hp(w->dgu0 + r * I2, MXFP8_DTYPE_F32, I2, L, 1, I2);
+        mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P3_X, n, H, 1, H);
+        mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P3_DGU, n, I2, 1, I2);
+    }
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, w->dw1, I2));
+    for (int s = 0; s < ns; s++) {
+        const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
+        A[s] = mxfp8i_gop_hp(w->onH ? w->inter0 + r * I : w->S0 + r * I, MXFP8_DTYPE_F32, I, L, 1, I);
+        B[s] = mxfp8i_gop_hp(w->onH ? w->D0 + r * H : w->dyb0 + r * H, MXFP8_DTYPE_F32, H, L, 1, H);
+        mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P4_S, n, I, 1, I);
+        mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P4_DY, n, H, 1, H);
+    }
+    return mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P4_S, B, MXFP8_MOE_P4_DY, w->dw2, H);
+}
+
 mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     const mxfp8i_moe *p = w->p;
     const int32_t *tok = p->tok + n * p->B;
@@ -259,7 +288,7 @@ mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64
     activation_backward(w, n, e, tok, L, nt);
     if (p->cfg.bias) bias_grads(w, e, tok, L, nt);
     MXFP8I_FORWARD_IF_ERROR(phase2(w, n, e, tok, L, nt));
-    MXFP8I_FORWARD_IF_ERROR(phases34(w, n, e, L));
+    if (!w->seg) MXFP8I_FORWARD_IF_ERROR(phases34(w, n, e, L)); /* else at the end of the expert */
     for (int64_t q = 0; q < L; q++)
         if (tok[q] >= 0) w->da[tok[q] * p->E + e] += w->dablk[q];
     return MXFP8_OK;

@@ -158,6 +158,15 @@ mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, 
 mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t e, const mxfp8i_gop *A, int ida, const mxfp8i_gop *B,
                              int idb, int accumulate, float *C, int64_t ldc);
 
+/** Segmented weight gradients: C [M, N] += the GEMM of A[s], B[s] for each of the nseg segments in order (the
+ *  blocks of one expert along their positions), bitwise what nseg mxfp8i_moe_gemm calls with accumulate give, the
+ *  operands' statistics taken segment by segment likewise (mxfp8i_gemm_segments). OK or OUT_OF_MEMORY. */
+mxfp8_status mxfp8i_moe_gemm_segments(const mxfp8i_moe *p, int64_t e, int nseg, const mxfp8i_gop *A, int ida,
+                                      const mxfp8i_gop *B, int idb, float *C, int64_t ldc);
+/** Reserve what every later mxfp8i_moe_gemm_segments of C [M, N] with at most nseg segments of at most Kmax
+ *  positions takes, for either of its thread counts. */
+mxfp8_status mxfp8i_moe_gemm_segments_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t Kmax, int nseg);
+
 /* ---- numerics.c: gpt-oss SwiGLU's limits, stochastic rounding and statistics of the operands ---- */
 /** Validate the gpt-oss SwiGLU parameters and the rounding bitmask; fold swiglu_limit into the clamp limits of
  *  `cfg` (gate upper, up lower and upper) so that every pass clamps and masks with them. */
