@@ -567,8 +567,8 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
                 if (cs1 == 1) memcpy(acc + i * ld, dst + i * cs0, (size_t)nr * sizeof(float));
                 else
                     for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j * cs1];
-            for (int s = 0; s < sc->nseg; s++) {
-                const gemm_ctx *g = &sc->segs[s];
+            for (int sg = 0; sg < sc->nseg; sg++) { /* the segments in order */
+                const gemm_ctx *g = &sc->segs[sg];
                 const char *ap = g->Ap + pm * g->pa_stride, *bp = g->Bp + pn * g->pb_stride;
                 for (int64_t k0 = 0; k0 < g->K; k0 += tk) {
                     const int64_t kc = (k0 + tk < g->K ? k0 + tk : g->K) - k0;
