@@ -21,7 +21,8 @@
  * grads in FP64 (rounded to FP32, then to the output dtype). accumulate_hidden_states_grad / skip_grad_initialization
  * add the given value once: out = given + grad (one FP32 addition, then rounded to the dtype).
  * The weights enter the GEMMs as views of the caller's tensors (weights.c); the blocks of one expert share its packed
- * Phase 1 and Phase 2 weights (the GEMM workspace's keyed slots). Threads split GEMM output tiles, rows of
+ * Phase 1 and Phase 2 weights, and those of the recomputations (the GEMM workspace's keyed slots 0-3), so each is
+ * quantized and packed once per expert and call. Threads split GEMM output tiles, rows of
  * elementwise work and columns of reductions/scatters: bitwise identical for any thread count.
  */
 #include <stdlib.h>
@@ -109,10 +110,11 @@ static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8
     if (re_gu) uses |= 1u << MXFP8I_W1_H;
     if (re_down) uses |= 1u << MXFP8I_W2_I;
     if (mxfp8i_moe_wcopy_alloc(p, uses, &w->wc)) return MXFP8_ERR_OUT_OF_MEMORY;
-    /* the block GEMMs (at most Bw positions): Phase 1 and 2 weights in keyed slots 0 and 1 */
+    /* the block GEMMs (at most Bw positions): the Phase 1 and 2 weights in keyed slots 0 and 1, the recomputations'
+       in 2 and 3 */
     if (mxfp8i_moe_gemm_reserve(p, Bw, I, H, 0) || mxfp8i_moe_gemm_reserve(p, Bw, H, I2, 1) ||
         (!w->seg && (mxfp8i_moe_gemm_reserve(p, H, I2, Bw, -1) || mxfp8i_moe_gemm_reserve(p, I, H, Bw, -1))) ||
-        (re_gu && mxfp8i_moe_gemm_reserve(p, Bw, I2, H, -1)) || (re_down && mxfp8i_moe_gemm_reserve(p, Bw, H, I, -1)))
+        (re_gu && mxfp8i_moe_gemm_reserve(p, Bw, I2, H, 2)) || (re_down && mxfp8i_moe_gemm_reserve(p, Bw, H, I, 3)))
         return MXFP8_ERR_OUT_OF_MEMORY;
     memset(w->dx, 0, sizeof(float) * (size_t)(T * H));
     for (int64_t i = 0; i < T * E; i++) w->da[i] = 0.0;

@@ -68,6 +68,7 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
         mxfp8i_gop A = mxfp8i_gop_hp(w->xb, mxfp8i_moe_xb_dtype(&p->X), L, H, H, 1);
         mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
         mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
+        mxfp8i_ws_bkey(2, (uint64_t)e + 1, W.data); /* W1[e] along H: packed once per expert (keyed slot 2) */
         MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, w->gu, I2));
     }
     /* checkpoints ([n, (j,) i, q]: positions innermost) into the [q][i] buffers */
@@ -120,6 +121,7 @@ static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
         mxfp8i_gop Ai = mxfp8i_gop_hp(w->inter, MXFP8_DTYPE_F32, L, I, I, 1);
         mxfp8i_moe_round_block(p, &Ai, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);
         mxfp8i_gop W2 = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
+        mxfp8i_ws_bkey(3, (uint64_t)e + 1, W2.data); /* W2[e] along I: keyed slot 3 */
         MXFP8I_FORWARD_IF_ERROR(
             mxfp8i_moe_gemm(p, e, &Ai, MXFP8_MOE_GEMM2_INTER, &W2, MXFP8_MOE_GEMM2_W2, 0, w->down, H));
     }
