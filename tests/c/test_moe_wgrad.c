@@ -7,7 +7,9 @@
  *      many-block experts, 1 and 2 threads; and match the tests' independent FP64 oracle (tests/c/oracle/moe.c);
  *   2. NaN in the checkpoints' padding positions (inside a partial block and after its last real position)
  *      changes no bit of the backward;
- *   3. MXFP8_ISA=scalar gives the same bits as the default path (this test runs itself again under it).
+ *   3. MXFP8_ISA=scalar gives the same bits as the default path (this test runs itself again under it);
+ *   4. on a problem whose per-block elementwise work splits between threads: the forward's output and every
+ *      checkpoint, and the backward from those checkpoints, are the same bits on 1 and 2 threads.
  */
 #include <unistd.h>
 
@@ -199,6 +201,61 @@ static void test_nan_padding(void) {
     prob_free(&P);
 }
 
+/* Forward (all checkpoints) and backward from them, 1 vs 2 threads, blocks large enough that their elementwise
+ * work, scatters and checkpoint writes split between threads. */
+static void test_threads_split(void) {
+    prob P;
+    prob_make(&P, 200, 256, 256, 2, 1, 128, 1, NULL);
+    for (int aff = 0; aff < 2; aff++) {
+        mxfp8_moe_config cfg;
+        mxfp8_moe_config_init(&cfg);
+        cfg.affinity_option = (mxfp8_affinity_option)aff;
+        cfg.bias = 1;
+        const int64_t N = P.N, B = P.B, I = P.I, H = P.H;
+        const size_t len[6] = {(size_t)(P.T * H), (size_t)(N * 2 * I * B), (size_t)(N * I * B), (size_t)(N * I * B),
+                               (size_t)(N * I * B), (size_t)(N * B * H)};
+        float *o[2][6];
+        grads g[2];
+        for (int r = 0; r < 2; r++) {
+            for (int c = 0; c < 6; c++) o[r][c] = xc(sizeof(float) * len[c]);
+            mxfp8_moe_fwd_args F;
+            fwd_args(&P, &cfg, &F);
+            mxfp8_moe_fwd_outputs O = {0};
+            O.output = v2(o[r][0], MXFP8_DTYPE_F32, P.T, H);
+            O.gate_up_proj_act_checkpoint_T = v4(o[r][1], MXFP8_DTYPE_F32, N, 2, I, B);
+            O.gate_act_checkpoint_T = v3(o[r][2], MXFP8_DTYPE_F32, N, I, B);
+            O.intermediate_checkpoint_T = v3(o[r][3], MXFP8_DTYPE_F32, N, I, B);
+            O.scaled_intermediate_checkpoint_T = v3(o[r][4], MXFP8_DTYPE_F32, N, I, B);
+            O.down_proj_output_checkpoint = v3(o[r][5], MXFP8_DTYPE_F32, N, B, H);
+            mxfp8_set_num_threads(r + 1);
+            CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
+            mxfp8_moe_bwd_args A;
+            bwd_args(&P, &cfg, &A);
+            A.gate_up_proj_act_checkpoint_T = O.gate_up_proj_act_checkpoint_T;
+            A.gate_act_checkpoint_T = O.gate_act_checkpoint_T;
+            A.intermediate_checkpoint_T = O.intermediate_checkpoint_T;
+            A.scaled_intermediate_checkpoint_T = O.scaled_intermediate_checkpoint_T;
+            A.down_proj_output_checkpoint = O.down_proj_output_checkpoint;
+            grads_make(&g[r], &P, MXFP8_DTYPE_F32, 1);
+            CHECK(mxfp8_moe_backward(&A, &g[r].g) == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
+            mxfp8_set_num_threads(0);
+        }
+        static const char *nm[6] = {"output", "gate_up_proj_act_checkpoint_T", "gate_act_checkpoint_T",
+                                    "intermediate_checkpoint_T", "scaled_intermediate_checkpoint_T",
+                                    "down_proj_output_checkpoint"};
+        for (int c = 0; c < 6; c++)
+            CHECK(!memcmp(o[0][c], o[1][c], sizeof(float) * len[c]), "affinity %d: forward %s, 1 vs 2 threads", aff,
+                  nm[c]);
+        grads_bitwise(&g[0], &g[1], 1, "backward from the forward's checkpoints, 1 vs 2 threads");
+        check_vs_oracle(&g[1], &P, &cfg, "backward from the forward's checkpoints");
+        for (int r = 0; r < 2; r++) {
+            for (int c = 0; c < 6; c++) free(o[r][c]);
+            grads_free(&g[r]);
+        }
+    }
+    prob_free(&P);
+}
+
 /* The gradients of a fixed set of configurations (the segmented path, 2 threads), one after the other. */
 static size_t isa_grads(unsigned char **out) {
     size_t len = 0, cap = 0;
@@ -275,6 +332,7 @@ int main(int argc, char **argv) {
     }
     test_paths_equal();
     test_nan_padding();
+    test_threads_split();
     test_isa();
     if (g_fail) {
         printf("test_moe_wgrad: %d failure(s)\n", g_fail);
