@@ -520,6 +520,7 @@ typedef struct seg_call {
     const gemm_ctx *x;
     gemm_ctx *segs; /* [nseg] */
     int nseg;
+    int c_zero;     /* C holds +0 everywhere: not read, the running values start at +0 */
 } seg_call;
 
 static void seg_thread(const seg_call *sc, int tid, int nt) {
@@ -563,8 +564,11 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
             const int mr = (int)(x->M - m0 < uk->mr ? x->M - m0 : uk->mr);
             const int nr = (int)(x->N - n0 < uk->nr ? x->N - n0 : uk->nr);
             float *dst = (float *)c->data + m0 * cs0 + n0 * cs1;
-            for (int i = 0; i < mr; i++)
-                if (cs1 == 1) memcpy(acc + i * ld, dst + i * cs0, (size_t)nr * sizeof(float));
+            for (int i = 0; i < mr && sc->c_zero; i++)
+                for (int j = 0; j < nr; j++) acc[i * ld + j] = 0.0f;
+            for (int i = 0; i < mr && !sc->c_zero; i++)
+                if (cs1 == 1) /* short rows: a loop, not a memcpy call */
+                    for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j];
                 else
                     for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j * cs1];
             for (int sg = 0; sg < sc->nseg; sg++) { /* the segments in order */
@@ -577,7 +581,8 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
                 x->add_f32(ct, ld, acc, ld, mr, nr);
             }
             for (int i = 0; i < mr; i++)
-                if (cs1 == 1) memcpy(dst + i * cs0, acc + i * ld, (size_t)nr * sizeof(float));
+                if (cs1 == 1)
+                    for (int j = 0; j < nr; j++) dst[i * cs0 + j] = acc[i * ld + j];
                 else
                     for (int j = 0; j < nr; j++) dst[i * cs0 + j * cs1] = acc[i * ld + j];
         }
@@ -605,7 +610,7 @@ static bool seg_bytes(const gemm_ctx *x, const mxfp8i_gop *a, int nseg, int64_t 
     return true;
 }
 
-mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg,
+mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg, int c_zero,
                                   const mxfp8_matmul_config *config, const mxfp8_tensor *c, int num_threads) {
     if (nseg <= 0 || a[0].R == 0 || b[0].R == 0) return MXFP8_OK;
     int64_t Kmax = 0;
@@ -636,7 +641,7 @@ mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int 
         Ap += mxfp8i_ceil_div(x.M, x.uk->mr) * segs[s].pa_stride;
         Bp += mxfp8i_ceil_div(x.N, x.uk->nr) * segs[s].pb_stride;
     }
-    seg_call sc = {&x, segs, nseg};
+    seg_call sc = {&x, segs, nseg, c_zero};
     unsigned csr = mxfp8i_fenv_enter();
     if (x.nt == 1) {
         seg_thread(&sc, 0, 1);

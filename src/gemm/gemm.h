@@ -110,8 +110,10 @@ mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_ma
  *  mxfp8i_gemm_gop with accumulate = 1 give (each element: C + the segment's fmaf chain from +0, one FP32 addition
  *  per segment, segments in order), with each block of C kept in cache across the segments instead of read and
  *  written once per segment. Every segment's panels are packed first (shared by the threads, one barrier); threads
- *  own output blocks as in mxfp8i_gemm_gop. OK or OUT_OF_MEMORY (C untouched). */
-mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg,
+ *  own output blocks as in mxfp8i_gemm_gop. c_zero = 1: the caller vouches that C holds +0 everywhere, so C is
+ *  not read (its running values start at +0: the same bits) and the output is written once. OK or OUT_OF_MEMORY
+ *  (C untouched). */
+mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg, int c_zero,
                                   const mxfp8_matmul_config *config, const mxfp8_tensor *c, int num_threads);
 /** Reserve what a later mxfp8i_gemm_segments of C [M, N] with at most nseg segments of contraction <= Kmax takes. */
 mxfp8_status mxfp8i_gemm_segments_reserve(int64_t M, int64_t N, int64_t Kmax, int nseg,

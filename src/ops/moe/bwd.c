@@ -163,7 +163,7 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
 static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
-    memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2)); /* later experts find them zeroed by the staging */
+    memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2)); /* per block: later experts find them zeroed by the staging */
     memset(w->dw2, 0, sizeof(float) * (size_t)(I * H));
     for (int64_t e = 0; e < p->E; e++) {
         w->nseg = 0, w->rows = 0;
@@ -176,8 +176,9 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
         if (w->seg) MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_wgrad_segments(w, e));
         if (e == p->E - 1) break;
         const int skip = p->cfg.skip_grad_initialization;
-        mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1, 1);
-        mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2, 1);
+        /* the per-block path accumulates into zeroed pairs; the segmented one overwrites them (no clearing) */
+        mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1, !w->seg);
+        mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2, !w->seg);
     }
     return MXFP8_OK;
 }
