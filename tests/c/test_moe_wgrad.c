@@ -1,6 +1,7 @@
 /*
  * test_moe_wgrad.c -- the MoE backward's two weight-gradient paths and the padding of partial blocks:
- *   1. the segmented weight gradients (the default: an expert's blocks added per register tile of C) are bitwise
+ *   1. the segmented weight gradients (an expert's blocks added per register tile of C; chosen by size, forced
+ *      here on problems of every size) are bitwise
  *      equal to the per-block path (mxfp8i_moe_set_segmented_wgrad(0): one GEMM per block and phase, the path the
  *      contract is written in) for every gradient and every operand statistic, over activations, both affinity
  *      options, biases, stochastic rounding of every operand, statistics, experts with no tokens, single-block and
@@ -15,7 +16,7 @@
 
 #include "moe_util.h"
 
-int mxfp8i_moe_set_segmented_wgrad(int on); /* src/ops/moe/bwd_state.h (test-only switch) */
+int mxfp8i_moe_set_segmented_wgrad(int mode); /* src/ops/moe/bwd_state.h (test-only: -1 by size, 0, 1) */
 
 #define NOPS MXFP8_MOE_NUM_OPERANDS
 
@@ -41,7 +42,7 @@ static void backward(const prob *P, const mxfp8_moe_config *cfg, int segmented, 
     mxfp8_set_num_threads(nt);
     mxfp8_status s = mxfp8_moe_backward(&A, &G->g);
     mxfp8_set_num_threads(0);
-    mxfp8i_moe_set_segmented_wgrad(1);
+    mxfp8i_moe_set_segmented_wgrad(-1);
     CHECK(s == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
 }
 
@@ -183,7 +184,7 @@ static void test_nan_padding(void) {
                 }
             CHECK(npad > 0, "the problem has no padding positions");
             CHECK(mxfp8_moe_backward(&A, &dirty.g) == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
-            mxfp8i_moe_set_segmented_wgrad(1);
+            mxfp8i_moe_set_segmented_wgrad(-1);
             char what[96];
             snprintf(what, sizeof what, "affinity %d, segmented %d: NaN in %lld padding positions", aff, segmented,
                      (long long)npad);
