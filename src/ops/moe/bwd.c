@@ -14,7 +14,10 @@
  *   Phase 3             dW1[e] += X_blk^T @ dGU; along the block's positions
  *   Phase 4             dW2[e] += S^T @ dY_blk (S = a*inter, ON_I) or inter^T @ D (ON_H); along the positions
  *   bias grads          db1[e] += sum_p dGU ; db2[e] += sum_p a*dY   (FP64 sums)
- * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...). Accumulators:
+ * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...). Phases 3 and 4 add
+ * each block's sum (a chain over its positions from +0) to the expert's FP32 pair in block order, either block by
+ * block or, segmented, all of an expert's blocks in one mxfp8i_gemm_segments per weight gradient after its last
+ * block (the same additions; use_segmented picks by size). Accumulators:
  * hidden_states_grad in an FP32 [T, H] workspace (rounded once at the end); dW1, dW2 of the current expert in one FP32
  * pair, rounded when the expert is done into a staging copy of the output's dtype (the last expert's straight into the
  * output after the last GEMM), so that no output is written before every allocation has succeeded; affinity and bias

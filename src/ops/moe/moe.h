@@ -11,6 +11,7 @@
  *   fwd.c        mxfp8_moe_forward
  *   bwd.c        mxfp8_moe_backward: workspace and the expert-major driver over the phases of bwd_block.c
  *   bwd_block.c  one block of the backward: recompute, Phase 1, activation backward, Phase 2 + scatter, Phases 3, 4
+ *                (per block, or an expert's blocks at once: mxfp8i_moe_wgrad_segments)
  *   store.c      rounding the FP32 / FP64 accumulators once into the output views
  *   numerics.c   gpt-oss SwiGLU's limits, stochastic rounding and statistics of the GEMM operands
  *   golden.c     FP64 references (unquantized and quantized)
