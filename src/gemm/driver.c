@@ -563,7 +563,8 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
             const int64_t m0 = pm * uk->mr, n0 = pn * uk->nr;
             const int mr = (int)(x->M - m0 < uk->mr ? x->M - m0 : uk->mr);
             const int nr = (int)(x->N - n0 < uk->nr ? x->N - n0 : uk->nr);
-            float *dst = (float *)c->data + m0 * cs0 + n0 * cs1;
+            const int bf16 = c->dtype == MXFP8_DTYPE_BF16; /* with c_zero: the sums rounded once at the end */
+            float *dst = bf16 ? NULL : (float *)c->data + m0 * cs0 + n0 * cs1;
             for (int i = 0; i < mr && sc->c_zero; i++)
                 for (int j = 0; j < nr; j++) acc[i * ld + j] = 0.0f;
             for (int i = 0; i < mr && !sc->c_zero; i++)
@@ -579,6 +580,14 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
                     uk->run(k0, kc, ap, bp, ct, ld, mr, nr, k0 > 0);
                 }
                 x->add_f32(ct, ld, acc, ld, mr, nr);
+            }
+            if (bf16) {
+                uint16_t *d16 = (uint16_t *)c->data + m0 * cs0 + n0 * cs1;
+                if (cs1 == 1) x->to_bf16(acc, ld, d16, cs0, mr, nr);
+                else
+                    for (int i = 0; i < mr; i++)
+                        for (int j = 0; j < nr; j++) d16[i * cs0 + j * cs1] = mxfp8i_fp32_to_bf16(acc[i * ld + j]);
+                continue;
             }
             for (int i = 0; i < mr; i++)
                 if (cs1 == 1)

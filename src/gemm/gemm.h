@@ -105,7 +105,8 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
 mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_matmul_config *config, int num_threads,
                                  int keyed_slot);
 
-/** Segmented accumulation: for s = 0 .. nseg-1 in order, C (F32, [a[0].R, b[0].R]) += the GEMM of a[s], b[s]
+/** Segmented accumulation: for s = 0 .. nseg-1 in order, C (F32 [a[0].R, b[0].R]; or BF16 with c_zero, the FP32
+ *  result rounded once (RNE, the registry's to_bf16) at the end) += the GEMM of a[s], b[s]
  *  (a[s].R = a[0].R, b[s].R = b[0].R, a[s].K = b[s].K >= 1, each with its own rounding): bitwise what nseg calls of
  *  mxfp8i_gemm_gop with accumulate = 1 give (each element: C + the segment's fmaf chain from +0, one FP32 addition
  *  per segment, segments in order), with each block of C kept in cache across the segments instead of read and

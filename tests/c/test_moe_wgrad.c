@@ -31,19 +31,23 @@ static int stats_equal(const mxfp8_quant_stats *a, const mxfp8_quant_stats *b) {
            !memcmp(&a->sum_sq_signal, &b->sum_sq_signal, sizeof(double));
 }
 
-/* One backward on the chosen path and thread count, with statistics when st != NULL. */
-static void backward(const prob *P, const mxfp8_moe_config *cfg, int segmented, int nt, grads *G,
-                     mxfp8_quant_stats *st) {
+/* One backward on the chosen path and thread count, with statistics when st != NULL, into gradients of dtype dt. */
+static void backward_dt(const prob *P, const mxfp8_moe_config *cfg, int segmented, int nt, grads *G,
+                        mxfp8_quant_stats *st, mxfp8_dtype dt) {
     mxfp8_moe_bwd_args A;
     bwd_args(P, cfg, &A);
     A.stats = st;
-    grads_make(G, P, MXFP8_DTYPE_F32, cfg->bias);
+    grads_make(G, P, dt, cfg->bias);
     mxfp8i_moe_set_segmented_wgrad(segmented);
     mxfp8_set_num_threads(nt);
     mxfp8_status s = mxfp8_moe_backward(&A, &G->g);
     mxfp8_set_num_threads(0);
     mxfp8i_moe_set_segmented_wgrad(-1);
     CHECK(s == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
+}
+static void backward(const prob *P, const mxfp8_moe_config *cfg, int segmented, int nt, grads *G,
+                     mxfp8_quant_stats *st) {
+    backward_dt(P, cfg, segmented, nt, G, st, MXFP8_DTYPE_F32);
 }
 
 /* The problems: several partial blocks per expert; an expert with no tokens (K = 1, forced counts) next to a
@@ -98,6 +102,34 @@ static void test_paths_equal(void) {
                         backward(&P, &cfg, 0, 2, &blk2, NULL);
                         grads_bitwise(&seg1, &seg, bias, "segmented, 1 vs 2 threads");
                         grads_bitwise(&blk2, &blk, bias, "per block, 2 vs 1 threads");
+                        /* BF16 gradients (the segmented GEMMs round experts 0..E-2 straight into the staging
+                           copy); with skip_grad_initialization (given values added: the FP32 accumulator path) */
+                        for (int skip = 0; skip < 2; skip++) {
+                            mxfp8_moe_config c2 = cfg;
+                            c2.skip_grad_initialization = skip;
+                            grads s16, b16;
+                            backward_dt(&P, &c2, 1, 2, &s16, NULL, MXFP8_DTYPE_BF16);
+                            backward_dt(&P, &c2, 0, 1, &b16, NULL, MXFP8_DTYPE_BF16);
+                            if (skip) { /* the same given values in both before the calls: redo with them */
+                                grads_free(&s16); grads_free(&b16);
+                                grads_make(&s16, &P, MXFP8_DTYPE_BF16, bias);
+                                grads_make(&b16, &P, MXFP8_DTYPE_BF16, bias);
+                                for (int k = 0; k < 6; k++)
+                                    for (size_t i = 0; i < s16.n[k]; i++)
+                                        ((uint16_t *)s16.p[k])[i] = ((uint16_t *)b16.p[k])[i] =
+                                            (uint16_t)(0x3c00u + (i * 37u) % 512u); /* values near 2^-7 .. 1 */
+                                mxfp8_moe_bwd_args A2;
+                                bwd_args(&P, &c2, &A2);
+                                mxfp8i_moe_set_segmented_wgrad(1);
+                                CHECK(mxfp8_moe_backward(&A2, &s16.g) == MXFP8_OK, "%s", mxfp8_last_error_message());
+                                mxfp8i_moe_set_segmented_wgrad(0);
+                                CHECK(mxfp8_moe_backward(&A2, &b16.g) == MXFP8_OK, "%s", mxfp8_last_error_message());
+                                mxfp8i_moe_set_segmented_wgrad(-1);
+                            }
+                            grads_bitwise(&s16, &b16, bias, skip ? "BF16 gradients, given values added: segmented vs per block"
+                                                                 : "BF16 gradients: segmented vs per block");
+                            grads_free(&s16); grads_free(&b16);
+                        }
                         grads_free(&seg); grads_free(&blk); grads_free(&seg1); grads_free(&blk2);
                         free(s1); free(s0);
                         configs++;

@@ -114,6 +114,10 @@ static mxfp8_status ws_alloc(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8
     w->b2 = (float *)slot(&k, H, sizeof(float), &ok);
     w->dablk = (double *)slot(&k, Bw, sizeof(double), &ok);
     w->xb0 = w->xb, w->dgu0 = w->dgu, w->S0 = w->S, w->dyb0 = w->dyb, w->inter0 = w->inter, w->D0 = w->D;
+    const mxfp8_tensor *wg[2] = {&grads->gate_up_proj_weight_grad, &grads->down_proj_weight_grad};
+    for (int i = 0; i < 2; i++)
+        w->stage16[i] = w->seg && wg[i]->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(wg[i]) &&
+                        !p->cfg.skip_grad_initialization;
     if (!ok || (w->seg && reserve_segmented_wgrad(w, p, Se, &k))) return MXFP8_ERR_OUT_OF_MEMORY;
     /* the weight uses: Phases 1, 2; the recomputations when their checkpoints are absent */
     const int re_gu = !w->args->gate_up_proj_act_checkpoint_T.data;
@@ -189,8 +193,10 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
         if (e == p->E - 1) break;
         const int skip = p->cfg.skip_grad_initialization;
         /* the per-block path accumulates into zeroed pairs; the segmented one overwrites them (no clearing) */
-        mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1, !w->seg);
-        mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2, !w->seg);
+        if (!w->stage16[0]) /* else already rounded into the staging copy by the segmented GEMM */
+            mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1, !w->seg);
+        if (!w->stage16[1])
+            mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2, !w->seg);
     }
     return MXFP8_OK;
 }

@@ -124,7 +124,8 @@ mxfp8_status mxfp8i_moe_gemm_segments_reserve(const mxfp8i_moe *p, int64_t M, in
 /* The segmented GEMM (mxfp8i_gemm_segments) after each segment's operand statistics, segment by segment in the
  * order the separate GEMMs of mxfp8i_moe_gemm would take them. */
 mxfp8_status mxfp8i_moe_gemm_segments(const mxfp8i_moe *p, int64_t e, int nseg, const mxfp8i_gop *A, int ida,
-                                      const mxfp8i_gop *B, int idb, int c_zero, float *C, int64_t ldc) {
+                                      const mxfp8i_gop *B, int idb, int c_zero, void *C, mxfp8_dtype cdt,
+                                      int64_t ldc) {
     if (nseg <= 0 || A[0].R <= 0 || B[0].R <= 0) return MXFP8_OK;
     const int64_t M = A[0].R, N = B[0].R;
     mxfp8_matmul_config cfg;
@@ -142,7 +143,7 @@ mxfp8_status mxfp8i_moe_gemm_segments(const mxfp8i_moe *p, int64_t e, int nseg, 
     mxfp8_tensor c;
     memset(&c, 0, sizeof c);
     c.data = C;
-    c.dtype = MXFP8_DTYPE_F32;
+    c.dtype = cdt;
     c.ndim = 2;
     c.shape[0] = M;
     c.shape[1] = N;
