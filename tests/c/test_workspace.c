@@ -165,6 +165,16 @@ static int64_t bound_moe(int64_t T, int64_t H, int64_t I, int64_t E, int64_t B, 
            4 * (N * B + N) + ws_gemm + omp_overhead(nt);
 }
 
+/* The segmented weight gradients' bytes beyond the per-block path (include/mxfp8.h): Re = the most positions of one
+ * expert (<= T for mxfp8_moe_route's layout), Se = the most blocks of one expert (<= N). */
+static int64_t bound_moe_segmented_extra(int64_t T, int64_t H, int64_t I, int64_t B, int64_t Re, int64_t Se, int nt) {
+    int64_t Bw = B < T ? B : T;
+    if (Bw < 1) Bw = 1;
+    return 4 * (Re - Bw) * (2 * H + 3 * I) + 4 * Se * Bw * (H + 2 * I + 64) + 8192 * (int64_t)nt + 320 * Se;
+}
+
+int mxfp8i_moe_set_segmented_wgrad(int mode); /* src/ops/moe/bwd_state.h (test-only: -1 by size, 0, 1) */
+
 static float *frand(int64_t n, uint64_t seed) {
     tu_rng r = {seed};
     float *p = tu_alloc((size_t)n * sizeof(float));
@@ -324,6 +334,15 @@ static void test_moe_backward(void) {
     mxfp8_moe_backward(&args, &g);
     report("mxfp8_moe_backward T 40 H 64 I 32 E 3 B 8", ws_end(m, "moe_backward"),
            bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) + 8 * I * (H + 32));
+    /* the segmented weight gradients (chosen by size for larger experts; forced here) */
+    mxfp8i_moe_set_segmented_wgrad(1);
+    TU_CHECK(mxfp8_moe_backward(&args, &g) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
+    m = ws_begin();
+    mxfp8_moe_backward(&args, &g);
+    report("mxfp8_moe_backward, segmented weight grads", ws_end(m, "moe_backward"),
+           bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) + 8 * I * (H + 32) +
+               bound_moe_segmented_extra(T, H, I, B, T, N, info.num_threads));
+    mxfp8i_moe_set_segmented_wgrad(-1);
 
     /* Every allocation of the call, failed in turn (its workspace scope, the routing table, every layer buffer and
        every block GEMM's, all obtained by its reservation before the first block runs): OUT_OF_MEMORY, no output
@@ -332,9 +351,10 @@ static void test_moe_backward(void) {
     mxfp8_moe_config mc;
     mxfp8_moe_config_init(&mc);
     args.config = &mc;
-    for (int mode = 0; mode < 2; mode++) {
-        mc.skip_grad_initialization = mode;
-        mc.accumulate_hidden_states_grad = mode;
+    for (int mode = 0; mode < 4; mode++) { /* modes 2, 3: the segmented weight gradients */
+        mc.skip_grad_initialization = mode & 1;
+        mc.accumulate_hidden_states_grad = mode & 1;
+        mxfp8i_moe_set_segmented_wgrad(mode >= 2 ? 1 : -1);
         float *outs[4] = {dx, da, dw1, dw2};
         const int64_t cnt[4] = {T * H, T * E, E * H * 2 * I, E * I * H};
         float *keep[4];
@@ -368,6 +388,7 @@ static void test_moe_backward(void) {
                  (long long)failed);
         for (int o = 0; o < 4; o++) free(keep[o]);
     }
+    mxfp8i_moe_set_segmented_wgrad(-1);
     free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(dx), free(da), free(dw1), free(dw2);
 }
 
