@@ -802,10 +802,17 @@ static void test_reserve_moe(void) {
         }
         free(xd), free(w1d), free(w2d), free(b1d), free(b2d), free(out);
     }
-    for (int variant = 0; variant < 4; variant++) { /* the backward */
-        static const char *what[4] = {"moe_backward f32, recomputed", "moe_backward bf16, biases, checkpoints",
+    /* the backward, on each weight-gradient path (by size: per block here; and the segmented one forced) */
+    for (int v8 = 0; v8 < 8; v8++) {
+        const int variant = v8 % 4;
+        mxfp8i_moe_set_segmented_wgrad(v8 < 4 ? -1 : 1);
+        static const char *what[8] = {"moe_backward f32, recomputed", "moe_backward bf16, biases, checkpoints",
                                       "moe_backward affinity on H, recomputed, stats",
-                                      "moe_backward pre-quantized weights, on H"};
+                                      "moe_backward pre-quantized weights, on H",
+                                      "moe_backward f32, recomputed, segmented",
+                                      "moe_backward bf16, biases, checkpoints, segmented",
+                                      "moe_backward affinity on H, recomputed, stats, segmented",
+                                      "moe_backward pre-quantized weights, on H, segmented"};
         const mxfp8_dtype dt = variant == 1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
         const size_t es = mxfp8_dtype_size(dt);
         moe_ctx m;
@@ -851,10 +858,11 @@ static void test_reserve_moe(void) {
             m.ba.gate_up_proj_weight = QB1, m.ba.gate_up_weight_scales = SB1;
             m.ba.down_proj_weight = QB2, m.ba.down_weight_scales = SB2;
         }
-        sized_call c = {what[variant], moe_bwd_validate_c, moe_bwd_call_c, &m, out, (size_t)nout * es};
+        sized_call c = {what[v8], moe_bwd_validate_c, moe_bwd_call_c, &m, out, (size_t)nout * es};
         check_sized(&c);
         free(xd), free(w1d), free(w2d), free(dyd), free(b1d), free(b2d), free(out);
     }
+    mxfp8i_moe_set_segmented_wgrad(-1);
     free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(b1), free(b2), free(stats), free(ck);
     free(qf1), free(sf1), free(qf2), free(sf2), free(qb1), free(sb1), free(qb2), free(sb2);
 }

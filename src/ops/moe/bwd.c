@@ -227,6 +227,7 @@ static void bwd_state(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8_moe_bw
     w->p = p;
     w->args = args;
     w->onH = p->cfg.affinity_option == MXFP8_AFFINITY_ON_H;
+    w->seg = use_segmented(p); /* the validate entry sizes the same path as the call */
 }
 
 /* The call inside its workspace scope, after its checks. */
@@ -235,7 +236,6 @@ static mxfp8_status backward_scoped(const mxfp8_moe_bwd_args *args, mxfp8_moe_bw
     const char *fn = p->fn;
     mxfp8i_moe_bwd w;
     bwd_state(&w, p, args);
-    w.seg = use_segmented(p);
     const bwd_job job = {p, grads, args->stats, &w};
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_ws_plan(fn, moe_bwd_reserve_job, &job, NULL));
     MXFP8I_FORWARD_IF_ERROR(moe_bwd_reserve_job(&job)); /* the buffers themselves: the arena has grown to them */
