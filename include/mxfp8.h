@@ -1061,7 +1061,9 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     (forward: output; backward: dX); the backward runs expert-major and keeps dW1, dW2 of the current expert in
  *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert into a staging copy
  *     of the output's dtype, (E - 1) 3 H I s for dW1, dW2 of elements of s bytes (the last expert is stored
- *     directly: no output is written before the last GEMM); FP64 sums 8 (T E + 2 E I + E H), at most one
+ *     directly: no output is written before the last GEMM; with the segmented weight gradients below and
+ *     contiguous BF16 weight gradients without skip_grad_initialization each expert's GEMM rounds straight into
+ *     the output instead, no staging copy, every buffer having been obtained before the first GEMM); FP64 sums 8 (T E + 2 E I + E H), at most one
  *     expert's weights in FP32 (<= 12 H I; only for pre-quantized weights contracted along an axis other than the
  *     one they were quantized along, or W1 views whose (2, I) axes are not one 2I axis: high-precision weights
  *     are read in place), per-block buffers 4 B' (8 H + 13 I), the routing table

@@ -351,10 +351,17 @@ static void test_moe_backward(void) {
     mxfp8_moe_config mc;
     mxfp8_moe_config_init(&mc);
     args.config = &mc;
-    for (int mode = 0; mode < 4; mode++) { /* modes 2, 3: the segmented weight gradients */
+    const mxfp8_moe_bwd_grads g32 = g;
+    for (int mode = 0; mode < 6; mode++) { /* modes 2-5: the segmented weight gradients; 4, 5: BF16 weight grads */
         mc.skip_grad_initialization = mode & 1;
         mc.accumulate_hidden_states_grad = mode & 1;
         mxfp8i_moe_set_segmented_wgrad(mode >= 2 ? 1 : -1);
+        g = g32;
+        if (mode >= 4) { /* BF16 views over the first half of the same buffers (mode 4: written straight by the
+                            segmented GEMMs, no staging copy) */
+            g.gate_up_proj_weight_grad = mxfp8_tensor_make(dw1, MXFP8_DTYPE_BF16, 4, (const int64_t[]){E, H, 2, I});
+            g.down_proj_weight_grad = mxfp8_tensor_make(dw2, MXFP8_DTYPE_BF16, 3, (const int64_t[]){E, I, H});
+        }
         float *outs[4] = {dx, da, dw1, dw2};
         const int64_t cnt[4] = {T * H, T * E, E * H * 2 * I, E * I * H};
         float *keep[4];
@@ -389,6 +396,7 @@ static void test_moe_backward(void) {
         for (int o = 0; o < 4; o++) free(keep[o]);
     }
     mxfp8i_moe_set_segmented_wgrad(-1);
+    g = g32;
     free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(dx), free(da), free(dw1), free(dw2);
 }
 

@@ -17,7 +17,8 @@
  * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...). Phases 3 and 4 add
  * each block's sum (a chain over its positions from +0) to the expert's FP32 pair in block order, either block by
  * block or, segmented, all of an expert's blocks in one mxfp8i_gemm_segments per weight gradient after its last
- * block (the same additions; use_segmented picks by size). Accumulators:
+ * block (the same additions; use_segmented picks by size; for contiguous BF16 weight gradients with no given values
+ * the segmented GEMMs round each expert straight into the output: direct16). Accumulators:
  * hidden_states_grad in an FP32 [T, H] workspace (rounded once at the end); dW1, dW2 of the current expert in one FP32
  * pair, rounded when the expert is done into a staging copy of the output's dtype (the last expert's straight into the
  * output after the last GEMM), so that no output is written before every allocation has succeeded; affinity and bias
@@ -95,12 +96,19 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     if (Se > 0x7fffffff) w->seg = 0;    /* more segments than an int counts: the per-block path */
     /* rows of the Phase 3 / 4 operand buffers: expert-sized on the segmented path */
     const int64_t Rx = w->seg ? Re : Bw, RI = w->seg && !w->onH ? Re : Bw, RH = w->seg && w->onH ? Re : Bw;
+    /* segmented, contiguous BF16 weight gradients with no given values to add: each expert's segmented GEMM rounds
+       straight into the output (every buffer is reserved before the first GEMM, so no allocation can fail once an
+       output is written), with no staging copy */
+    const mxfp8_tensor *wg[2] = {&grads->gate_up_proj_weight_grad, &grads->down_proj_weight_grad};
+    for (int i = 0; i < 2; i++)
+        w->direct16[i] = w->seg && wg[i]->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(wg[i]) &&
+                         !p->cfg.skip_grad_initialization;
     int k = MXFP8I_WS_MOE_BUF0;
     w->dx = (float *)slot(&k, T * H, sizeof(float), &ok);
     w->dw1 = (float *)slot(&k, H * I2, sizeof(float), &ok);
     w->dw2 = (float *)slot(&k, I * H, sizeof(float), &ok);
-    w->sw1 = slot(&k, Es * H * I2, mxfp8_dtype_size(grads->gate_up_proj_weight_grad.dtype), &ok);
-    w->sw2 = slot(&k, Es * I * H, mxfp8_dtype_size(grads->down_proj_weight_grad.dtype), &ok);
+    w->sw1 = slot(&k, w->direct16[0] ? 0 : Es * H * I2, mxfp8_dtype_size(grads->gate_up_proj_weight_grad.dtype), &ok);
+    w->sw2 = slot(&k, w->direct16[1] ? 0 : Es * I * H, mxfp8_dtype_size(grads->down_proj_weight_grad.dtype), &ok);
     w->da = (double *)slot(&k, T * E, sizeof(double), &ok);
     w->db1 = (double *)slot(&k, E * I2, sizeof(double), &ok);
     w->db2 = (double *)slot(&k, E * H, sizeof(double), &ok);
@@ -115,10 +123,6 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     w->b2 = (float *)slot(&k, H, sizeof(float), &ok);
     w->dablk = (double *)slot(&k, Bw, sizeof(double), &ok);
     w->xb0 = w->xb, w->dgu0 = w->dgu, w->S0 = w->S, w->dyb0 = w->dyb, w->inter0 = w->inter, w->D0 = w->D;
-    const mxfp8_tensor *wg[2] = {&grads->gate_up_proj_weight_grad, &grads->down_proj_weight_grad};
-    for (int i = 0; i < 2; i++)
-        w->stage16[i] = w->seg && wg[i]->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(wg[i]) &&
-                        !p->cfg.skip_grad_initialization;
     ok = ok && !(w->seg && reserve_segmented_wgrad(w, p, Se, &k));
     /* the weight uses: Phases 1, 2; the recomputations when their checkpoints are absent */
     const int re_gu = !w->args->gate_up_proj_act_checkpoint_T.data;
@@ -171,12 +175,15 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
     mxfp8i_moe_store_flat_f(&grads->hidden_states_grad, w->dx, c->accumulate_hidden_states_grad);
     const mxfp8_tensor *t = &grads->expert_affinities_masked_grad;
     for (int64_t i = 0; i < T * E; i++) mxfp8i_moe_st(t, mxfp8i_moe_vec_off(t, i), (double)(float)w->da[i]);
-    mxfp8i_moe_store_staged(&grads->gate_up_proj_weight_grad, w->sw1, E - 1);
-    mxfp8i_moe_store_staged(&grads->down_proj_weight_grad, w->sw2, E - 1);
+    /* (direct16: every expert's already in the output, written by its segmented GEMM) */
+    if (!w->direct16[0]) mxfp8i_moe_store_staged(&grads->gate_up_proj_weight_grad, w->sw1, E - 1);
+    if (!w->direct16[1]) mxfp8i_moe_store_staged(&grads->down_proj_weight_grad, w->sw2, E - 1);
     /* the last expert's FP32 pair, straight into the outputs */
     const int skip = c->skip_grad_initialization;
-    mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w->dw1, skip, NULL, 0);
-    mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w->dw2, skip, NULL, 0);
+    if (!w->direct16[0])
+        mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w->dw1, skip, NULL, 0);
+    if (!w->direct16[1])
+        mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w->dw2, skip, NULL, 0);
     if (c->bias) {
         mxfp8i_moe_store_flat_d(&grads->gate_and_up_proj_bias_grad, w->db1, c->skip_grad_initialization);
         mxfp8i_moe_store_flat_d(&grads->down_proj_bias_grad, w->db2, c->skip_grad_initialization);
@@ -186,6 +193,7 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
 /* Expert-major: expert e's blocks in ascending block order, its weight gradients accumulated in one expert-sized FP32
  * pair and then rounded into the staging copies (the last expert's stay in the pair for store_outputs). */
 static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
+    w->out1 = grads->gate_up_proj_weight_grad.data, w->out2 = grads->down_proj_weight_grad.data;
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2)); /* per block: later experts find them zeroed by the staging */
@@ -202,9 +210,9 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
         if (e == p->E - 1) break;
         const int skip = p->cfg.skip_grad_initialization;
         /* the per-block path accumulates into zeroed pairs; the segmented one overwrites them (no clearing) */
-        if (!w->stage16[0]) /* else already rounded into the staging copy by the segmented GEMM */
+        if (!w->direct16[0]) /* else already rounded into the output by the segmented GEMM */
             mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1, !w->seg);
-        if (!w->stage16[1])
+        if (!w->direct16[1])
             mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2, !w->seg);
     }
     return MXFP8_OK;

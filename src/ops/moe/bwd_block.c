@@ -287,11 +287,11 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     const int ns = w->nseg;
-    /* where each weight gradient goes: the BF16 staging copy (experts before the last, when stage16) or the FP32
-       accumulator, which starts every expert at +0 (zeroed once; each expert's segmented GEMM writes all of it) */
-    const int s1 = w->stage16[0] && e < p->E - 1, s2 = w->stage16[1] && e < p->E - 1;
-    void *c1 = s1 ? (void *)((uint16_t *)w->sw1 + e * H * I2) : (void *)w->dw1;
-    void *c2 = s2 ? (void *)((uint16_t *)w->sw2 + e * I * H) : (void *)w->dw2;
+    /* where each weight gradient goes: expert e of the BF16 output (direct16) or the FP32 accumulator, which starts
+       every expert at +0 (zeroed once; each expert's segmented GEMM writes all of it) */
+    const int s1 = w->direct16[0], s2 = w->direct16[1];
+    void *c1 = s1 ? (void *)((uint16_t *)w->out1 + e * H * I2) : (void *)w->dw1;
+    void *c2 = s2 ? (void *)((uint16_t *)w->out2 + e * I * H) : (void *)w->dw2;
     if (ns == 0) { /* an expert with no tokens: zero weight gradients (the accumulators may hold the last expert's) */
         memset(c1, 0, (s1 ? sizeof(uint16_t) : sizeof(float)) * (size_t)(H * I2)); /* BF16 +0 is 0x0000 */
         memset(c2, 0, (s2 ? sizeof(uint16_t) : sizeof(float)) * (size_t)(I * H));

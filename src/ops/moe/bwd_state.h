@@ -33,9 +33,10 @@ typedef struct mxfp8i_moe_bwd {
     int nseg;                        /**< blocks of the current expert so far */
     int64_t rows;                    /**< their rows */
     mxfp8i_gop *sops;                /**< [2 * Se]: the A and B operands of one segmented GEMM */
-    int stage16[2];                  /**< segmented, BF16 contiguous dW1 / dW2 without skip_grad_initialization:
-                                          experts 0..E-2 are rounded by their segmented GEMM straight into the
-                                          staging copy (the same to_bf16 of the same FP32 sums) */
+    int direct16[2];                 /**< segmented, BF16 contiguous dW1 / dW2 without skip_grad_initialization:
+                                          each expert is rounded by its segmented GEMM straight into the output
+                                          (the same to_bf16 of the same FP32 sums; no staging copy) */
+    void *out1, *out2;               /**< the outputs' data (direct16) */
 } mxfp8i_moe_bwd;
 
 /** Test-only switch between the two weight-gradient paths (-1: by size, the default; 0: per block; 1: segmented).
