@@ -1,7 +1,8 @@
 /*
  * bench_moe.c -- the blockwise MoE layer at the upstream problem (H, T, E, B, TopK, I) = (1024, 1024, 4, 512, 4,
- * 256), a fine-grained one (1024, 2048, 64, 128, 8, 256: 256 tokens per expert) and a larger one (2048, 8192, 8,
- * 512, 2, 1024), BF16 tensors, E4M3:
+ * 256), a fine-grained one (1024, 2048, 64, 128, 8, 256: 256 tokens per expert), the MoE layers of a training
+ * step (D, 2048, 8, 128, 2, I) at D = 1024 (I = 1024) and D = 256 (I = 512), and a larger one (2048, 8192, 8, 512,
+ * 2, 1024), BF16 tensors, E4M3:
  *   - mxfp8_moe_backward with all four forward checkpoints given (no recompute); FLOPs = the GEMM FLOPs of phases
  *     1-4 = 12 x rows x H x I;
  *   - mxfp8_moe_forward writing the output only; FLOPs = 6 x rows x H x I (gate/up projection 4, down 2).
@@ -241,9 +242,11 @@ void bench_moe(bench_ctx *b) {
     static const moe_prob probs[] = {
         {1024, 1024, 4, 512, 4, 256},  /* upstream */
         {1024, 2048, 64, 128, 8, 256}, /* fine-grained: many small experts, 256 tokens each */
+        {1024, 2048, 8, 128, 2, 1024}, /* a training step's MoE layer at width D = 1024 */
+        {256, 2048, 8, 128, 2, 512},   /* and at D = 256 */
         {2048, 8192, 8, 512, 2, 1024}, /* larger */
     };
-    int nprob = b->o.quick ? 2 : 3, nt = b->o.threads;
+    int nprob = b->o.quick ? 4 : 5, nt = b->o.threads;
     bench_set_threads(nt);
     cJSON *jb = cJSON_AddArrayToObject(b->root, "moe");
     cJSON *jf = cJSON_AddArrayToObject(b->root, "moe_forward");

@@ -34,6 +34,7 @@ struct gemm_ctx {
     const mxfp8_matmul_config *cfg;
     const mxfp8i_ukernel *uk;
     mxfp8i_to_bf16_fn to_bf16;    /* the registry's FP32 -> BF16 rounding (epilogue) */
+    mxfp8i_add_f32_fn add_f32;    /* and its FP32 accumulation (epilogue with accumulate) */
     int accumulate;
     const mxfp8_tensor *c;
     int64_t M, N, K, MCb, NCb, MB, NB, ldcb;
@@ -41,6 +42,7 @@ struct gemm_ctx {
     char *Bp, *Ap;
     char *tbuf;                   /* every thread's buffers, thread t's at tbuf + t * tstride: */
     int64_t tstride, off_s, off_t, off_a; /* accumulators at 0, packing scratch, tmp, A block row (byte offsets) */
+    int64_t off_acc;              /* segmented calls: the register tile's running C and segment sum */
     char *ash[2];                 /* coop: the A panels of block rows mb (ash[mb & 1]), packed by all threads */
     int b_ready;                  /* Bp already holds B's panels (a keyed slot of the workspace scope) */
     int coop;                     /* threads share the packing of each block row's A panels (shard along N) */
@@ -172,6 +174,10 @@ static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1,
     int64_t cs0 = c->strides[0], cs1 = c->strides[1], nn = n1 - n0;
     if (!x->accumulate && c->dtype == MXFP8_DTYPE_BF16 && cs1 == 1) { /* the common case: one call for all rows */
         x->to_bf16(cb, x->ldcb, (uint16_t *)c->data + m0 * cs0 + n0, cs0, m1 - m0, nn);
+        return;
+    }
+    if (x->accumulate && cs1 == 1) { /* C + sum, one FP32 addition per element, all rows in one call */
+        x->add_f32(cb, x->ldcb, (float *)c->data + m0 * cs0 + n0, cs0, m1 - m0, nn);
         return;
     }
     for (int64_t m = m0; m < m1; m++) {
@@ -468,6 +474,7 @@ static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const 
     gemm_sizes z;
     if (!prepare(&x, &cfg, &z, config, M, N, K, num_threads)) return MXFP8_ERR_OUT_OF_MEMORY;
     x.to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
+    x.add_f32 = mxfp8i_kernels_get()->quant->add_f32;
     x.a = a;
     x.b = b;
     x.accumulate = accumulate;
@@ -486,4 +493,199 @@ mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_ma
     gemm_sizes z;
     if (!prepare(&x, &cfg, &z, config, M, N, K, num_threads)) return MXFP8_ERR_OUT_OF_MEMORY;
     return get_buffers(&x, &z, keyed_slot, 0) ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
+}
+
+/* ---- segmented accumulation: C += A_0 B_0^T, then C += A_1 B_1^T, ... (gemm.h, mxfp8i_gemm_segments) ----
+ * Every segment's A and B panels are packed first (threads share them round-robin, one barrier), then each thread
+ * walks its register tiles of C and, for each, the segments in order: the segment's chain over its K_s from +0,
+ * added to the tile's running value (held in L1 from the first segment to the last). Each C
+ * element therefore receives, segment after segment, the same additions the separate GEMMs would make, while the
+ * block of C stays in cache across the segments instead of travelling to memory and back once per segment. */
+
+/* Segment s of a segmented call as a gemm_ctx of its own (its operands, K_s, panels and their strides). */
+static void seg_ctx(const gemm_ctx *x, const mxfp8i_gop *a, const mxfp8i_gop *b, char *Ap, char *Bp, gemm_ctx *s) {
+    *s = *x;
+    s->a = a;
+    s->b = b;
+    s->K = a->K;
+    s->pa_stride = mxfp8i_round_up(x->uk->panel_bytes(a->K, x->uk->mr), 64);
+    s->pb_stride = mxfp8i_round_up(x->uk->panel_bytes(a->K, x->uk->nr), 64);
+    s->Ap = Ap;
+    s->Bp = Bp;
+    s->coop = 0;
+    s->b_ready = 0;
+}
+
+typedef struct seg_call {
+    const gemm_ctx *x;
+    gemm_ctx *segs; /* [nseg] */
+    int nseg;
+    int c_zero;     /* C holds +0 everywhere: not read, the running values start at +0 */
+} seg_call;
+
+static void seg_thread(const seg_call *sc, int tid, int nt) {
+    const gemm_ctx *x = sc->x;
+    const mxfp8i_ukernel *uk = x->uk;
+    const int64_t npa = mxfp8i_ceil_div(x->M, uk->mr), npb = mxfp8i_ceil_div(x->N, uk->nr);
+    /* 1: every segment's panels, shared round-robin (one unit = up to pack_step consecutive panels) */
+    int64_t unit = 0;
+    for (int s = 0; s < sc->nseg; s++) {
+        const gemm_ctx *g = &sc->segs[s];
+        for (int which = 0; which < 2; which++) {
+            const mxfp8i_gop *op = which ? g->b : g->a;
+            const int64_t np = which ? npb : npa, stride = which ? g->pb_stride : g->pa_stride;
+            char *dst = which ? g->Bp : g->Ap;
+            const int64_t step = pack_step(g, op, np, nt);
+            for (int64_t p = 0; p < np; p += step, unit++)
+                if (unit % nt == tid) pack_panels(g, tid, op, which, p, p + step < np ? p + step : np,
+                                                  dst + p * stride, stride);
+        }
+    }
+#ifdef _OPENMP
+    if (nt > 1) {
+#pragma omp barrier
+    }
+#endif
+    /* 2: this thread's register tiles along the shard axis (columns of tiles when sharded along N, else rows),
+     * each through all segments in order: the tile's running C in a contiguous buffer (loaded once, stored once),
+     * each segment's chain from +0 in a second one, then added: the same FP32 additions as the separate GEMMs. */
+    const int shard_n = x->cfg->lnc_2_shard_rhs != 0;
+    const int64_t nsh = shard_n ? npb : npa, nother = shard_n ? npa : npb;
+    const int64_t s0 = nsh * tid / nt, s1 = nsh * (tid + 1) / nt;
+    const int64_t mlo = shard_n ? 0 : s0, mhi = shard_n ? nother : s1;
+    const int64_t nlo = shard_n ? s0 : 0, nhi = shard_n ? s1 : nother;
+    const mxfp8_tensor *c = x->c;
+    const int64_t cs0 = c->strides[0], cs1 = c->strides[1], tk = x->cfg->tile_k;
+    float *acc = (float *)(x->tbuf + tid * x->tstride + x->off_acc), *ct = acc + uk->mr * uk->nr;
+    const int ld = uk->nr;
+    for (int64_t pm = mlo; pm < mhi; pm++)
+        for (int64_t pn = nlo; pn < nhi; pn++) {
+            const int64_t m0 = pm * uk->mr, n0 = pn * uk->nr;
+            const int mr = (int)(x->M - m0 < uk->mr ? x->M - m0 : uk->mr);
+            const int nr = (int)(x->N - n0 < uk->nr ? x->N - n0 : uk->nr);
+            const int bf16 = c->dtype == MXFP8_DTYPE_BF16; /* with c_zero: the sums rounded once at the end */
+            float *dst = bf16 ? NULL : (float *)c->data + m0 * cs0 + n0 * cs1;
+            for (int i = 0; i < mr && sc->c_zero; i++)
+                for (int j = 0; j < nr; j++) acc[i * ld + j] = 0.0f;
+            for (int i = 0; i < mr && !sc->c_zero; i++)
+                if (cs1 == 1) /* short rows: a loop, not a memcpy call */
+                    for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j];
+                else
+                    for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j * cs1];
+            for (int sg = 0; sg < sc->nseg; sg++) { /* the segments in order */
+                const gemm_ctx *g = &sc->segs[sg];
+                const char *ap = g->Ap + pm * g->pa_stride, *bp = g->Bp + pn * g->pb_stride;
+                for (int64_t k0 = 0; k0 < g->K; k0 += tk) {
+                    const int64_t kc = (k0 + tk < g->K ? k0 + tk : g->K) - k0;
+                    uk->run(k0, kc, ap, bp, ct, ld, mr, nr, k0 > 0);
+                }
+                x->add_f32(ct, ld, acc, ld, mr, nr);
+            }
+            if (bf16) {
+                uint16_t *d16 = (uint16_t *)c->data + m0 * cs0 + n0 * cs1;
+                if (cs1 == 1) x->to_bf16(acc, ld, d16, cs0, mr, nr);
+                else
+                    for (int i = 0; i < mr; i++)
+                        for (int j = 0; j < nr; j++) d16[i * cs0 + j * cs1] = mxfp8i_fp32_to_bf16(acc[i * ld + j]);
+                continue;
+            }
+            for (int i = 0; i < mr; i++)
+                if (cs1 == 1)
+                    for (int j = 0; j < nr; j++) dst[i * cs0 + j] = acc[i * ld + j];
+                else
+                    for (int j = 0; j < nr; j++) dst[i * cs0 + j * cs1] = acc[i * ld + j];
+        }
+}
+
+/* The per-thread area of a segmented call: the thread layout of a GEMM plus the two register-tile buffers. */
+static void seg_layout(gemm_ctx *x) {
+    x->off_acc = x->tstride;
+    x->tstride += mxfp8i_round_up((int64_t)x->uk->mr * x->uk->nr * 2 * (int64_t)sizeof(float), 64);
+}
+
+/* Bytes of the A and B panels of nseg segments: the contractions a[s].K (a = NULL: Kmax each). */
+static bool seg_bytes(const gemm_ctx *x, const mxfp8i_gop *a, int nseg, int64_t Kmax, int64_t *ab, int64_t *bb) {
+    const mxfp8i_ukernel *uk = x->uk;
+    const int64_t npa = mxfp8i_ceil_div(x->M, uk->mr), npb = mxfp8i_ceil_div(x->N, uk->nr);
+    *ab = *bb = 0;
+    for (int s = 0; s < nseg; s++) {
+        const int64_t k = a ? a[s].K : Kmax, pa = mxfp8i_round_up(uk->panel_bytes(k, uk->mr), 64),
+                      pb = mxfp8i_round_up(uk->panel_bytes(k, uk->nr), 64);
+        int64_t sa, sb;
+        if (!mxfp8i_mul_size(npa, pa, &sa) || !mxfp8i_mul_size(npb, pb, &sb)) return false;
+        *ab += sa, *bb += sb;
+        if (*ab < 0 || *bb < 0) return false;
+    }
+    return true;
+}
+
+mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg, int c_zero,
+                                  const mxfp8_matmul_config *config, const mxfp8_tensor *c, int num_threads) {
+    if (nseg <= 0 || a[0].R == 0 || b[0].R == 0) return MXFP8_OK;
+    int64_t Kmax = 0;
+    for (int s = 0; s < nseg; s++)
+        if (a[s].K > Kmax) Kmax = a[s].K;
+    /* The buffers come from the open scope's arena (a private one when this GEMM runs alone). */
+    mxfp8i_scope scope;
+    if (mxfp8i_scope_begin(&scope, NULL)) return MXFP8_ERR_OUT_OF_MEMORY;
+    mxfp8_status st = MXFP8_ERR_OUT_OF_MEMORY;
+    mxfp8_matmul_config cfg;
+    gemm_ctx x;
+    gemm_sizes z;
+    int64_t ab, bb;
+    if (!prepare(&x, &cfg, &z, config, a[0].R, b[0].R, Kmax, num_threads) || !seg_bytes(&x, a, nseg, 0, &ab, &bb))
+        goto done;
+    x.to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
+    x.add_f32 = mxfp8i_kernels_get()->quant->add_f32;
+    x.accumulate = 1;
+    x.c = c;
+    x.coop = 0;
+    seg_layout(&x);
+    char *Ap = mxfp8i_ws_get(MXFP8I_WS_GEMM_A, (size_t)ab), *Bp = mxfp8i_ws_get(MXFP8I_WS_GEMM_B, (size_t)bb);
+    gemm_ctx *segs = (gemm_ctx *)mxfp8i_ws_get(MXFP8I_WS_GEMM_SEGS, sizeof(gemm_ctx) * (size_t)nseg);
+    x.tbuf = mxfp8i_ws_get(MXFP8I_WS_GEMM_THREADS, (size_t)(x.tstride * x.nt));
+    if (!Ap || !Bp || !segs || !x.tbuf) goto done;
+    for (int s = 0; s < nseg; s++) {
+        seg_ctx(&x, &a[s], &b[s], Ap, Bp, &segs[s]);
+        Ap += mxfp8i_ceil_div(x.M, x.uk->mr) * segs[s].pa_stride;
+        Bp += mxfp8i_ceil_div(x.N, x.uk->nr) * segs[s].pb_stride;
+    }
+    seg_call sc = {&x, segs, nseg, c_zero};
+    unsigned csr = mxfp8i_fenv_enter();
+    if (x.nt == 1) {
+        seg_thread(&sc, 0, 1);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(x.nt)
+        {
+            unsigned wcsr = mxfp8i_fenv_enter();
+            seg_thread(&sc, omp_get_thread_num(), omp_get_num_threads());
+            mxfp8i_fenv_leave(wcsr);
+        }
+#else
+        seg_thread(&sc, 0, 1);
+#endif
+    }
+    mxfp8i_fenv_leave(csr);
+    st = MXFP8_OK;
+done:
+    mxfp8i_scope_end(&scope);
+    return st;
+}
+
+mxfp8_status mxfp8i_gemm_segments_reserve(int64_t M, int64_t N, int64_t Kmax, int nseg,
+                                          const mxfp8_matmul_config *config, int num_threads) {
+    if (M <= 0 || N <= 0 || Kmax <= 0 || nseg <= 0) return MXFP8_OK;
+    mxfp8_matmul_config cfg;
+    gemm_ctx x;
+    gemm_sizes z;
+    int64_t ab, bb;
+    if (!prepare(&x, &cfg, &z, config, M, N, Kmax, num_threads) || !seg_bytes(&x, NULL, nseg, Kmax, &ab, &bb))
+        return MXFP8_ERR_OUT_OF_MEMORY;
+    seg_layout(&x);
+    return mxfp8i_ws_get(MXFP8I_WS_GEMM_A, (size_t)ab) && mxfp8i_ws_get(MXFP8I_WS_GEMM_B, (size_t)bb) &&
+                   mxfp8i_ws_get(MXFP8I_WS_GEMM_SEGS, sizeof(gemm_ctx) * (size_t)nseg) &&
+                   mxfp8i_ws_get(MXFP8I_WS_GEMM_THREADS, (size_t)(x.tstride * x.nt))
+               ? MXFP8_OK
+               : MXFP8_ERR_OUT_OF_MEMORY;
 }

@@ -105,6 +105,21 @@ mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxf
 mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_matmul_config *config, int num_threads,
                                  int keyed_slot);
 
+/** Segmented accumulation: for s = 0 .. nseg-1 in order, C (F32 [a[0].R, b[0].R]; or BF16 with c_zero, the FP32
+ *  result rounded once (RNE, the registry's to_bf16) at the end) += the GEMM of a[s], b[s]
+ *  (a[s].R = a[0].R, b[s].R = b[0].R, a[s].K = b[s].K >= 1, each with its own rounding): bitwise what nseg calls of
+ *  mxfp8i_gemm_gop with accumulate = 1 give (each element: C + the segment's fmaf chain from +0, one FP32 addition
+ *  per segment, segments in order), with each block of C kept in cache across the segments instead of read and
+ *  written once per segment. Every segment's panels are packed first (shared by the threads, one barrier); threads
+ *  own output blocks as in mxfp8i_gemm_gop. c_zero = 1: the caller vouches that C holds +0 everywhere, so C is
+ *  not read (its running values start at +0: the same bits) and the output is written once. OK or OUT_OF_MEMORY
+ *  (C untouched). */
+mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg, int c_zero,
+                                  const mxfp8_matmul_config *config, const mxfp8_tensor *c, int num_threads);
+/** Reserve what a later mxfp8i_gemm_segments of C [M, N] with at most nseg segments of contraction <= Kmax takes. */
+mxfp8_status mxfp8i_gemm_segments_reserve(int64_t M, int64_t N, int64_t Kmax, int nseg,
+                                          const mxfp8_matmul_config *config, int num_threads);
+
 /* ---- packing (pack.c) ---- */
 /** Dequantized values of row r of an operand for k in [0, K): out[k] (exact FP32). Quantizes high-precision rows
  *  group by group (reference quantizer). `tmp` holds at least K floats of scratch. */

@@ -85,6 +85,11 @@ typedef void (*mxfp8i_to_bf16_fn)(const float *src, int64_t ld_src, uint16_t *ds
 typedef void (*mxfp8i_bf16_t_fn)(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
                                  int64_t cols);
 
+/** FP32 accumulation rows (the GEMM epilogue with accumulate): dst[r*ld_dst + j] = dst[r*ld_dst + j] +
+ *  src[r*ld_src + j] for r < rows, j < n, one IEEE FP32 addition (RNE, no FTZ/DAZ under the GEMM's MXCSR) each. */
+typedef void (*mxfp8i_add_f32_fn)(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
+                                  int64_t n);
+
 /** The quantization kernels of one ISA (the registry's quantize and dequantize slots; the FP32 -> BF16 rounding of
  *  the GEMM epilogue and the transposing BF16 load of the MoE checkpoints come with them). */
 typedef struct mxfp8i_qkernel {
@@ -96,6 +101,7 @@ typedef struct mxfp8i_qkernel {
     mxfp8i_dqpanel_fn dequantize;
     mxfp8i_to_bf16_fn to_bf16;
     mxfp8i_bf16_t_fn bf16_t;
+    mxfp8i_add_f32_fn add_f32;
 } mxfp8i_qkernel;
 
 /* ---- the per-group reference (src/kernels/ref/quant_ref.c) ----

@@ -25,6 +25,7 @@ enum {
     MXFP8I_WS_GEMM_ASH0,    /**< the two shared A block rows (threads split along N) */
     MXFP8I_WS_GEMM_ASH1,
     MXFP8I_WS_GEMM_THREADS, /**< every thread's accumulators, scratch and A block row, one after the other */
+    MXFP8I_WS_GEMM_SEGS,    /**< the per-segment plans of a segmented GEMM (mxfp8i_gemm_segments) */
     /* mxfp8_matmul_backward */
     MXFP8I_WS_MATMUL_DY,    /**< dY's exact FP32 values when it is pre-quantized or swizzled */
     /* the MoE layer (src/ops/moe/): the routing table, weight copies, and up to 24 layer buffers */

@@ -72,7 +72,8 @@ def test_matmul_rows(doc):
 def test_moe_rows(doc, key):
     rows = doc[key]
     probs = [(r["H"], r["T"], r["E"], r["B"], r["TopK"], r["I"]) for r in rows]
-    assert probs == [(1024, 1024, 4, 512, 4, 256), (1024, 2048, 64, 128, 8, 256)]  # --quick: not the larger one
+    assert probs == [(1024, 1024, 4, 512, 4, 256), (1024, 2048, 64, 128, 8, 256), (1024, 2048, 8, 128, 2, 1024),
+                     (256, 2048, 8, 128, 2, 512)]  # --quick: not the larger one
     for r in rows:
         for k in ("blocks", "ms", "fraction_of_peak_real_rows", "fraction_of_peak_all_blocks", "speedup_vs_onednn",
                   "thread_scaling", "gflop_real_rows", "gflop_all_blocks"):

@@ -165,6 +165,16 @@ static int64_t bound_moe(int64_t T, int64_t H, int64_t I, int64_t E, int64_t B, 
            4 * (N * B + N) + ws_gemm + omp_overhead(nt);
 }
 
+/* The segmented weight gradients' bytes beyond the per-block path (include/mxfp8.h): Re = the most positions of one
+ * expert (<= T for mxfp8_moe_route's layout), Se = the most blocks of one expert (<= N). */
+static int64_t bound_moe_segmented_extra(int64_t T, int64_t H, int64_t I, int64_t B, int64_t Re, int64_t Se, int nt) {
+    int64_t Bw = B < T ? B : T;
+    if (Bw < 1) Bw = 1;
+    return 4 * (Re - Bw) * (2 * H + 3 * I) + 4 * Se * Bw * (H + 2 * I + 64) + 8192 * (int64_t)nt + 320 * Se;
+}
+
+int mxfp8i_moe_set_segmented_wgrad(int mode); /* src/ops/moe/bwd_state.h (test-only: -1 by size, 0, 1) */
+
 static float *frand(int64_t n, uint64_t seed) {
     tu_rng r = {seed};
     float *p = tu_alloc((size_t)n * sizeof(float));
@@ -324,6 +334,15 @@ static void test_moe_backward(void) {
     mxfp8_moe_backward(&args, &g);
     report("mxfp8_moe_backward T 40 H 64 I 32 E 3 B 8", ws_end(m, "moe_backward"),
            bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) + 8 * I * (H + 32));
+    /* the segmented weight gradients (chosen by size for larger experts; forced here) */
+    mxfp8i_moe_set_segmented_wgrad(1);
+    TU_CHECK(mxfp8_moe_backward(&args, &g) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
+    m = ws_begin();
+    mxfp8_moe_backward(&args, &g);
+    report("mxfp8_moe_backward, segmented weight grads", ws_end(m, "moe_backward"),
+           bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) + 8 * I * (H + 32) +
+               bound_moe_segmented_extra(T, H, I, B, T, N, info.num_threads));
+    mxfp8i_moe_set_segmented_wgrad(-1);
 
     /* Every allocation of the call, failed in turn (its workspace scope, the routing table, every layer buffer and
        every block GEMM's, all obtained by its reservation before the first block runs): OUT_OF_MEMORY, no output
@@ -332,9 +351,17 @@ static void test_moe_backward(void) {
     mxfp8_moe_config mc;
     mxfp8_moe_config_init(&mc);
     args.config = &mc;
-    for (int mode = 0; mode < 2; mode++) {
-        mc.skip_grad_initialization = mode;
-        mc.accumulate_hidden_states_grad = mode;
+    const mxfp8_moe_bwd_grads g32 = g;
+    for (int mode = 0; mode < 6; mode++) { /* modes 2-5: the segmented weight gradients; 4, 5: BF16 weight grads */
+        mc.skip_grad_initialization = mode & 1;
+        mc.accumulate_hidden_states_grad = mode & 1;
+        mxfp8i_moe_set_segmented_wgrad(mode >= 2 ? 1 : -1);
+        g = g32;
+        if (mode >= 4) { /* BF16 views over the first half of the same buffers (mode 4: written straight by the
+                            segmented GEMMs, no staging copy) */
+            g.gate_up_proj_weight_grad = mxfp8_tensor_make(dw1, MXFP8_DTYPE_BF16, 4, (const int64_t[]){E, H, 2, I});
+            g.down_proj_weight_grad = mxfp8_tensor_make(dw2, MXFP8_DTYPE_BF16, 3, (const int64_t[]){E, I, H});
+        }
         float *outs[4] = {dx, da, dw1, dw2};
         const int64_t cnt[4] = {T * H, T * E, E * H * 2 * I, E * I * H};
         float *keep[4];
@@ -368,6 +395,8 @@ static void test_moe_backward(void) {
                  (long long)failed);
         for (int o = 0; o < 4; o++) free(keep[o]);
     }
+    mxfp8i_moe_set_segmented_wgrad(-1);
+    g = g32;
     free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(dx), free(da), free(dw1), free(dw2);
 }
 
@@ -781,10 +810,17 @@ static void test_reserve_moe(void) {
         }
         free(xd), free(w1d), free(w2d), free(b1d), free(b2d), free(out);
     }
-    for (int variant = 0; variant < 4; variant++) { /* the backward */
-        static const char *what[4] = {"moe_backward f32, recomputed", "moe_backward bf16, biases, checkpoints",
+    /* the backward, on each weight-gradient path (by size: per block here; and the segmented one forced) */
+    for (int v8 = 0; v8 < 8; v8++) {
+        const int variant = v8 % 4;
+        mxfp8i_moe_set_segmented_wgrad(v8 < 4 ? -1 : 1);
+        static const char *what[8] = {"moe_backward f32, recomputed", "moe_backward bf16, biases, checkpoints",
                                       "moe_backward affinity on H, recomputed, stats",
-                                      "moe_backward pre-quantized weights, on H"};
+                                      "moe_backward pre-quantized weights, on H",
+                                      "moe_backward f32, recomputed, segmented",
+                                      "moe_backward bf16, biases, checkpoints, segmented",
+                                      "moe_backward affinity on H, recomputed, stats, segmented",
+                                      "moe_backward pre-quantized weights, on H, segmented"};
         const mxfp8_dtype dt = variant == 1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
         const size_t es = mxfp8_dtype_size(dt);
         moe_ctx m;
@@ -830,10 +866,11 @@ static void test_reserve_moe(void) {
             m.ba.gate_up_proj_weight = QB1, m.ba.gate_up_weight_scales = SB1;
             m.ba.down_proj_weight = QB2, m.ba.down_weight_scales = SB2;
         }
-        sized_call c = {what[variant], moe_bwd_validate_c, moe_bwd_call_c, &m, out, (size_t)nout * es};
+        sized_call c = {what[v8], moe_bwd_validate_c, moe_bwd_call_c, &m, out, (size_t)nout * es};
         check_sized(&c);
         free(xd), free(w1d), free(w2d), free(dyd), free(b1d), free(b2d), free(out);
     }
+    mxfp8i_moe_set_segmented_wgrad(-1);
     free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(b1), free(b2), free(stats), free(ck);
     free(qf1), free(sf1), free(qf2), free(sf2), free(qb1), free(sb1), free(qb2), free(sb2);
 }

@@ -341,6 +341,19 @@ void mxfp8i_to_bf16__avx512(const float *src, int64_t ld_src, uint16_t *dst, int
     }
 }
 
+/* dst += src, 16 lanes of VADDPS (the same IEEE FP32 addition per element as the scalar loop). */
+void mxfp8i_add_f32__avx512(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = src + r * ld_src;
+        float *d = dst + r * ld_dst;
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 m = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+            _mm512_mask_storeu_ps(d + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + j), _mm512_maskz_loadu_ps(m, s + j)));
+        }
+    }
+}
+
 const mxfp8i_qkernel mxfp8i_mx_quant__avx512 = {"mx_quant_panel__avx512", "avx512", 1, MXFP8I_NEEDS_AVX512,
                                                 mxfp8i_quantize_panel__avx512, mxfp8i_dequantize_panel__avx512,
-                                                mxfp8i_to_bf16__avx512, mxfp8i_bf16_t__avx512};
+                                                mxfp8i_to_bf16__avx512, mxfp8i_bf16_t__avx512,
+                                                mxfp8i_add_f32__avx512};

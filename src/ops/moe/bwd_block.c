@@ -1,8 +1,11 @@
 /*
  * bwd_block.c -- one block of blockwise_mm_bwd_mxfp8 [NKI-E]: gather, g/u/act/inter (checkpoints or recomputed),
- * Phase 1, the affinity gradient and the activation backward, the bias sums, Phase 2 and its scatter, Phases 3 and 4.
+ * Phase 1, the affinity gradient and the activation backward, Phase 2 with its scatter and the bias sums, Phases 3
+ * and 4 (per block, or at the end of the expert as segmented GEMMs: mxfp8i_moe_wgrad_segments).
  * Math: bwd.c's file comment. Threads split GEMM output tiles, rows of elementwise work and column ranges of sums
- * and scatters (positions always in order), so every result is independent of the thread count.
+ * and scatters (positions always in order), so every result is independent of the thread count. Between the GEMMs
+ * a block has three parallel regions (gathers + checkpoints + forward values; affinity gradient + activation
+ * backward; scatter + bias sums), each thread's work in one region being row- or column-local.
  */
 #include "bwd_state.h"
 #include "../../kernels/registry.h"
@@ -12,18 +15,18 @@ static inline float ck3(const mxfp8_tensor *t, int64_t n, int64_t x, int64_t y) 
     return mxfp8i_load_f32(t->data, t->dtype, n * t->strides[0] + x * t->strides[1] + y * t->strides[2]);
 }
 
-/* X and dY rows of the block's tokens (padding rows zero); X in mxfp8i_moe_xb_dtype, dY in FP32. */
-static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
+/* Positions [q0, q1) of the block: X and dY rows of their tokens (padding rows zero; X in mxfp8i_moe_xb_dtype, dY
+ * in FP32). */
+static void gather_rows(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t q0, int64_t q1) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q = 0; q < L; q++) {
+    for (int64_t q = q0; q < q1; q++) {
         mxfp8i_moe_x_row(&p->X, tok[q], H, w->xb, q);
         if (tok[q] < 0) {
             memset(w->dyb + q * H, 0, (size_t)H * sizeof(float));
             continue;
         }
-        if (q + 1 < L && tok[q + 1] >= 0) {
+        if (q + 1 < q1 && tok[q + 1] >= 0) {
             mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
             mxfp8i_moe_prefetch_row(&p->dY, tok[q + 1], H);
         }
@@ -31,32 +34,51 @@ static void gather(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t L, int nt) {
     }
 }
 
-/* A checkpoint's [I] x [L] block (positions innermost, strides si, sq) into d[q][i], read in 16-row blocks of i. */
-static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq, int64_t I, int64_t L, float *d, int nt) {
-    const mxfp8i_bf16_t_fn bf16_t = mxfp8i_kernels_get()->quant->bf16_t;
-#pragma omp parallel for schedule(static) num_threads(nt)
+/* Positions [q0, q1) of a checkpoint's [I] x [positions] block (positions innermost, strides si, sq) into d[q][i],
+ * read in 16-row blocks of i (each row's positions contiguous when sq = 1). */
+static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq, int64_t I, int64_t q0, int64_t q1,
+                    float *d) {
+    if (q1 <= q0) return;
+    if (t->dtype == MXFP8_DTYPE_BF16 && sq == 1) { /* the registry's transposing load */
+        mxfp8i_kernels_get()->quant->bf16_t((const uint16_t *)t->data + base + q0, si, d + q0 * I, I, I, q1 - q0);
+        return;
+    }
     for (int64_t i0 = 0; i0 < I; i0 += 16) {
         const int64_t i1 = i0 + 16 < I ? i0 + 16 : I;
         if (t->dtype == MXFP8_DTYPE_F32) {
             const float *src = (const float *)t->data + base;
-            for (int64_t q = 0; q < L; q++)
+            for (int64_t q = q0; q < q1; q++)
                 for (int64_t i = i0; i < i1; i++) d[q * I + i] = src[i * si + q * sq];
-        } else if (t->dtype == MXFP8_DTYPE_BF16 && sq == 1) { /* the registry's transposing load */
-            bf16_t((const uint16_t *)t->data + base + i0 * si, si, d + i0, I, i1 - i0, L);
         } else if (t->dtype == MXFP8_DTYPE_BF16) {
             const uint16_t *src = (const uint16_t *)t->data + base;
-            for (int64_t q = 0; q < L; q++)
+            for (int64_t q = q0; q < q1; q++)
                 for (int64_t i = i0; i < i1; i++) d[q * I + i] = mxfp8i_bf16_to_fp32(src[i * si + q * sq]);
         } else {
-            for (int64_t q = 0; q < L; q++)
+            for (int64_t q = q0; q < q1; q++)
                 for (int64_t i = i0; i < i1; i++) d[q * I + i] = mxfp8i_load_f32(t->data, t->dtype, base + i * si + q * sq);
         }
     }
 }
 
-/* g, u, act(g), inter (checkpoints, else the forward's GEMM 1 + b1 + clamp), and the Phase 4 operand S = a*inter
- * (ON_I) or the Phase 1 operand D = a*dY (ON_H). Sets w->have_sg when w->sg holds sigmoid(c g) of every position. */
-static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
+/* Positions [q0, q1) of every given checkpoint ([n, (j,) i, q]) into the [q][i] buffers g, u, act, inter, S. */
+static void read_checkpoints(mxfp8i_moe_bwd *w, int64_t n, int64_t q0, int64_t q1) {
+    const mxfp8_moe_bwd_args *a = w->args;
+    const mxfp8_tensor *ckt[5] = {&a->gate_up_proj_act_checkpoint_T, &a->gate_up_proj_act_checkpoint_T,
+                                  &a->gate_act_checkpoint_T, &a->intermediate_checkpoint_T,
+                                  &a->scaled_intermediate_checkpoint_T};
+    float *dst[5] = {w->g, w->u, w->act, w->inter, w->S};
+    for (int k = 0; k < 5; k++) {
+        const mxfp8_tensor *t = ckt[k];
+        if (!t->data || (k == 4 && w->onH)) continue;
+        const int four = t->ndim == 4;
+        const int64_t base = n * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
+        read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], w->p->I, q0, q1, dst[k]);
+    }
+}
+
+/* Positions [q0, q1): g, u, act(g), inter (from the checkpoints read, else from GU + b1 + clamp), and the Phase 4
+ * operand S = a*inter (ON_I) or the Phase 1 operand D = a*dY (ON_H); zeros at padding positions. */
+static void forward_rows(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t q0, int64_t q1) {
     const mxfp8i_moe *p = w->p;
     const mxfp8_moe_config *c = &p->cfg;
     const mxfp8_moe_bwd_args *a = w->args;
@@ -64,25 +86,7 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
                        *ck_inter = &a->intermediate_checkpoint_T, *ck_s = &a->scaled_intermediate_checkpoint_T,
                        *ck_D = &a->down_proj_act_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
-    if (!ck_gu->data) { /* the forward's GEMM 1: GU = X_blk @ W1[e], contraction H */
-        mxfp8i_gop A = mxfp8i_gop_hp(w->xb, mxfp8i_moe_xb_dtype(&p->X), L, H, H, 1);
-        mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
-        mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
-        MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, w->gu, I2));
-    }
-    /* checkpoints ([n, (j,) i, q]: positions innermost) into the [q][i] buffers */
-    const mxfp8_tensor *ckt[5] = {ck_gu, ck_gu, ck_act, ck_inter, ck_s};
-    float *dst[5] = {w->g, w->u, w->act, w->inter, w->S};
-    for (int k = 0; k < 5; k++) {
-        const mxfp8_tensor *t = ckt[k];
-        if (!t->data || (k == 4 && w->onH)) continue;
-        const int four = t->ndim == 4;
-        const int64_t base = n * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
-        read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], I, L, dst[k], nt);
-    }
-    w->have_sg = !ck_act->data && mxfp8i_moe_sigmoid_act(c);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q = 0; q < L; q++) {
+    for (int64_t q = q0; q < q1; q++) {
         float *g = w->g + q * I, *u = w->u + q * I, *act = w->act + q * I, *inter = w->inter + q * I;
         float *S = w->onH ? NULL : w->S + q * I;
         if (tok[q] < 0) { /* padding: zeros */
@@ -103,6 +107,34 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
                 for (int64_t h = 0; h < H; h++) D[h] = aq * w->dyb[q * H + h];
         }
     }
+}
+
+/* The block's inputs and forward values: the gathers, the checkpoints, and g, u, act(g), inter, S or D (with the
+ * gate/up checkpoint: all in one parallel region, each thread on its positions; without it, the forward's GEMM 1
+ * (GU = X_blk @ W1[e], contraction H) between the gathers and the rest). Sets w->have_sg when w->sg holds
+ * sigmoid(c g) of every position. Row by row the same expressions whatever the split: bitwise equal for any thread
+ * count. */
+static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
+    const mxfp8i_moe *p = w->p;
+    const mxfp8_moe_bwd_args *a = w->args;
+    const int64_t H = p->H, I2 = 2 * p->I;
+    const int re_gu = !a->gate_up_proj_act_checkpoint_T.data;
+    w->have_sg = !a->gate_act_checkpoint_T.data && mxfp8i_moe_sigmoid_act(&p->cfg);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        const int64_t q0 = L * t / nt, q1 = L * (t + 1) / nt;
+        gather_rows(w, tok, q0, q1);
+        read_checkpoints(w, n, q0, q1);
+        if (!re_gu) forward_rows(w, n, e, tok, q0, q1);
+    }
+    if (!re_gu) return MXFP8_OK;
+    mxfp8i_gop A = mxfp8i_gop_hp(w->xb, mxfp8i_moe_xb_dtype(&p->X), L, H, H, 1);
+    mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM1_X, n, H, H, 1);
+    mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
+    mxfp8i_ws_bkey(2, (uint64_t)e + 1, W.data); /* W1[e] along H: packed once per expert (keyed slot 2) */
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, w->gu, I2));
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) forward_rows(w, n, e, tok, L * t / nt, L * (t + 1) / nt);
     return MXFP8_OK;
 }
 
@@ -120,6 +152,7 @@ static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
         mxfp8i_gop Ai = mxfp8i_gop_hp(w->inter, MXFP8_DTYPE_F32, L, I, I, 1);
         mxfp8i_moe_round_block(p, &Ai, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);
         mxfp8i_gop W2 = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
+        mxfp8i_ws_bkey(3, (uint64_t)e + 1, W2.data); /* W2[e] along I: keyed slot 3 */
         MXFP8I_FORWARD_IF_ERROR(
             mxfp8i_moe_gemm(p, e, &Ai, MXFP8_MOE_GEMM2_INTER, &W2, MXFP8_MOE_GEMM2_W2, 0, w->down, H));
     }
@@ -174,38 +207,36 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
         }
         for (int r = 0; r < rows; r++)
             if (tok[q0 + r] < 0) da[r] = 0.0;
-    }
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q = 0; q < L; q++) {
-        if (tok[q] < 0) {
-            memset(w->dgu + q * I2, 0, (size_t)I2 * sizeof(float));
-            continue;
+        for (int64_t q = q0; q < q0 + rows; q++) { /* the same positions' dGU rows, in the same parallel region */
+            if (tok[q] < 0) {
+                memset(w->dgu + q * I2, 0, (size_t)I2 * sizeof(float));
+                continue;
+            }
+            const float aq = mxfp8i_moe_aff(p, tok[q], e);
+            mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->g + q * I, w->u + q * I, w->act + q * I,
+                               w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
         }
-        const float aq = mxfp8i_moe_aff(p, tok[q], e);
-        mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->g + q * I, w->u + q * I, w->act + q * I,
-                           w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
     }
 }
 
-/* db1[e] += sum_p dGU;  db2[e] += sum_p a*dY (ON_I) or D (ON_H). FP64, positions in order, column ranges split. */
-static void bias_grads(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t L, int nt) {
+/* Thread t of nt: db1[e] += sum_p dGU;  db2[e] += sum_p a*dY (ON_I) or D (ON_H), on its column ranges. FP64,
+ * positions in order. */
+static void bias_grads(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t L, int t, int nt) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I2 = 2 * p->I;
     double *db1 = w->db1 + e * I2, *db2 = w->db2 + e * H;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        const int64_t k0 = I2 * t / nt, k1 = I2 * (t + 1) / nt, h0 = H * t / nt, h1 = H * (t + 1) / nt;
-        for (int64_t q = 0; q < L; q++) {
-            if (tok[q] < 0) continue;
-            const float aq = mxfp8i_moe_aff(p, tok[q], e);
-            for (int64_t k = k0; k < k1; k++) db1[k] += (double)w->dgu[q * I2 + k];
-            for (int64_t h = h0; h < h1; h++)
-                db2[h] += w->onH ? (double)w->D[q * H + h] : (double)(aq * w->dyb[q * H + h]);
-        }
+    const int64_t k0 = I2 * t / nt, k1 = I2 * (t + 1) / nt, h0 = H * t / nt, h1 = H * (t + 1) / nt;
+    for (int64_t q = 0; q < L; q++) {
+        if (tok[q] < 0) continue;
+        const float aq = mxfp8i_moe_aff(p, tok[q], e);
+        for (int64_t k = k0; k < k1; k++) db1[k] += (double)w->dgu[q * I2 + k];
+        for (int64_t h = h0; h < h1; h++)
+            db2[h] += w->onH ? (double)w->D[q * H + h] : (double)(aq * w->dyb[q * H + h]);
     }
 }
 
-/* Phase 2 (contraction 2I): dX_blk = dGU @ W1[e]^T, then scatter-added into dx in position order. */
+/* Phase 2 (contraction 2I): dX_blk = dGU @ W1[e]^T, then scatter-added into dx in position order; the bias sums in
+ * the same parallel region (both split by column ranges). */
 static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I2 = 2 * p->I;
@@ -214,8 +245,10 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_2I);
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P2_DGU, &W, MXFP8_MOE_P2_W1, 0, w->dxb, H));
+    const int bias = p->cfg.bias;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
+        if (bias) bias_grads(w, e, tok, L, t, nt);
         const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
         for (int64_t q = 0; q < L; q++) {
             if (tok[q] < 0) continue;
@@ -247,19 +280,57 @@ static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L)
     return mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P4_S, &B, MXFP8_MOE_P4_DY, 1, w->dw2, H);
 }
 
+/* Phases 3 and 4 of expert e over the blocks recorded by the driver, as two segmented GEMMs: per block the same
+ * operands (views of its rows of the expert-sized buffers, with its rounding) as phases34, the blocks' sums added
+ * in block order. */
+mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    const int ns = w->nseg;
+    /* where each weight gradient goes: expert e of the BF16 output (direct16) or the FP32 accumulator, which starts
+       every expert at +0 (zeroed once; each expert's segmented GEMM writes all of it) */
+    const int s1 = w->direct16[0], s2 = w->direct16[1];
+    void *c1 = s1 ? (void *)((uint16_t *)w->out1 + e * H * I2) : (void *)w->dw1;
+    void *c2 = s2 ? (void *)((uint16_t *)w->out2 + e * I * H) : (void *)w->dw2;
+    if (ns == 0) { /* an expert with no tokens: zero weight gradients (the accumulators may hold the last expert's) */
+        memset(c1, 0, (s1 ? sizeof(uint16_t) : sizeof(float)) * (size_t)(H * I2)); /* BF16 +0 is 0x0000 */
+        memset(c2, 0, (s2 ? sizeof(uint16_t) : sizeof(float)) * (size_t)(I * H));
+        return MXFP8_OK;
+    }
+    mxfp8i_gop *A = w->sops, *B = w->sops + ns;
+    const mxfp8_dtype xdt = mxfp8i_moe_xb_dtype(&p->X);
+    const size_t xes = mxfp8_dtype_size(xdt);
+    for (int s = 0; s < ns; s++) {
+        const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
+        A[s] = mxfp8i_gop_hp((const char *)w->xb0 + (size_t)(r * H) * xes, xdt, H, L, 1, H);
+        B[s] = mxfp8i_gop_hp(w->dgu0 + r * I2, MXFP8_DTYPE_F32, I2, L, 1, I2);
+        mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P3_X, n, H, 1, H);
+        mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P3_DGU, n, I2, 1, I2);
+    }
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, 1, c1,
+                                                     s1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32, I2));
+    for (int s = 0; s < ns; s++) {
+        const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
+        A[s] = mxfp8i_gop_hp(w->onH ? w->inter0 + r * I : w->S0 + r * I, MXFP8_DTYPE_F32, I, L, 1, I);
+        B[s] = mxfp8i_gop_hp(w->onH ? w->D0 + r * H : w->dyb0 + r * H, MXFP8_DTYPE_F32, H, L, 1, H);
+        mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P4_S, n, I, 1, I);
+        mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P4_DY, n, H, 1, H);
+    }
+    return mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P4_S, B, MXFP8_MOE_P4_DY, 1, c2,
+                                    s2 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32, H);
+}
+
 mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     const mxfp8i_moe *p = w->p;
     const int32_t *tok = p->tok + n * p->B;
     const int nt = mxfp8i_moe_nt((double)L * (double)(p->H + 2 * p->I)); /* elementwise work of this block */
     mxfp8i_moe_load_b1(p, e, w->b1);
     mxfp8i_moe_load_b2(p, e, w->b2);
-    gather(w, tok, L, nt);
     MXFP8I_FORWARD_IF_ERROR(forward_values(w, n, e, tok, L, nt));
     MXFP8I_FORWARD_IF_ERROR(phase1(w, n, e, L));
     activation_backward(w, n, e, tok, L, nt);
-    if (p->cfg.bias) bias_grads(w, e, tok, L, nt);
     MXFP8I_FORWARD_IF_ERROR(phase2(w, n, e, tok, L, nt));
-    MXFP8I_FORWARD_IF_ERROR(phases34(w, n, e, L));
+    if (!w->seg) MXFP8I_FORWARD_IF_ERROR(phases34(w, n, e, L)); /* else at the end of the expert */
     for (int64_t q = 0; q < L; q++)
         if (tok[q] >= 0) w->da[tok[q] * p->E + e] += w->dablk[q];
     return MXFP8_OK;

@@ -21,7 +21,30 @@ typedef struct mxfp8i_moe_bwd {
     float *sg;                       /**< sigmoid(c g) of the forward, for act'(g) (valid when have_sg) */
     int have_sg;
     double *dablk;
+    /* The segmented weight gradients (seg = 1: experts with weight-gradient accumulators beyond 2 MiB, bwd.c
+     * use_segmented): an expert's blocks keep their Phase 3 / 4 operands
+     * (xb, dgu, and S, dyb for AFFINITY_ON_I or inter, D for ON_H) in expert-sized buffers, block s at row so[s]
+     * (the *0 pointers; the per-block pointers above are moved to each block's rows), and one segmented GEMM per
+     * weight gradient adds the blocks' sums at the end of the expert (mxfp8i_gemm_segments). seg = 0: Phases 3
+     * and 4 run per block (mxfp8i_moe_bwd_block), the same bits. */
+    int seg;
+    float *xb0, *dgu0, *S0, *dyb0, *inter0, *D0;
+    int64_t *sn, *sL, *so;           /**< [Se]: the current expert's blocks (block id, length, first row) */
+    int nseg;                        /**< blocks of the current expert so far */
+    int64_t rows;                    /**< their rows */
+    mxfp8i_gop *sops;                /**< [2 * Se]: the A and B operands of one segmented GEMM */
+    int direct16[2];                 /**< segmented, BF16 contiguous dW1 / dW2 without skip_grad_initialization:
+                                          each expert is rounded by its segmented GEMM straight into the output
+                                          (the same to_bf16 of the same FP32 sums; no staging copy) */
+    void *out1, *out2;               /**< the outputs' data (direct16) */
 } mxfp8i_moe_bwd;
+
+/** Test-only switch between the two weight-gradient paths (-1: by size, the default; 0: per block; 1: segmented).
+ *  Not thread-safe: set it while no MoE backward runs. Returns the previous value. */
+int mxfp8i_moe_set_segmented_wgrad(int mode);
+
+/** Phases 3 and 4 of expert e over its blocks recorded in w (the segmented path). OUT_OF_MEMORY or OK. */
+mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e);
 
 /** Block n (expert e, L = its length > 0): every phase, accumulating into dx, dw1/dw2, da and the bias sums.
  *  MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (a GEMM's workspace). */

@@ -42,18 +42,19 @@ static void ck_block(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq
         }
     }
 }
+/* Thread t of nt's share of the checkpoints of block n: 16-row blocks of i of the [.., i, q] checkpoints, and the
+ * down projection's column range [H t / nt, H (t + 1) / nt) (the one its thread of the scatter finished). */
 static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const mxfp8_moe_fwd_outputs *o,
                               const float *g, const float *u, const float *act, const float *inter,
-                              const float *down, const float *aq) {
-    const int64_t B = p->B, I = p->I, H = p->H;
+                              const float *down, const float *aq, int t, int nt) {
+    const int64_t B = p->B, I = p->I, H = p->H, nib = (I + 15) / 16;
     const int32_t *tok = p->tok + n * B;
     const mxfp8_tensor *ck = &o->gate_up_proj_act_checkpoint_T;
     const mxfp8_tensor *cks[3] = {&o->gate_act_checkpoint_T, &o->intermediate_checkpoint_T,
                                   &o->scaled_intermediate_checkpoint_T};
     const float *srcs[3] = {act, inter, inter};
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)B * (double)I * 5.0))
-    for (int64_t i0 = 0; i0 < I; i0 += 16) {
-        const int64_t i1 = i0 + 16 < I ? i0 + 16 : I;
+    for (int64_t ib = nib * t / nt; ib < nib * (t + 1) / nt; ib++) {
+        const int64_t i0 = ib * 16, i1 = i0 + 16 < I ? i0 + 16 : I;
         if (ck->data) {
             const int64_t base = n * ck->strides[0];
             ck_block(ck, base, ck->strides[2], ck->strides[3], i0, i1, B, L, tok, g, I, NULL);
@@ -64,14 +65,20 @@ static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const m
                 ck_block(cks[c], n * cks[c]->strides[0], cks[c]->strides[1], cks[c]->strides[2], i0, i1, B, L, tok,
                          srcs[c], I, c == 2 ? aq : NULL);
     }
-    const mxfp8_tensor *d = &o->down_proj_output_checkpoint;
+    const mxfp8_tensor *d = &o->down_proj_output_checkpoint; /* the scatter's column range: its final values */
+    const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
     if (d->data)
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)B * (double)H))
         for (int64_t q = 0; q < B; q++) {
             const int real = q < L && tok[q] >= 0;
-            for (int64_t h = 0; h < H; h++)
+            for (int64_t h = h0; h < h1; h++)
                 st_ck(d, n * d->strides[0] + q * d->strides[1] + h * d->strides[2], real ? down[q * H + h] : 0.0f);
         }
+}
+/* Any checkpoint asked for. */
+static int any_checkpoint(const mxfp8_moe_fwd_outputs *o) {
+    return o->gate_up_proj_act_checkpoint_T.data || o->gate_act_checkpoint_T.data ||
+           o->intermediate_checkpoint_T.data || o->scaled_intermediate_checkpoint_T.data ||
+           o->down_proj_output_checkpoint.data;
 }
 
 typedef struct fwd_ws {
@@ -113,8 +120,10 @@ static mxfp8_status moe_fwd_reserve_job(const void *ctx) {
     return MXFP8_OK;
 }
 
-/* Block n of expert e, positions [0, L), L > 0: both GEMMs, the elementwise work, the weighted scatter into acc. */
-static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t e, int64_t L) {
+/* Block n of expert e, positions [0, L), L > 0: both GEMMs, the elementwise work, the weighted scatter into acc and
+ * the block's checkpoints (in the scatter's parallel region). */
+static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t e, int64_t L,
+                              const mxfp8_moe_fwd_outputs *o) {
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     const mxfp8_moe_config *c = &p->cfg;
     const int32_t *tok = p->tok + n * p->B;
@@ -151,6 +160,7 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM2_INTER, &W, MXFP8_MOE_GEMM2_W2, 0, down, H));
+    const int ckp = any_checkpoint(o);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
         const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
@@ -170,6 +180,7 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
                 dst[h] += a * d;
             }
         }
+        if (ckp) write_checkpoints(p, n, L, o, g, u, act, inter, down, aq, t, nt);
     }
     return MXFP8_OK;
 }
@@ -200,9 +211,14 @@ static mxfp8_status forward_scoped(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd
     memset(w.acc, 0, (size_t)(p->T * p->H) * sizeof(float));
     for (int64_t n = 0; n < p->N; n++) {
         const int64_t e = p->expert[n], L = mxfp8i_moe_block_len(p, n);
-        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(p, &w, n, e, L), MXFP8_ERR_INTERNAL,
+        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(p, &w, n, e, L, outputs), MXFP8_ERR_INTERNAL,
                                "%s: a block GEMM failed after its reservation", fn);
-        write_checkpoints(p, n, L, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq);
+        if (L == 0 && any_checkpoint(outputs)) { /* a padding-only block: zero checkpoints */
+            const int nt = mxfp8i_moe_nt((double)p->B * (double)(5 * p->I + p->H));
+#pragma omp parallel for schedule(static) num_threads(nt)
+            for (int t = 0; t < nt; t++)
+                write_checkpoints(p, n, 0, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq, t, nt);
+        }
     }
     mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
     mxfp8i_moe_stats_export(p, args->stats);

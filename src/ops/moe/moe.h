@@ -13,6 +13,7 @@
  *   bwd.c        mxfp8_moe_backward, mxfp8_moe_backward_validate: workspace (moe_bwd_reserve_job: every buffer)
  *                and the expert-major driver over the phases of bwd_block.c
  *   bwd_block.c  one block of the backward: recompute, Phase 1, activation backward, Phase 2 + scatter, Phases 3, 4
+ *                (per block, or an expert's blocks at once: mxfp8i_moe_wgrad_segments)
  *   store.c      rounding the FP32 / FP64 accumulators once into the output views
  *   numerics.c   gpt-oss SwiGLU's limits, stochastic rounding and statistics of the GEMM operands
  *   golden.c     FP64 references (unquantized and quantized)
@@ -42,6 +43,9 @@ typedef struct mxfp8i_moe {
     int64_t T, H, I, E, N, B, V;      /**< V: tokens [0, V) are real (num_valid_tokens, else T) */
     int64_t Bw;                       /**< rows of per-block workspaces: max over blocks of (last real position
                                            + 1), at least 1 (<= B) */
+    int64_t Re, Se;                   /**< the most positions of one expert (each block counted up to its last
+                                           real position) and the most such blocks of one expert: the segmented
+                                           weight gradients' buffers (bwd.c), found by the checks' routing walk */
     mxfp8_moe_config cfg;
     mxfp8_tensor X, a, W1, W2, b1, b2, W1s, W2s, dY;
     int w1_prequant, w2_prequant;
@@ -166,6 +170,17 @@ mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, 
  *  taken once per expert). Deterministic for any thread count. Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY. */
 mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t e, const mxfp8i_gop *A, int ida, const mxfp8i_gop *B,
                              int idb, int accumulate, float *C, int64_t ldc);
+
+/** Segmented weight gradients: C [M, N] += the GEMM of A[s], B[s] for each of the nseg segments in order (the
+ *  blocks of one expert along their positions), bitwise what nseg mxfp8i_moe_gemm calls with accumulate give, the
+ *  operands' statistics taken segment by segment likewise (mxfp8i_gemm_segments; c_zero: C is known to hold +0
+ *  and is not read; cdt F32, or BF16 with c_zero: the FP32 sums rounded once). OK or OUT_OF_MEMORY. */
+mxfp8_status mxfp8i_moe_gemm_segments(const mxfp8i_moe *p, int64_t e, int nseg, const mxfp8i_gop *A, int ida,
+                                      const mxfp8i_gop *B, int idb, int c_zero, void *C, mxfp8_dtype cdt,
+                                      int64_t ldc);
+/** Reserve what every later mxfp8i_moe_gemm_segments of C [M, N] with at most nseg segments of at most Kmax
+ *  positions takes, for either of its thread counts. */
+mxfp8_status mxfp8i_moe_gemm_segments_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t Kmax, int nseg);
 
 /* ---- numerics.c: gpt-oss SwiGLU's limits, stochastic rounding and statistics of the operands ---- */
 /** Validate the gpt-oss SwiGLU parameters and the rounding bitmask; fold swiglu_limit into the clamp limits of

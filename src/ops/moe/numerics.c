@@ -123,3 +123,43 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t e, const mxfp8i_gop *A
     mxfp8_status st = mxfp8i_gemm_gop(A, B, &cfg, accumulate, &c, nt);
     return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }
+
+mxfp8_status mxfp8i_moe_gemm_segments_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t Kmax, int nseg) {
+    mxfp8_matmul_config cfg;
+    int nt;
+    phase_setup(p, M, N, Kmax, &cfg, &nt);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gemm_segments_reserve(M, N, Kmax, nseg, &cfg, 1));
+    return mxfp8i_gemm_segments_reserve(M, N, Kmax, nseg, &cfg, mxfp8i_num_threads());
+}
+
+/* The segmented GEMM (mxfp8i_gemm_segments) after each segment's operand statistics, segment by segment in the
+ * order the separate GEMMs of mxfp8i_moe_gemm would take them. */
+mxfp8_status mxfp8i_moe_gemm_segments(const mxfp8i_moe *p, int64_t e, int nseg, const mxfp8i_gop *A, int ida,
+                                      const mxfp8i_gop *B, int idb, int c_zero, void *C, mxfp8_dtype cdt,
+                                      int64_t ldc) {
+    if (nseg <= 0 || A[0].R <= 0 || B[0].R <= 0) return MXFP8_OK;
+    const int64_t M = A[0].R, N = B[0].R;
+    mxfp8_matmul_config cfg;
+    int nt;
+    int64_t Ksum = 0;
+    for (int s = 0; s < nseg; s++) {
+        phase_setup(p, M, N, A[s].K, &cfg, &nt);
+        if (p->qst) {
+            MXFP8I_FORWARD_IF_ERROR(operand_stats(p, e, &A[s], ida, nt));
+            MXFP8I_FORWARD_IF_ERROR(operand_stats(p, e, &B[s], idb, nt));
+        }
+        Ksum += A[s].K;
+    }
+    phase_setup(p, M, N, Ksum, &cfg, &nt);
+    mxfp8_tensor c;
+    memset(&c, 0, sizeof c);
+    c.data = C;
+    c.dtype = cdt;
+    c.ndim = 2;
+    c.shape[0] = M;
+    c.shape[1] = N;
+    c.strides[0] = ldc;
+    c.strides[1] = 1;
+    mxfp8_status st = mxfp8i_gemm_segments(A, B, nseg, c_zero, &cfg, &c, nt);
+    return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
+}

@@ -332,6 +332,53 @@ static mxfp8_status check_routing_shapes(const char *fn, const mxfp8i_moe_in *in
     return MXFP8_OK;
 }
 
+/* The length of block n (its last real position + 1, 0 for a block of padding) read from the checked inputs, as
+ * the routing table will hold it: pad is the padding id (dense mode: positions below V are real). */
+static int64_t input_block_len(const mxfp8i_moe_in *in, const mxfp8i_moe *p, int64_t n, int32_t pad) {
+    const int64_t B = p->B;
+    if (p->cfg.single_expert_dense) {
+        const int64_t L = p->V - n * B;
+        return L < 0 ? 0 : L > B ? B : L;
+    }
+    const int32_t *tk = (const int32_t *)in->tok->data;
+    for (int64_t q = B; q > 0; q--) {
+        const int32_t t = tk[(n * B + q - 1) * in->tok->strides[0]];
+        if (t != pad && t < p->V) return q;
+    }
+    return 0;
+}
+
+/* p->Re, p->Se from the checked routing, nothing stored: per-expert sums on the stack for E <= 1024, else one pass
+ * over the blocks per expert. */
+enum { EXTENT_STACK = 1024 };
+static void expert_extents(const mxfp8i_moe_in *in, mxfp8i_moe *p, int32_t pad) {
+    const int64_t N = p->N, E = p->cfg.single_expert_dense ? 1 : p->E;
+    const int32_t *be = p->cfg.single_expert_dense ? NULL : (const int32_t *)in->b2e->data;
+    p->Re = p->Se = 0;
+    if (E <= EXTENT_STACK) {
+        int64_t r[EXTENT_STACK] = {0}, s[EXTENT_STACK] = {0};
+        for (int64_t n = 0; n < N; n++) {
+            const int64_t e = be ? be[n * in->b2e->strides[0]] : 0, L = input_block_len(in, p, n, pad);
+            if (L > 0) r[e] += L, s[e]++;
+        }
+        for (int64_t e = 0; e < E; e++) {
+            if (r[e] > p->Re) p->Re = r[e];
+            if (s[e] > p->Se) p->Se = s[e];
+        }
+        return;
+    }
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r = 0, s = 0;
+        for (int64_t n = 0; n < N; n++) {
+            if (be[n * in->b2e->strides[0]] != e) continue;
+            const int64_t L = input_block_len(in, p, n, pad);
+            if (L > 0) r += L, s++;
+        }
+        if (r > p->Re) p->Re = r;
+        if (s > p->Se) p->Se = s;
+    }
+}
+
 /* The routing walk: every token and expert id checked, in position order, and the block rows p->Bw (the longest
  * block prefix that ends with a real position). With tok / expert not NULL it also writes the flat routing table
  * tok[n*B + q] (a token id in [0, V) or -1) and expert[n]; the validation walks with NULL (nothing stored). */
@@ -348,6 +395,7 @@ static mxfp8_status walk_routing(const char *fn, const mxfp8i_moe_in *in, mxfp8i
         }
         if (expert)
             for (int64_t n = 0; n < N; n++) expert[n] = 0;
+        expert_extents(in, p, -1);
         return set_workspace_rows(p, rows);
     }
     const int32_t pad = c->skip_token ? -1 : (int32_t)(T > INT32_MAX ? INT32_MAX : T);
@@ -380,6 +428,7 @@ static mxfp8_status walk_routing(const char *fn, const mxfp8i_moe_in *in, mxfp8i
         }
         if (expert) expert[n] = e;
     }
+    expert_extents(in, p, pad);
     return set_workspace_rows(p, rows);
 }
 

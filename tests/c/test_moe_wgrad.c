@@ -1,0 +1,376 @@
+/*
+ * test_moe_wgrad.c -- the MoE backward's two weight-gradient paths and the padding of partial blocks:
+ *   1. the segmented weight gradients (an expert's blocks added per register tile of C; chosen by size, forced
+ *      here on problems of every size) are bitwise
+ *      equal to the per-block path (mxfp8i_moe_set_segmented_wgrad(0): one GEMM per block and phase, the path the
+ *      contract is written in) for every gradient and every operand statistic, over activations, both affinity
+ *      options, biases, stochastic rounding of every operand, statistics, experts with no tokens, single-block and
+ *      many-block experts, 1 and 2 threads; and match the tests' independent FP64 oracle (tests/c/oracle/moe.c);
+ *   2. NaN in the checkpoints' padding positions (inside a partial block and after its last real position)
+ *      changes no bit of the backward;
+ *   3. MXFP8_ISA=scalar gives the same bits as the default path (this test runs itself again under it);
+ *   4. on a problem whose per-block elementwise work splits between threads: the forward's output and every
+ *      checkpoint, and the backward from those checkpoints, are the same bits on 1 and 2 threads.
+ */
+#include <unistd.h>
+
+#include "moe_util.h"
+
+int mxfp8i_moe_set_segmented_wgrad(int mode); /* src/ops/moe/bwd_state.h (test-only: -1 by size, 0, 1) */
+
+#define NOPS MXFP8_MOE_NUM_OPERANDS
+
+static int stats_equal(const mxfp8_quant_stats *a, const mxfp8_quant_stats *b) {
+    if (a->elements != b->elements || a->groups != b->groups || a->saturated != b->saturated ||
+        a->flushed_to_zero != b->flushed_to_zero || a->subnormal != b->subnormal ||
+        a->nonfinite_groups != b->nonfinite_groups || a->zero_groups != b->zero_groups)
+        return 0;
+    for (int i = 0; i < 256; i++)
+        if (a->scale_histogram[i] != b->scale_histogram[i]) return 0;
+    return !memcmp(&a->sum_sq_error, &b->sum_sq_error, sizeof(double)) &&
+           !memcmp(&a->sum_sq_signal, &b->sum_sq_signal, sizeof(double));
+}
+
+/* One backward on the chosen path and thread count, with statistics when st != NULL, into gradients of dtype dt. */
+static void backward_dt(const prob *P, const mxfp8_moe_config *cfg, int segmented, int nt, grads *G,
+                        mxfp8_quant_stats *st, mxfp8_dtype dt) {
+    mxfp8_moe_bwd_args A;
+    bwd_args(P, cfg, &A);
+    A.stats = st;
+    grads_make(G, P, dt, cfg->bias);
+    mxfp8i_moe_set_segmented_wgrad(segmented);
+    mxfp8_set_num_threads(nt);
+    mxfp8_status s = mxfp8_moe_backward(&A, &G->g);
+    mxfp8_set_num_threads(0);
+    mxfp8i_moe_set_segmented_wgrad(-1);
+    CHECK(s == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
+}
+static void backward(const prob *P, const mxfp8_moe_config *cfg, int segmented, int nt, grads *G,
+                     mxfp8_quant_stats *st) {
+    backward_dt(P, cfg, segmented, nt, G, st, MXFP8_DTYPE_F32);
+}
+
+/* The problems: several partial blocks per expert; an expert with no tokens (K = 1, forced counts) next to a
+ * one-block and a many-block expert; one large enough that the segmented GEMMs split between threads. */
+static void make_problem(prob *P, int which) {
+    static const int64_t counts[3] = {37, 0, 75};
+    if (which == 0) prob_make(P, 70, 40, 48, 3, 2, 16, 1, NULL);      /* H, I not multiples of 32 */
+    else if (which == 1) prob_make(P, 112, 64, 32, 3, 1, 16, 1, counts);
+    else prob_make(P, 300, 128, 128, 4, 2, 32, 1, NULL);
+}
+
+static void test_paths_equal(void) {
+    int configs = 0;
+    for (int which = 0; which < 3; which++) {
+        prob P;
+        make_problem(&P, which);
+        for (int act = 0; act < 3; act++)
+            for (int aff = 0; aff < 2; aff++)
+                for (int bias = 0; bias < 2; bias++)
+                    for (int sr = 0; sr < 2; sr++) {
+                        if (which == 2 && act != 0) continue; /* the large problem: one activation */
+                        mxfp8_moe_config cfg;
+                        mxfp8_moe_config_init(&cfg);
+                        cfg.activation = (mxfp8_activation)act;
+                        cfg.affinity_option = (mxfp8_affinity_option)aff;
+                        cfg.bias = bias;
+                        cfg.gate_clamp_upper = 0.5f;
+                        cfg.up_clamp_lower = -0.3f;
+                        if (sr) {
+                            cfg.stochastic_rounding = (1u << NOPS) - 1; /* every operand */
+                            cfg.rounding_seed = 12345u + (unsigned)act;
+                        }
+                        const size_t ns = (size_t)(P.E * NOPS);
+                        mxfp8_quant_stats *s1 = xc(ns * sizeof *s1), *s0 = xc(ns * sizeof *s0);
+                        grads seg, blk;
+                        backward(&P, &cfg, 1, 2, &seg, s1);
+                        backward(&P, &cfg, 0, 1, &blk, s0);
+                        char what[128];
+                        snprintf(what, sizeof what, "problem %d act %d aff %d bias %d sr %d: segmented vs per block",
+                                 which, act, aff, bias, sr);
+                        grads_bitwise(&seg, &blk, bias, what);
+                        int sbad = 0;
+                        for (size_t i = 0; i < ns; i++) sbad += !stats_equal(&s1[i], &s0[i]);
+                        CHECK(sbad == 0, "%s: %d operand statistics differ", what, sbad);
+                        /* and the statistics were taken (the P3 / P4 operands of a routed expert) */
+                        CHECK(s1[MXFP8_MOE_P3_X].elements > 0 && s1[MXFP8_MOE_P4_DY].elements > 0,
+                              "%s: no Phase 3 / 4 statistics", what);
+                        if (!sr) check_vs_oracle(&seg, &P, &cfg, what);
+                        /* the segmented path on 1 thread, the per-block path on 2: the same bits */
+                        grads seg1, blk2;
+                        backward(&P, &cfg, 1, 1, &seg1, NULL);
+                        backward(&P, &cfg, 0, 2, &blk2, NULL);
+                        grads_bitwise(&seg1, &seg, bias, "segmented, 1 vs 2 threads");
+                        grads_bitwise(&blk2, &blk, bias, "per block, 2 vs 1 threads");
+                        /* BF16 gradients (the segmented GEMMs round experts 0..E-2 straight into the staging
+                           copy); with skip_grad_initialization (given values added: the FP32 accumulator path) */
+                        for (int skip = 0; skip < 2; skip++) {
+                            mxfp8_moe_config c2 = cfg;
+                            c2.skip_grad_initialization = skip;
+                            grads s16, b16;
+                            backward_dt(&P, &c2, 1, 2, &s16, NULL, MXFP8_DTYPE_BF16);
+                            backward_dt(&P, &c2, 0, 1, &b16, NULL, MXFP8_DTYPE_BF16);
+                            if (skip) { /* the same given values in both before the calls: redo with them */
+                                grads_free(&s16); grads_free(&b16);
+                                grads_make(&s16, &P, MXFP8_DTYPE_BF16, bias);
+                                grads_make(&b16, &P, MXFP8_DTYPE_BF16, bias);
+                                for (int k = 0; k < 6; k++)
+                                    for (size_t i = 0; i < s16.n[k]; i++)
+                                        ((uint16_t *)s16.p[k])[i] = ((uint16_t *)b16.p[k])[i] =
+                                            (uint16_t)(0x3c00u + (i * 37u) % 512u); /* values near 2^-7 .. 1 */
+                                mxfp8_moe_bwd_args A2;
+                                bwd_args(&P, &c2, &A2);
+                                mxfp8i_moe_set_segmented_wgrad(1);
+                                CHECK(mxfp8_moe_backward(&A2, &s16.g) == MXFP8_OK, "%s", mxfp8_last_error_message());
+                                mxfp8i_moe_set_segmented_wgrad(0);
+                                CHECK(mxfp8_moe_backward(&A2, &b16.g) == MXFP8_OK, "%s", mxfp8_last_error_message());
+                                mxfp8i_moe_set_segmented_wgrad(-1);
+                            }
+                            grads_bitwise(&s16, &b16, bias, skip ? "BF16 gradients, given values added: segmented vs per block"
+                                                                 : "BF16 gradients: segmented vs per block");
+                            grads_free(&s16); grads_free(&b16);
+                        }
+                        grads_free(&seg); grads_free(&blk); grads_free(&seg1); grads_free(&blk2);
+                        free(s1); free(s0);
+                        configs++;
+                    }
+        if (which == 1) { /* the expert with no tokens gets exactly zero weight gradients */
+            mxfp8_moe_config cfg;
+            mxfp8_moe_config_init(&cfg);
+            grads g;
+            backward(&P, &cfg, 1, 2, &g, NULL);
+            const size_t n1 = (size_t)(P.H * 2 * P.I), n2 = (size_t)(P.I * P.H);
+            int nz = 0;
+            for (size_t i = 0; i < n1; i++) nz += ((float *)g.p[2])[n1 + i] != 0.0f;
+            for (size_t i = 0; i < n2; i++) nz += ((float *)g.p[3])[n2 + i] != 0.0f;
+            CHECK(nz == 0, "expert 1 (no tokens): %d nonzero weight-gradient elements", nz);
+            grads_free(&g);
+        }
+        prob_free(&P);
+    }
+    printf("segmented vs per-block weight gradients: %d configurations bitwise equal\n", configs);
+}
+
+/* NaN in every padding position of every checkpoint changes nothing. */
+static void test_nan_padding(void) {
+    prob P;
+    make_problem(&P, 1); /* partial blocks, and an expert with no tokens */
+    for (int aff = 0; aff < 2; aff++) {
+        mxfp8_moe_config cfg;
+        mxfp8_moe_config_init(&cfg);
+        cfg.affinity_option = (mxfp8_affinity_option)aff;
+        cfg.bias = 1;
+        const int64_t N = P.N, B = P.B, I = P.I, H = P.H;
+        const size_t ngu = (size_t)(N * 2 * I * B), nib = (size_t)(N * I * B), nbh = (size_t)(N * B * H);
+        float *ck[6] = {xc(sizeof(float) * ngu), xc(sizeof(float) * nib), xc(sizeof(float) * nib),
+                        xc(sizeof(float) * nib), xc(sizeof(float) * nbh), xc(sizeof(float) * nbh)};
+        float *out = xc(sizeof(float) * P.T * H);
+        mxfp8_moe_fwd_args F;
+        fwd_args(&P, &cfg, &F);
+        mxfp8_moe_fwd_outputs O = {0};
+        O.output = v2(out, MXFP8_DTYPE_F32, P.T, H);
+        O.gate_up_proj_act_checkpoint_T = v4(ck[0], MXFP8_DTYPE_F32, N, 2, I, B);
+        O.gate_act_checkpoint_T = v3(ck[1], MXFP8_DTYPE_F32, N, I, B);
+        O.intermediate_checkpoint_T = v3(ck[2], MXFP8_DTYPE_F32, N, I, B);
+        O.scaled_intermediate_checkpoint_T = v3(ck[3], MXFP8_DTYPE_F32, N, I, B);
+        O.down_proj_output_checkpoint = v3(ck[4], MXFP8_DTYPE_F32, N, B, H);
+        CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
+        for (int64_t n = 0; n < N; n++) /* down_proj_act_checkpoint = a * dY (0 at padding, overwritten below) */
+            for (int64_t q = 0; q < B; q++) {
+                const int32_t t = P.tok[n * B + q];
+                for (int64_t h = 0; h < H; h++)
+                    ck[5][(n * B + q) * H + h] = t >= 0 ? P.a[t * P.E + P.b2e[n]] * P.dY[t * H + h] : 0.0f;
+            }
+        mxfp8_moe_bwd_args A;
+        bwd_args(&P, &cfg, &A);
+        A.gate_up_proj_act_checkpoint_T = O.gate_up_proj_act_checkpoint_T;
+        A.gate_act_checkpoint_T = O.gate_act_checkpoint_T;
+        A.intermediate_checkpoint_T = O.intermediate_checkpoint_T;
+        A.scaled_intermediate_checkpoint_T = O.scaled_intermediate_checkpoint_T;
+        A.down_proj_output_checkpoint = O.down_proj_output_checkpoint;
+        A.down_proj_act_checkpoint = v3(ck[5], MXFP8_DTYPE_F32, N, B, H);
+        for (int segmented = 0; segmented < 2; segmented++) {
+            grads clean, dirty;
+            grads_make(&clean, &P, MXFP8_DTYPE_F32, 1);
+            grads_make(&dirty, &P, MXFP8_DTYPE_F32, 1);
+            mxfp8i_moe_set_segmented_wgrad(segmented);
+            CHECK(mxfp8_moe_backward(&A, &clean.g) == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
+            /* NaN into every padding position (a copy restores the clean checkpoints afterwards) */
+            float *keep[6];
+            const size_t len[6] = {ngu, nib, nib, nib, nbh, nbh};
+            int64_t npad = 0;
+            for (int c = 0; c < 6; c++) {
+                keep[c] = xc(sizeof(float) * len[c]);
+                memcpy(keep[c], ck[c], sizeof(float) * len[c]);
+            }
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t q = 0; q < B; q++) {
+                    if (P.tok[n * B + q] >= 0) continue;
+                    npad++;
+                    for (int64_t i = 0; i < I; i++) {
+                        ck[0][((n * 2 + 0) * I + i) * B + q] = NAN;
+                        ck[0][((n * 2 + 1) * I + i) * B + q] = NAN;
+                        for (int c = 1; c < 4; c++) ck[c][(n * I + i) * B + q] = NAN;
+                    }
+                    for (int64_t h = 0; h < H; h++) ck[4][(n * B + q) * H + h] = ck[5][(n * B + q) * H + h] = NAN;
+                }
+            CHECK(npad > 0, "the problem has no padding positions");
+            CHECK(mxfp8_moe_backward(&A, &dirty.g) == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
+            mxfp8i_moe_set_segmented_wgrad(-1);
+            char what[96];
+            snprintf(what, sizeof what, "affinity %d, segmented %d: NaN in %lld padding positions", aff, segmented,
+                     (long long)npad);
+            grads_bitwise(&dirty, &clean, 1, what);
+            CHECK(grads_finite(&dirty, 1), "%s: non-finite gradient", what);
+            for (int c = 0; c < 6; c++) {
+                memcpy(ck[c], keep[c], sizeof(float) * len[c]);
+                free(keep[c]);
+            }
+            grads_free(&clean); grads_free(&dirty);
+        }
+        for (int c = 0; c < 6; c++) free(ck[c]);
+        free(out);
+    }
+    prob_free(&P);
+}
+
+/* Forward (all checkpoints) and backward from them, 1 vs 2 threads, blocks large enough that their elementwise
+ * work, scatters and checkpoint writes split between threads. */
+static void test_threads_split(void) {
+    prob P;
+    prob_make(&P, 200, 256, 256, 2, 1, 128, 1, NULL);
+    for (int aff = 0; aff < 2; aff++) {
+        mxfp8_moe_config cfg;
+        mxfp8_moe_config_init(&cfg);
+        cfg.affinity_option = (mxfp8_affinity_option)aff;
+        cfg.bias = 1;
+        const int64_t N = P.N, B = P.B, I = P.I, H = P.H;
+        const size_t len[6] = {(size_t)(P.T * H), (size_t)(N * 2 * I * B), (size_t)(N * I * B), (size_t)(N * I * B),
+                               (size_t)(N * I * B), (size_t)(N * B * H)};
+        float *o[2][6];
+        grads g[2];
+        for (int r = 0; r < 2; r++) {
+            for (int c = 0; c < 6; c++) o[r][c] = xc(sizeof(float) * len[c]);
+            mxfp8_moe_fwd_args F;
+            fwd_args(&P, &cfg, &F);
+            mxfp8_moe_fwd_outputs O = {0};
+            O.output = v2(o[r][0], MXFP8_DTYPE_F32, P.T, H);
+            O.gate_up_proj_act_checkpoint_T = v4(o[r][1], MXFP8_DTYPE_F32, N, 2, I, B);
+            O.gate_act_checkpoint_T = v3(o[r][2], MXFP8_DTYPE_F32, N, I, B);
+            O.intermediate_checkpoint_T = v3(o[r][3], MXFP8_DTYPE_F32, N, I, B);
+            O.scaled_intermediate_checkpoint_T = v3(o[r][4], MXFP8_DTYPE_F32, N, I, B);
+            O.down_proj_output_checkpoint = v3(o[r][5], MXFP8_DTYPE_F32, N, B, H);
+            mxfp8_set_num_threads(r + 1);
+            CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
+            mxfp8_moe_bwd_args A;
+            bwd_args(&P, &cfg, &A);
+            A.gate_up_proj_act_checkpoint_T = O.gate_up_proj_act_checkpoint_T;
+            A.gate_act_checkpoint_T = O.gate_act_checkpoint_T;
+            A.intermediate_checkpoint_T = O.intermediate_checkpoint_T;
+            A.scaled_intermediate_checkpoint_T = O.scaled_intermediate_checkpoint_T;
+            A.down_proj_output_checkpoint = O.down_proj_output_checkpoint;
+            grads_make(&g[r], &P, MXFP8_DTYPE_F32, 1);
+            CHECK(mxfp8_moe_backward(&A, &g[r].g) == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
+            mxfp8_set_num_threads(0);
+        }
+        static const char *nm[6] = {"output", "gate_up_proj_act_checkpoint_T", "gate_act_checkpoint_T",
+                                    "intermediate_checkpoint_T", "scaled_intermediate_checkpoint_T",
+                                    "down_proj_output_checkpoint"};
+        for (int c = 0; c < 6; c++)
+            CHECK(!memcmp(o[0][c], o[1][c], sizeof(float) * len[c]), "affinity %d: forward %s, 1 vs 2 threads", aff,
+                  nm[c]);
+        grads_bitwise(&g[0], &g[1], 1, "backward from the forward's checkpoints, 1 vs 2 threads");
+        check_vs_oracle(&g[1], &P, &cfg, "backward from the forward's checkpoints");
+        for (int r = 0; r < 2; r++) {
+            for (int c = 0; c < 6; c++) free(o[r][c]);
+            grads_free(&g[r]);
+        }
+    }
+    prob_free(&P);
+}
+
+/* The gradients of a fixed set of configurations (the segmented path, 2 threads), one after the other. */
+static size_t isa_grads(unsigned char **out) {
+    size_t len = 0, cap = 0;
+    *out = NULL;
+    g_rng = 0x243F6A8885A308D3ull; /* the same problems in this process and in its --dump child */
+    for (int which = 0; which < 2; which++) {
+        prob P;
+        make_problem(&P, which);
+        for (int sr = 0; sr < 2; sr++) {
+            mxfp8_moe_config cfg;
+            mxfp8_moe_config_init(&cfg);
+            cfg.bias = 1;
+            cfg.affinity_option = (mxfp8_affinity_option)sr;
+            cfg.stochastic_rounding = sr ? (1u << NOPS) - 1 : 0;
+            grads g;
+            backward(&P, &cfg, 1, 2, &g, NULL);
+            for (int k = 0; k < 6; k++) {
+                const size_t b = g.n[k] * sizeof(float);
+                if (len + b > cap) {
+                    cap = 2 * (len + b);
+                    *out = realloc(*out, cap);
+                }
+                memcpy(*out + len, g.p[k], b);
+                len += b;
+            }
+            grads_free(&g);
+        }
+        prob_free(&P);
+    }
+    return len;
+}
+
+/* Run this test again under MXFP8_ISA=scalar (its --dump mode) and compare the bits. */
+static void test_isa(void) {
+    const char *isa = getenv("MXFP8_ISA");
+    if (isa && !strcmp(isa, "scalar")) {
+        printf("MXFP8_ISA=scalar already: the scalar-vs-default comparison runs without it\n");
+        return;
+    }
+    unsigned char *mine;
+    const size_t n = isa_grads(&mine);
+    char path[64], cmd[512], exe[256];
+    snprintf(path, sizeof path, "/tmp/mxfp8_moe_wgrad_%d.bin", (int)getpid());
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(el > 0, "cannot find this executable");
+    if (el <= 0) {
+        free(mine);
+        return;
+    }
+    exe[el] = 0;
+    snprintf(cmd, sizeof cmd, "MXFP8_ISA=scalar '%s' --dump '%s'", exe, path);
+    CHECK(system(cmd) == 0, "the MXFP8_ISA=scalar run failed: %s", cmd);
+    FILE *f = fopen(path, "rb");
+    unsigned char *theirs = malloc(n + 1);
+    size_t got = f ? fread(theirs, 1, n + 1, f) : 0;
+    if (f) fclose(f);
+    remove(path);
+    CHECK(got == n && !memcmp(mine, theirs, n), "MXFP8_ISA=scalar vs default: %zu of %zu bytes, contents %s", got, n,
+          got == n ? "differ" : "-");
+    printf("MXFP8_ISA=scalar vs default: %zu gradient bytes compared\n", n);
+    free(mine);
+    free(theirs);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--dump")) { /* the child of test_isa */
+        unsigned char *g;
+        const size_t n = isa_grads(&g);
+        FILE *f = fopen(argv[2], "wb");
+        const int ok = f && fwrite(g, 1, n, f) == n;
+        if (f) fclose(f);
+        free(g);
+        return ok && !g_fail ? 0 : 1;
+    }
+    test_paths_equal();
+    test_nan_padding();
+    test_threads_split();
+    test_isa();
+    if (g_fail) {
+        printf("test_moe_wgrad: %d failure(s)\n", g_fail);
+        return 1;
+    }
+    printf("test_moe_wgrad: all tests passed\n");
+    return 0;
+}
