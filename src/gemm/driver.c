@@ -58,9 +58,8 @@ static inline char *T_ABUF(const gemm_ctx *x, int t) { return x->tbuf + t * x->t
 
 /* A column-geometry operand's rows [r0, r0 + rows) into out[k*ld + i] (mxfp8i_gop_cols_f32: for the kernel's
  * pack_cm); 0, writing nothing, for any other operand. sbuf: rows * ceil(K/32) bytes. */
-static int cols_f32(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_t r0, int rows, float *out,
-                    int64_t ld, uint8_t *sbuf) {
-    return mxfp8i_gop_cols_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, out, ld, sbuf);
+static int cols_f32(const mxfp8i_gop *op, int64_t r0, int rows, float *out, int64_t ld, uint8_t *sbuf) {
+    return mxfp8i_gop_cols_f32(op, r0, rows, out, ld, sbuf);
 }
 
 /* A high-precision operand in 1x32 groups, rows or columns geometry: quantized into BF16 values and their scales,
@@ -69,19 +68,18 @@ static int cols_f32(const mxfp8i_gop *op, const mxfp8_matmul_config *cfg, int64_
  * (then the FP32 route runs). */
 static int pack_q(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, int rows, int w,
                   void *panel) {
-    const mxfp8_matmul_config *cfg = x->cfg;
-    if (rows <= 0 || op->prequant || op->swizzled || cfg->quant_scheme != MXFP8_GROUP_1X32) return 0;
+    if (rows <= 0 || op->prequant || op->swizzled || op->rc.group != MXFP8_GROUP_1X32) return 0;
     const int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
     const int cm = op->s1 != 1;
     if (cm && (op->s0 != 1 || op->s1 <= 0)) return 0;
     uint16_t *q = (uint16_t *)T_SCRATCH(x, tid);
     uint8_t *sc = (uint8_t *)(T_TMP(x, tid) + K);
     const char *base = op->data + r0 * op->s0 * (int64_t)mxfp8_dtype_size(op->dtype);
-    mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, op->s1, cfg->float8_dtype, cfg->scale_rule,
+    mxfp8i_qpanel p = {base, op->dtype, rows, K, op->s0, op->s1, op->rc.fmt, op->rc.rule,
                        MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, cm ? 1 : K, cm ? w : 1, sc, cm ? 1 : G, cm ? w : 1,
                        mxfp8i_gop_sround(op, r0), NULL};
     if (mxfp8i_quantize_panel(&p) != 0) return 0;
-    x->uk->pack_q(is_b, q, cm ? w : K, cm, rows, K, sc, cm ? 1 : G, cm ? w : 1, (int)cfg->float8_dtype, panel);
+    x->uk->pack_q(is_b, q, cm ? w : K, cm, rows, K, sc, cm ? 1 : G, cm ? w : 1, (int)op->rc.fmt, panel);
     return 1;
 }
 
@@ -89,7 +87,6 @@ static int pack_q(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, in
  * only: from BF16 values and scales (pack_q) where the operand qualifies, else from FP32 values read down the
  * columns (pack_cm) or along the rows (pack). */
 static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t r0, void *panel) {
-    const mxfp8_matmul_config *cfg = x->cfg;
     const mxfp8i_ukernel *uk = x->uk;
     int w = is_b ? uk->nr : uk->mr;
     int64_t K = op->K;
@@ -97,12 +94,12 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
     int rows = (int)(op->R - r0 < w ? op->R - r0 : w);
     if (rows < 0) rows = 0;
     if (uk->pack_q && pack_q(x, tid, op, is_b, r0, rows, w, panel)) return;
-    if (uk->pack_cm && cols_f32(op, cfg, r0, rows, T_SCRATCH(x, tid), w, (uint8_t *)(tmp + K))) {
+    if (uk->pack_cm && cols_f32(op, r0, rows, T_SCRATCH(x, tid), w, (uint8_t *)(tmp + K))) {
         uk->pack_cm(is_b, T_SCRATCH(x, tid), w, rows, K, panel);
         return;
     }
-    mxfp8i_gop_rows_f32(op, cfg->float8_dtype, cfg->scale_rule, cfg->quant_scheme, r0, rows, T_SCRATCH(x, tid),
-                        (uint8_t *)(tmp + K), tmp, T_SCRATCH(x, tid) + (int64_t)w * K);
+    mxfp8i_gop_rows_f32(op, r0, rows, T_SCRATCH(x, tid), (uint8_t *)(tmp + K), tmp,
+                        T_SCRATCH(x, tid) + (int64_t)w * K);
     uk->pack(is_b, T_SCRATCH(x, tid), K, rows, K, panel);
 }
 
@@ -114,7 +111,7 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
 static int pack_grouped(const gemm_ctx *x, const mxfp8i_gop *op) {
     const mxfp8i_ukernel *uk = x->uk;
     return uk->pack_q && !op->prequant && !op->swizzled &&
-           x->cfg->quant_scheme == MXFP8_GROUP_1X32 && op->s0 == 1 && op->s1 > 1;
+           op->rc.group == MXFP8_GROUP_1X32 && op->s0 == 1 && op->s1 > 1;
 }
 
 /* How many consecutive panels of np a thread packs at a time when nt threads share them round-robin: PACK_GROUP for
@@ -131,7 +128,6 @@ static int64_t pack_step(const gemm_ctx *x, const mxfp8i_gop *op, int64_t np, in
  * is not exact in BF16 each panel goes through pack_panel. */
 static void pack_panels(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_b, int64_t p0, int64_t p1,
                         char *dst, int64_t stride) {
-    const mxfp8_matmul_config *cfg = x->cfg;
     const mxfp8i_ukernel *uk = x->uk;
     const int w = is_b ? uk->nr : uk->mr;
     const int grouped = pack_grouped(x, op);
@@ -147,14 +143,14 @@ static void pack_panels(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is
         uint16_t *q = (uint16_t *)T_SCRATCH(x, tid);
         uint8_t *sc = (uint8_t *)(T_TMP(x, tid) + K);
         const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
-        mxfp8i_qpanel qp = {base, op->dtype, rows, K, 1, op->s1, cfg->float8_dtype, cfg->scale_rule,
+        mxfp8i_qpanel qp = {base, op->dtype, rows, K, 1, op->s1, op->rc.fmt, op->rc.rule,
                             MXFP8_GROUP_1X32, q, MXFP8_DTYPE_BF16, 1, ld, sc, 1, ld, mxfp8i_gop_sround(op, r0),
                             NULL};
         const int exact = mxfp8i_quantize_panel(&qp) == 0;
         for (int64_t j = 0; j < n; j++) {
             const int rj = (int)(rows - j * w < w ? rows - j * w : w);
             char *panel = dst + (p + j - p0) * stride;
-            if (exact) uk->pack_q(is_b, q + j * w, ld, 1, rj, K, sc + j * w, 1, ld, (int)cfg->float8_dtype, panel);
+            if (exact) uk->pack_q(is_b, q + j * w, ld, 1, rj, K, sc + j * w, 1, ld, (int)op->rc.fmt, panel);
             else pack_panel(x, tid, op, is_b, r0 + j * w, panel);
         }
         p += n;

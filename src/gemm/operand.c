@@ -1,6 +1,7 @@
 /*
  * operand.c -- validation of a public mxfp8_operand at the edge (mxfp8_gemm, mxfp8_matmul, mxfp8_matmul_backward),
- * flattened into the internal descriptor mxfp8i_gop that the GEMM driver takes without checking it again.
+ * flattened into the internal descriptor mxfp8i_gop, with the recipe its caller resolved, that the GEMM driver takes
+ * without checking it again.
  * Arrangements of the values and scales: pack.c.
  */
 #include <stdio.h>
@@ -13,7 +14,7 @@
 /* validation                                                                                                  */
 /* ---------------------------------------------------------------------------------------------------------- */
 mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxfp8_operand *op, int64_t K_hint,
-                                     mxfp8_format fmt, mxfp8_group_scheme group, mxfp8i_gop *out) {
+                                     mxfp8i_recipe rc, mxfp8i_gop *out) {
     MXFP8I_RETURN_ERROR_IF(!op, MXFP8_ERR_NULL_POINTER, "%s: operand %s is NULL", fn, name);
     const mxfp8_tensor *v = &op->values;
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, name, v, 2));
@@ -23,15 +24,16 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
     out->s0 = v->strides[0];
     out->s1 = v->strides[1];
     out->swizzled = op->swizzled != 0;
+    out->rc = rc;
     switch (v->dtype) {
     case MXFP8_DTYPE_F32:
     case MXFP8_DTYPE_BF16:
     case MXFP8_DTYPE_F16: out->prequant = 0; break;
     case MXFP8_DTYPE_E4M3:
     case MXFP8_DTYPE_E5M2:
-        MXFP8I_RETURN_ERROR_IF(v->dtype != mxfp8i_fmt_dtype(fmt), MXFP8_ERR_DTYPE,
+        MXFP8I_RETURN_ERROR_IF(v->dtype != mxfp8i_fmt_dtype(rc.fmt), MXFP8_ERR_DTYPE,
                                "%s: %s holds %s codes but float8_dtype is %s", fn, name, mxfp8_dtype_name(v->dtype),
-                               mxfp8_dtype_name(mxfp8i_fmt_dtype(fmt)));
+                               mxfp8_dtype_name(mxfp8i_fmt_dtype(rc.fmt)));
         out->prequant = 1;
         break;
     case MXFP8_DTYPE_U8: out->prequant = 1; break;
@@ -73,7 +75,7 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
     MXFP8I_RETURN_ERROR_IF(K_hint >= 0 && out->K != K_hint, MXFP8_ERR_SHAPE_MISMATCH,
                            "%s: %s has contraction length %lld, expected %lld", fn, name, (long long)out->K,
                            (long long)K_hint);
-    MXFP8I_RETURN_ERROR_IF(group == MXFP8_GROUP_WRAPX && out->K % 128, MXFP8_ERR_UNSUPPORTED,
+    MXFP8I_RETURN_ERROR_IF(rc.group == MXFP8_GROUP_WRAPX && out->K % 128, MXFP8_ERR_UNSUPPORTED,
                            "%s: quant_scheme wrapX needs the contraction length %% 128 == 0, but %s's is %lld", fn,
                            name, (long long)out->K);
     const mxfp8_tensor *s = &op->scales;

@@ -81,10 +81,12 @@ static void load_row_hp(const mxfp8i_gop *op, int64_t r, float *x) {
     for (int64_t k = 0; k < K; k++) x[k] = mxfp8i_load_f32(op->data, op->dtype, elem_off(op, r, k, &byte));
 }
 
-void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_scale_rule rule,
-                        mxfp8_group_scheme group, float *out, float *tmp) {
-    int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
+void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, float *out, float *tmp) {
+    const int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
+    const mxfp8_format fmt = op->rc.fmt;
+    const mxfp8_group_scheme group = op->rc.group;
     if (!op->prequant) {
+        const mxfp8_scale_rule rule = op->rc.rule;
         load_row_hp(op, r, tmp);
         if (op->sr.on) { /* stochastic rounding: the loaded row as a one-line panel (indices of row r) */
             mxfp8i_qpanel p = {tmp, MXFP8_DTYPE_F32, 1, K, K, 1, fmt, rule, group, out, MXFP8_DTYPE_F32, K, 1,
@@ -120,17 +122,18 @@ void mxfp8i_gop_deq_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8
     }
 }
 
-void mxfp8i_gop_load_row(const mxfp8i_gop *op, int64_t r, mxfp8_format fmt, mxfp8_group_scheme group, float *out) {
+void mxfp8i_gop_load_row(const mxfp8i_gop *op, int64_t r, float *out) {
     if (!op->prequant) load_row_hp(op, r, out);
-    else mxfp8i_gop_deq_row(op, r, fmt, MXFP8_SCALE_NKI, group, out, NULL);
+    else mxfp8i_gop_deq_row(op, r, out, NULL);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* FP32 rows or columns of exact dequantized values, for the kernel's packers                                  */
 /* ---------------------------------------------------------------------------------------------------------- */
-int mxfp8i_gop_cols_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                        int64_t r0, int rows, float *out, int64_t ld, uint8_t *sbuf) {
+int mxfp8i_gop_cols_f32(const mxfp8i_gop *op, int64_t r0, int rows, float *out, int64_t ld, uint8_t *sbuf) {
     if (rows <= 0 || op->swizzled || op->s0 != 1 || op->s1 <= 0 || (op->prequant && op->x4)) return 0;
+    const mxfp8_format fmt = op->rc.fmt;
+    const mxfp8_group_scheme group = op->rc.group;
     if (op->prequant) {
         const int64_t G = mxfp8i_ceil_div(op->K, 32);
         for (int i = 0; i < rows; i++)
@@ -141,7 +144,7 @@ int mxfp8i_gop_cols_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule
         return 1;
     }
     const char *base = op->data + r0 * (int64_t)mxfp8_dtype_size(op->dtype);
-    mxfp8i_qpanel p = {base, op->dtype, rows, op->K, 1, op->s1, fmt, rule, group, out, MXFP8_DTYPE_F32, 1, ld,
+    mxfp8i_qpanel p = {base, op->dtype, rows, op->K, 1, op->s1, fmt, op->rc.rule, group, out, MXFP8_DTYPE_F32, 1, ld,
                        NULL, 0, 0, mxfp8i_gop_sround(op, r0), NULL};
     mxfp8i_quantize_panel(&p);
     return 1;
@@ -156,9 +159,12 @@ static void transpose_to_rows(const float *t, int rows, int64_t K, float *out) {
     }
 }
 
-void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                         int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp, float *t2) {
-    int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
+void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, int64_t r0, int rows, float *out, uint8_t *sbuf, float *tmp,
+                         float *t2) {
+    const int64_t K = op->K, G = mxfp8i_ceil_div(K, 32);
+    const mxfp8_format fmt = op->rc.fmt;
+    const mxfp8_scale_rule rule = op->rc.rule;
+    const mxfp8_group_scheme group = op->rc.group;
     if (rows <= 0) return;
     size_t es = mxfp8_dtype_size(op->dtype);
     if (!op->swizzled && !op->prequant) {
@@ -193,5 +199,5 @@ void mxfp8i_gop_rows_f32(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rul
         mxfp8i_dequantize_panel(&p);
         return;
     }
-    for (int i = 0; i < rows; i++) mxfp8i_gop_deq_row(op, r0 + i, fmt, rule, group, out + (int64_t)i * K, tmp);
+    for (int i = 0; i < rows; i++) mxfp8i_gop_deq_row(op, r0 + i, out + (int64_t)i * K, tmp);
 }

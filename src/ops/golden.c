@@ -136,10 +136,9 @@ mxfp8_status mxfp8_gemm_golden_quantized(const mxfp8_tensor *a, const mxfp8_tens
     gb.K = K;
     gb.s0 = K;
     gb.s1 = 1;
-    for (int64_t m = 0; m < M; m++)
-        mxfp8i_gop_deq_row(&ga, m, params->fmt, params->rule, params->group, QA + m * K, tmp);
-    for (int64_t n = 0; n < N; n++)
-        mxfp8i_gop_deq_row(&gb, n, params->fmt, params->rule, params->group, QB + n * K, tmp);
+    ga.rc = gb.rc = mxfp8i_recipe_make(params->fmt, params->rule, params->group);
+    for (int64_t m = 0; m < M; m++) mxfp8i_gop_deq_row(&ga, m, QA + m * K, tmp);
+    for (int64_t n = 0; n < N; n++) mxfp8i_gop_deq_row(&gb, n, QB + n * K, tmp);
 #pragma omp parallel for schedule(static) num_threads(mxfp8i_num_threads())
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {

@@ -72,20 +72,23 @@ static mxfp8_status operand_rounding(const char *fn, const char *name, const mxf
     return MXFP8_OK;
 }
 
-/* Statistics of the `n` operands whose `out` is not NULL, computed before the GEMM(s) (an allocation failure leaves
- * every output untouched), exported by stats_export after they succeed. */
+/* The statistics of a call's `n` quantizations: quantization i asks for them when out[i] is not NULL, and its
+ * operand's descriptor then carries the request (gop.stats = &acc[i]). They are computed before the GEMM(s) (an
+ * allocation failure leaves every output untouched) and exported by stats_export after they succeed. */
 typedef struct op_stats {
     int n;
-    const mxfp8i_gop *op[4];
     mxfp8_quant_stats *out[4];
     mxfp8i_qstats acc[4];
 } op_stats;
-static mxfp8_status stats_collect(const char *fn, op_stats *s, const mxfp8_matmul_config *const *cfg) {
-    for (int i = 0; i < s->n; i++) {
-        mxfp8i_qstats_zero(&s->acc[i]);
-        if (!s->out[i]) continue;
-        mxfp8_status st = mxfp8i_gop_stats(s->op[i], cfg[i]->float8_dtype, cfg[i]->scale_rule, cfg[i]->quant_scheme,
-                                           mxfp8i_num_threads(), &s->acc[i]);
+/* Quantization i's statistics request (out: the caller's, or NULL): the accumulator, or NULL. */
+static mxfp8i_qstats *stats_request(op_stats *s, int i, mxfp8_quant_stats *out) {
+    s->out[i] = out;
+    mxfp8i_qstats_zero(&s->acc[i]);
+    return out ? &s->acc[i] : NULL;
+}
+static mxfp8_status stats_collect(const char *fn, const mxfp8i_gop *const *ops, int n) {
+    for (int i = 0; i < n; i++) {
+        mxfp8_status st = mxfp8i_gop_stats(ops[i], mxfp8i_num_threads());
         MXFP8I_RETURN_ERROR_IF(st, st, "%s: out of memory for the statistics pass", fn);
     }
     return MXFP8_OK;
@@ -95,12 +98,14 @@ static void stats_export(const op_stats *s) {
         if (s->out[i]) mxfp8i_qstats_export(&s->acc[i], s->out[i]);
 }
 
-/* A validated GEMM call: its resolved config and operands. */
+/* A validated GEMM call: its config (the driver reads its speed knobs only) and its operands, each with the recipe
+ * resolved from the config, its rounding and its statistics request (into os). */
 typedef struct gemm_job {
     const char *fn;
     mxfp8_matmul_config cfg;
     mxfp8i_gop ga, gb;
     int stats; /* an operand's statistics are asked for */
+    op_stats os;
 } gemm_job;
 
 /* Every check of mxfp8_gemm / mxfp8_matmul, before anything is written (shared by the calls and their _validate). */
@@ -131,6 +136,8 @@ static mxfp8_status gemm_validate(const char *fn, const char *na, const mxfp8_op
                                    "MXFP8_SCALES_NKI_PACKED (2)",
                                    fn, nms[i], (int)ops[i]->scale_layout);
     }
+    /* The operands' recipe, resolved once from the (checked) config. */
+    const mxfp8i_recipe rc = mxfp8i_recipe_make(config->float8_dtype, config->scale_rule, config->quant_scheme);
     /* Contraction length: config->K, else the output-independent operand that knows it. */
     int64_t hint = config->K > 0 ? config->K : -1;
     int a_x4 = a->values.dtype == MXFP8_DTYPE_U32 && !a->swizzled;
@@ -140,14 +147,11 @@ static mxfp8_status gemm_validate(const char *fn, const char *na, const mxfp8_op
                            MXFP8_ERR_SHAPE_MISMATCH, "%s: config.K = %lld disagrees with %s's K = %lld", fn,
                            (long long)hint, na, (long long)a->values.shape[1]);
     if (hint < 0 && a_x4) {
-        MXFP8I_FORWARD_IF_ERROR(
-            mxfp8i_gop_from_operand(fn, nb, b, -1, config->float8_dtype, config->quant_scheme, &j->gb));
+        MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, nb, b, -1, rc, &j->gb));
         if (!(j->gb.x4 && !j->gb.swizzled)) hint = j->gb.K;
     }
-    MXFP8I_FORWARD_IF_ERROR(
-        mxfp8i_gop_from_operand(fn, na, a, hint, config->float8_dtype, config->quant_scheme, &j->ga));
-    MXFP8I_FORWARD_IF_ERROR(
-        mxfp8i_gop_from_operand(fn, nb, b, j->ga.K, config->float8_dtype, config->quant_scheme, &j->gb));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, na, a, hint, rc, &j->ga));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, nb, b, j->ga.K, rc, &j->gb));
     MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "config", config, j->ga.R, j->ga.K, j->gb.R));
     MXFP8I_FORWARD_IF_ERROR(check_output(fn, nc, c, j->ga.R, j->gb.R, accumulate));
     if ((st = check_out_alias(fn, nc, c, na, &a->values)) || (st = check_out_alias(fn, nc, c, na, &a->scales)) ||
@@ -158,6 +162,9 @@ static mxfp8_status gemm_validate(const char *fn, const char *na, const mxfp8_op
     j->fn = fn;
     j->cfg = *config;
     j->stats = a->stats || b->stats;
+    j->os.n = 2;
+    j->ga.stats = stats_request(&j->os, 0, a->stats);
+    j->gb.stats = stats_request(&j->os, 1, b->stats);
     return MXFP8_OK;
 }
 
@@ -178,14 +185,12 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     gemm_job j;
     mxfp8_status st = gemm_validate(fn, na, a, nb, b, config, accumulate, nc, c, &j);
     if (st) return st;
-    op_stats os;
-    os.n = 2, os.op[0] = &j.ga, os.op[1] = &j.gb, os.out[0] = a->stats, os.out[1] = b->stats;
-    const mxfp8_matmul_config *cfgs[2] = {&j.cfg, &j.cfg};
+    const mxfp8i_gop *ops[2] = {&j.ga, &j.gb};
     mxfp8i_scope scope;
     MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, j.cfg.workspace), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: out of memory for the workspace", fn);
     st = mxfp8i_ws_plan(fn, gemm_reserve_job, &j, NULL);
-    if (!st && j.stats) st = stats_collect(fn, &os, cfgs);
+    if (!st && j.stats) st = stats_collect(fn, ops, 2);
     if (st) {
         mxfp8i_scope_end(&scope);
         return st;
@@ -193,7 +198,7 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     st = mxfp8i_gemm_gop(&j.ga, &j.gb, &j.cfg, accumulate, c, mxfp8i_num_threads());
     mxfp8i_scope_end(&scope);
     MXFP8I_RETURN_ERROR_IF(st, st, "%s: out of memory for the packed operands", fn);
-    stats_export(&os);
+    stats_export(&j.os);
     return MXFP8_OK;
 }
 
@@ -275,7 +280,7 @@ static mxfp8_operand operand_cf(const mxfp8_tensor *v, const mxfp8_tensor *scale
     return op;
 }
 
-/* The phase config: the caller's (speed fields) or the args' defaults; result fields always from args. */
+/* The phase config: the caller's or the args' speed knobs (the recipe is the operands', from the args). */
 static void phase_config(const mxfp8_matmul_bwd_args *a, const mxfp8_matmul_config *given, mxfp8_matmul_config *out) {
     if (given) *out = *given;
     else {
@@ -285,10 +290,6 @@ static void phase_config(const mxfp8_matmul_bwd_args *a, const mxfp8_matmul_conf
         out->lnc_2_shard_rhs = a->lnc_2_shard_rhs ? 1 : 0;
         out->spill_reload = a->spill_reload;
     }
-    out->float8_dtype = a->float8_dtype;
-    out->scale_rule = a->scale_rule;
-    out->quant_scheme = a->quant_scheme;
-    out->enable_scale_packing = a->use_scale_packing;
     out->M = out->K = out->N = 0;
 }
 
@@ -350,8 +351,8 @@ static mxfp8_status check_bwd_shapes(const char *fn, const mxfp8_matmul_bwd_args
 
 /* The three operands for (M, N, K) read from the outputs, as descriptors; shapes, wrapX and aliasing. */
 static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *args, const mxfp8_tensor *input_grad,
-                                 const mxfp8_tensor *weight_grad, int64_t M, int64_t N, int64_t K, mxfp8i_gop *g_dy,
-                                 mxfp8i_gop *g_w, mxfp8i_gop *g_x) {
+                                 const mxfp8_tensor *weight_grad, int64_t M, int64_t N, int64_t K, mxfp8i_recipe rc,
+                                 mxfp8i_gop *g_dy, mxfp8i_gop *g_w, mxfp8i_gop *g_x) {
     mxfp8_scale_layout lay = args->use_scale_packing ? MXFP8_SCALES_NKI_PACKED : args->scale_layout;
     /* dgrad operands: dY [M, N] (contraction N last), W [N, K] as [K, N]; wgrad's X [M, K] as [K, M]. */
     mxfp8_operand op_dy, op_w, op_x;
@@ -362,12 +363,10 @@ static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *ar
     op_dy.swizzled = args->output_grad_is_swizzled;
     op_w = operand_cf(&args->weights, &args->weight_scales, lay, args->weights_is_swizzled);
     op_x = operand_cf(&args->input_activation, &args->input_scales, lay, args->input_is_swizzled);
-    const mxfp8_format f = args->float8_dtype;
-    const mxfp8_group_scheme grp = args->quant_scheme;
     MXFP8I_FORWARD_IF_ERROR(check_bwd_shapes(fn, args, M, N, K));
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "output_grad", &op_dy, N, f, grp, g_dy));
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "weights", &op_w, N, f, grp, g_w));
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "input_activation", &op_x, M, f, grp, g_x));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "output_grad", &op_dy, N, rc, g_dy));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "weights", &op_w, N, rc, g_w));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_from_operand(fn, "input_activation", &op_x, M, rc, g_x));
     MXFP8I_RETURN_ERROR_IF(g_dy->R != M, MXFP8_ERR_SHAPE_MISMATCH,
                            "%s: output_grad has %lld rows but input_grad has M = %lld", fn, (long long)g_dy->R,
                            (long long)M);
@@ -377,7 +376,7 @@ static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *ar
     MXFP8I_RETURN_ERROR_IF(g_x->R != K, MXFP8_ERR_SHAPE_MISMATCH,
                            "%s: input_activation has %lld columns, expected K = %lld", fn, (long long)g_x->R,
                            (long long)K);
-    MXFP8I_RETURN_ERROR_IF(grp == MXFP8_GROUP_WRAPX && M % 128, MXFP8_ERR_UNSUPPORTED,
+    MXFP8I_RETURN_ERROR_IF(rc.group == MXFP8_GROUP_WRAPX && M % 128, MXFP8_ERR_UNSUPPORTED,
                            "%s: quant_scheme wrapX needs M %% 128 == 0 (dY is quantized along M), but M = %lld", fn,
                            (long long)M);
     const mxfp8_tensor *ins[6] = {&args->output_grad,        &args->weights,       &args->input_activation,
@@ -391,13 +390,16 @@ static mxfp8_status bwd_operands(const char *fn, const mxfp8_matmul_bwd_args *ar
     return mxfp8i_check_no_alias(fn, "input_grad", input_grad, "weight_grad", weight_grad);
 }
 
-/* A validated backward call: its phase configs and operands. */
+/* A validated backward call: its phase configs (speed knobs), the recipe of its four quantizations (from the args)
+ * and its operands (each with that recipe, its rounding and its statistics request, into os). */
 typedef struct bwd_job {
     const char *fn;
     const mxfp8_matmul_bwd_args *args;
     mxfp8_matmul_config cx, cw;
+    mxfp8i_recipe rc;
     mxfp8i_gop g_dy, g_w, g_x;
     int64_t M, K, N;
+    op_stats os;
 } bwd_job;
 
 /* Every buffer of the backward, before dX is written (mxfp8i_ws_plan): dY's FP32 copy when dY is swizzled or
@@ -419,7 +421,7 @@ static mxfp8_status bwd_reserve_job(const void *p) {
 }
 
 /* The two GEMMs inside the call's workspace scope, after bwd_reserve_job's buffers are in place. */
-static mxfp8_status backward_scoped(const bwd_job *j, mxfp8_tensor *input_grad, mxfp8_tensor *weight_grad) {
+static mxfp8_status backward_scoped(bwd_job *j, mxfp8_tensor *input_grad, mxfp8_tensor *weight_grad) {
     const char *fn = j->fn;
     const mxfp8_matmul_bwd_args *args = j->args;
     const mxfp8i_gop *g_dy = &j->g_dy, *g_w = &j->g_w, *g_x = &j->g_x;
@@ -434,22 +436,19 @@ static mxfp8_status backward_scoped(const bwd_job *j, mxfp8_tensor *input_grad, 
     if (bwd_need_dyf(j)) {
         float *dyf = mxfp8i_ws_get(MXFP8I_WS_MATMUL_DY, (size_t)(M * N * 4));
         for (int64_t m = 0; m < M; m++)
-            mxfp8i_gop_load_row(g_dy, m, args->float8_dtype, args->quant_scheme, dyf + m * N);
+            mxfp8i_gop_load_row(g_dy, m, dyf + m * N);
         g_dyt = mxfp8i_gop_hp(dyf, MXFP8_DTYPE_F32, N, M, 1, N);
     }
+    g_dyt.rc = j->rc;
     g_dyt.sr = mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, args->rounding_seed, 2, 0, 1,
                                   N); /* (n, m) */
-    mxfp8_quant_stats *so = args->stats;
-    op_stats os;
+    g_dyt.stats = stats_request(&j->os, 2, args->stats ? args->stats + 2 : NULL);
     const mxfp8i_gop *ops[4] = {g_dy, g_w, &g_dyt, g_x};
-    os.n = 4;
-    for (int i = 0; i < 4; i++) os.op[i] = ops[i], os.out[i] = so ? so + i : NULL;
-    const mxfp8_matmul_config *cfgs[4] = {cx, cx, cw, cw};
-    if (so) MXFP8I_FORWARD_IF_ERROR(stats_collect(fn, &os, cfgs));
+    if (args->stats) MXFP8I_FORWARD_IF_ERROR(stats_collect(fn, ops, 4));
     mxfp8_status st = mxfp8i_gemm_gop(g_dy, g_w, cx, 0, input_grad, nt);
     if (!st) st = mxfp8i_gemm_gop(&g_dyt, g_x, cw, 0, weight_grad, nt);
     MXFP8I_RETURN_ERROR_IF(st, MXFP8_ERR_INTERNAL, "%s: a GEMM failed after its reservation", fn);
-    stats_export(&os);
+    stats_export(&j->os);
     return MXFP8_OK;
 }
 
@@ -476,7 +475,9 @@ static mxfp8_status bwd_validate(const char *fn, const mxfp8_matmul_bwd_args *ar
         MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "input_grad_config", args->input_grad_config, M, N, K));
     if (args->weight_grad_config)
         MXFP8I_FORWARD_IF_ERROR(check_dims(fn, "weight_grad_config", args->weight_grad_config, N, M, K));
-    MXFP8I_FORWARD_IF_ERROR(bwd_operands(fn, args, input_grad, weight_grad, M, N, K, &j->g_dy, &j->g_w, &j->g_x));
+    j->rc = mxfp8i_recipe_make(args->float8_dtype, args->scale_rule, args->quant_scheme); /* checked above */
+    MXFP8I_FORWARD_IF_ERROR(
+        bwd_operands(fn, args, input_grad, weight_grad, M, N, K, j->rc, &j->g_dy, &j->g_w, &j->g_x));
 
     /* the four quantizations: stream q, the row-major index of the element in its own tensor */
     const uint64_t seed = args->rounding_seed;
@@ -484,6 +485,11 @@ static mxfp8_status bwd_validate(const char *fn, const mxfp8_matmul_bwd_args *ar
         mxfp8i_sround_make(args->output_grad_rounding == MXFP8_ROUND_STOCHASTIC, seed, 0, 0, N, 1);     /* (m, n) */
     j->g_w.sr = mxfp8i_sround_make(args->weights_rounding == MXFP8_ROUND_STOCHASTIC, seed, 1, 0, 1, K); /* (k, n) */
     j->g_x.sr = mxfp8i_sround_make(args->input_rounding == MXFP8_ROUND_STOCHASTIC, seed, 3, 0, 1, K);   /* (k, m) */
+    mxfp8_quant_stats *so = args->stats;
+    j->os.n = 4;
+    j->g_dy.stats = stats_request(&j->os, 0, so ? so + 0 : NULL);
+    j->g_w.stats = stats_request(&j->os, 1, so ? so + 1 : NULL);
+    j->g_x.stats = stats_request(&j->os, 3, so ? so + 3 : NULL);
     j->fn = fn;
     j->args = args;
     j->M = M, j->K = K, j->N = N;

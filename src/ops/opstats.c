@@ -16,14 +16,13 @@
 #include "opstats.h"
 
 /* Rows [r0, r0 + n) of op: quantized into codes (n * K bytes of scratch; f32: n * K floats for loaded rows). */
-static void stats_chunk(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                        int64_t r0, int64_t n, uint8_t *codes, float *f32, mxfp8i_qstats *st) {
+static void stats_chunk(const mxfp8i_gop *op, int64_t r0, int64_t n, uint8_t *codes, float *f32, mxfp8i_qstats *st) {
     const int64_t K = op->K;
     const size_t es = mxfp8_dtype_size(op->dtype);
     mxfp8i_qpanel p;
     memset(&p, 0, sizeof p);
     p.src_dtype = op->dtype, p.lines = n, p.K = K;
-    p.fmt = fmt, p.rule = rule, p.group = group;
+    p.fmt = op->rc.fmt, p.rule = op->rc.rule, p.group = op->rc.group;
     p.out = codes, p.out_dtype = MXFP8_DTYPE_U8;
     p.sr = mxfp8i_gop_sround(op, r0);
     p.stats = st;
@@ -34,7 +33,7 @@ static void stats_chunk(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule
         p.src = op->data + r0 * (int64_t)es;
         p.src_ls = 1, p.src_ks = op->s1, p.out_ls = 1, p.out_ks = n;
     } else { /* any other arrangement: the exact FP32 rows first */
-        for (int64_t i = 0; i < n; i++) mxfp8i_gop_load_row(op, r0 + i, fmt, group, f32 + i * K);
+        for (int64_t i = 0; i < n; i++) mxfp8i_gop_load_row(op, r0 + i, f32 + i * K);
         p.src = f32, p.src_dtype = MXFP8_DTYPE_F32;
         p.src_ls = K, p.src_ks = 1, p.out_ls = K, p.out_ks = 1;
     }
@@ -62,10 +61,10 @@ mxfp8_status mxfp8i_gop_stats_reserve(int64_t Kmax, int nt) {
     return MXFP8_OK;
 }
 
-mxfp8_status mxfp8i_gop_stats(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                              int nt, mxfp8i_qstats *st) {
+mxfp8_status mxfp8i_gop_stats(const mxfp8i_gop *op, int nt) {
     const int64_t R = op->R, K = op->K;
-    if (op->prequant || R <= 0 || K <= 0) return MXFP8_OK;
+    mxfp8i_qstats *st = op->stats;
+    if (!st || op->prequant || R <= 0 || K <= 0) return MXFP8_OK;
     const int loaded = op->swizzled || (op->s1 != 1 && op->s0 != 1);
     int64_t n = chunk_rows(K);
     if (n > R) n = R;
@@ -91,7 +90,7 @@ mxfp8_status mxfp8i_gop_stats(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scal
             const int t = 0;
 #endif
             const int64_t r0 = c * n, m = R - r0 < n ? R - r0 : n;
-            stats_chunk(op, fmt, rule, group, r0, m, codes + t * cb, loaded ? f32 + t * cb : NULL, &tst[t]);
+            stats_chunk(op, r0, m, codes + t * cb, loaded ? f32 + t * cb : NULL, &tst[t]);
         }
         for (int t = 0; t < nt; t++) mxfp8i_qstats_merge(st, &tst[t]);
     }

@@ -1,6 +1,6 @@
 /*
  * opstats.h -- statistics of the GEMM operands a call quantizes (internal): a separate pass over an operand that
- * quantizes it exactly as the GEMM packer does (same values, format, rule, group scheme and element rounding, so the
+ * quantizes it exactly as the GEMM packer does (same values, and the operand's own recipe and element rounding, so the
  * same codes) into scratch, with the statistics accumulator of the quantize panels (src/kernels/qstats.h). The GEMM
  * itself (src/gemm/) is not involved, so its speed is unchanged when no statistics are asked for.
  */
@@ -9,12 +9,11 @@
 
 #include "../gemm/gemm.h"
 
-/** st += the statistics of quantizing the high-precision operand op [R, K] along K (nothing for a pre-quantized
- *  operand). At most nt threads (per-thread accumulators, merged exactly). Scratch comes from the open workspace
- *  scope's slots (src/runtime/workspace.h; malloc when none is open). MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (st
- *  unchanged). */
-mxfp8_status mxfp8i_gop_stats(const mxfp8i_gop *op, mxfp8_format fmt, mxfp8_scale_rule rule, mxfp8_group_scheme group,
-                              int nt, mxfp8i_qstats *st);
+/** *op->stats += the statistics of quantizing the high-precision operand op [R, K] along K with its recipe and
+ *  rounding (nothing for a pre-quantized operand or one without a statistics request, op->stats == NULL). At most
+ *  nt threads (per-thread accumulators, merged exactly). Scratch comes from the open workspace scope's slots
+ *  (src/runtime/workspace.h; malloc when none is open). MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (*op->stats unchanged). */
+mxfp8_status mxfp8i_gop_stats(const mxfp8i_gop *op, int nt);
 /** Grow the scope's slots to what every later mxfp8i_gop_stats with contraction length <= Kmax and <= nt threads
  *  needs, so that those calls cannot fail. OUT_OF_MEMORY or OK. */
 mxfp8_status mxfp8i_gop_stats_reserve(int64_t Kmax, int nt);

@@ -10,6 +10,7 @@
  *     loop orders, spill_reload, shard axis and thread counts, pre-quantized B in every scale layout, x4 packing,
  *     wrapX, F32/BF16 outputs and accumulate.
  *  3. A slot with its own panel format (the driver's generic pack/run path) against the oracle.
+ *  4. The driver on descriptors: each operand's own recipe decides its quantization, not the config's fields.
  * mxfp8_matmul_backward and the errors: test_matmul_bwd.c.
  */
 #include "gemm_util.h"
@@ -459,6 +460,55 @@ static void test_generic_slot(void) {
     }
 }
 
+/* The recipe travels with the operand: the driver quantizes each operand with its descriptor's recipe (gop.rc) and
+ * reads only speed knobs from its config. Descriptors with recipe (f, rule, group) and a config that names the
+ * other format, another rule and the other group scheme must give the oracle's GEMM of (f, rule, group), on every
+ * kernel, with B in rows and in columns geometry (the BF16 and column packers). */
+static void test_recipe_on_operand(void) {
+    const int64_t M = 19, N = 70, K = 256;
+    const mxfp8i_ukernel *kernels[16];
+    const int nk = gemm_kernels(kernels);
+    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K), *Bt = malloc(sizeof(float) * N * K);
+    float *C0 = malloc(sizeof(float) * M * N), *C = malloc(sizeof(float) * M * N);
+    for (int64_t i = 0; i < M * K; i++) A[i] = nrand() * (float)(1 + (i % 3));
+    for (int64_t i = 0; i < N * K; i++) B[i] = nrand();
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) Bt[k * N + n] = B[n * K + k];
+    const struct { mxfp8_format f; mxfp8_scale_rule r; mxfp8_group_scheme g; } rc[3] = {
+        {MXFP8_FMT_E4M3, MXFP8_SCALE_OCP, MXFP8_GROUP_1X32},
+        {MXFP8_FMT_E5M2, MXFP8_SCALE_RCEIL, MXFP8_GROUP_WRAPX},
+        {MXFP8_FMT_E5M2, MXFP8_SCALE_NKI, MXFP8_GROUP_1X32}};
+    for (int v = 0; v < 3; v++) {
+        naive_g(A, B, M, N, K, rc[v].f, rc[v].r, rc[v].g, C0);
+        mxfp8_matmul_config cfg; /* the other values: not read below the public entries */
+        mxfp8_matmul_config_init(&cfg);
+        cfg.float8_dtype = rc[v].f == MXFP8_FMT_E4M3 ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3;
+        cfg.scale_rule = rc[v].r == MXFP8_SCALE_NKI ? MXFP8_SCALE_RCEIL : MXFP8_SCALE_NKI;
+        cfg.quant_scheme = rc[v].g == MXFP8_GROUP_1X32 ? MXFP8_GROUP_WRAPX : MXFP8_GROUP_1X32;
+        for (int kk = 0; kk < nk; kk++)
+            for (int bt = 0; bt < 2; bt++) {
+                mxfp8i_gop ga = mxfp8i_gop_hp(A, MXFP8_DTYPE_F32, M, K, K, 1);
+                mxfp8i_gop gb = bt ? mxfp8i_gop_hp(Bt, MXFP8_DTYPE_F32, N, K, 1, N)
+                                   : mxfp8i_gop_hp(B, MXFP8_DTYPE_F32, N, K, K, 1);
+                ga.rc = gb.rc = mxfp8i_recipe_make(rc[v].f, rc[v].r, rc[v].g);
+                int64_t sc[2] = {M, N};
+                mxfp8_tensor c = mxfp8_tensor_make(C, MXFP8_DTYPE_F32, 2, sc);
+                if (kk) mxfp8i_force_ukernel(kernels[kk]);
+                const char *kname = mxfp8i_gemm_ukernel()->name;
+                mxfp8_status st = mxfp8i_gemm_gop(&ga, &gb, &cfg, 0, &c, 1 + bt);
+                mxfp8i_force_ukernel(NULL);
+                if (st) { FAIL("recipe on the operand (%s): status %d", kname, st); continue; }
+                for (int64_t i = 0; i < M * N; i++)
+                    if (!bits_eq(C[i], C0[i])) {
+                        FAIL("recipe on the operand: variant %d %s B transposed %d: C[%lld] = %a, oracle %a", v,
+                             kname, bt, (long long)i, C[i], C0[i]);
+                        break;
+                    }
+            }
+    }
+    free(A); free(B); free(Bt); free(C0); free(C);
+}
+
 int main(void) {
     test_ukernels();
     test_gemm_vs_naive();
@@ -466,6 +516,7 @@ int main(void) {
     test_bf16_ties();
     test_ftz_bound_groups();
     test_generic_slot();
+    test_recipe_on_operand();
     if (failures) {
         printf("test_gemm: %d failure(s)\n", failures);
         return 1;

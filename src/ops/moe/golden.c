@@ -95,7 +95,7 @@ static void qdq_lines(const mxfp8i_moe *p, double *x, int64_t lines, int64_t K, 
             float v[32], o[32];
             int nk = (int)(K - k0 < 32 ? K - k0 : 32);
             for (int i = 0; i < nk; i++) v[i] = (float)x[l * ls + (k0 + i) * ks];
-            mxfp8i_qdq_group_ref(v, nk, p->cfg.quant_dtype, p->cfg.scale_rule, o);
+            mxfp8i_qdq_group_ref(v, nk, p->rc.fmt, p->rc.rule, o);
             for (int i = 0; i < nk; i++) x[l * ls + (k0 + i) * ks] = (double)o[i];
         }
 }

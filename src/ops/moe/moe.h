@@ -47,6 +47,8 @@ typedef struct mxfp8i_moe {
                                            real position) and the most such blocks of one expert: the segmented
                                            weight gradients' buffers (bwd.c), found by the checks' routing walk */
     mxfp8_moe_config cfg;
+    mxfp8i_recipe rc;                 /**< every GEMM operand's recipe: config.quant_dtype, config.scale_rule, 1x32
+                                           (resolved once by mxfp8i_moe_check; the phase configs' are not read) */
     mxfp8_tensor X, a, W1, W2, b1, b2, W1s, W2s, dY;
     int w1_prequant, w2_prequant;
     int32_t *tok;                     /**< [N*B]: token in [0, V), or -1 for padding (a workspace slot) */
@@ -165,7 +167,7 @@ mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e
  *  takes, for either of its thread counts; keyed_slot >= 0 for weights kept in that keyed slot. */
 mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot);
 /** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] with M = A->R, N = B->R, K = A->K; C F32 row-major with leading
- *  dimension ldc. Both operands quantized along K with p->cfg.quant_dtype / scale_rule, 1x32, and their rounding
+ *  dimension ldc. Both operands quantized along K with their own recipe (gop.rc: the layer's p->rc) and rounding
  *  (gop.sr). ida / idb: the operands' mxfp8_moe_operand ids for expert e's statistics (numerics.c; a weight's are
  *  taken once per expert). Deterministic for any thread count. Returns MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY. */
 mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t e, const mxfp8i_gop *A, int ida, const mxfp8i_gop *B,
@@ -186,8 +188,9 @@ mxfp8_status mxfp8i_moe_gemm_segments_reserve(const mxfp8i_moe *p, int64_t M, in
 /** Validate the gpt-oss SwiGLU parameters and the rounding bitmask; fold swiglu_limit into the clamp limits of
  *  `cfg` (gate upper, up lower and upper) so that every pass clamps and masks with them. */
 mxfp8_status mxfp8i_moe_numerics_config(const char *fn, mxfp8_moe_config *cfg);
-/** Stochastic rounding of block operand `id` of block n when the config asks for it: logical index
- *  n*B*width + r*i0 + k*i1 (the dispatched [N*B, width] tensor; i0, i1 its steps along the GEMM's rows and K). */
+/** The quantization of block operand `id` of block n: the layer's recipe (p->rc), and stochastic rounding when the
+ *  config asks for it, with logical index n*B*width + r*i0 + k*i1 (the dispatched [N*B, width] tensor; i0, i1 its
+ *  steps along the GEMM's rows and K). Every activation operand of a phase GEMM goes through it. */
 void mxfp8i_moe_round_block(const mxfp8i_moe *p, mxfp8i_gop *op, int id, int64_t n, int64_t width, int64_t i0,
                             int64_t i1);
 /** mxfp8i_moe_stats_reserve: the statistics slot and the statistics passes' scratch when `stats` is not NULL (a

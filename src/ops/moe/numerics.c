@@ -34,6 +34,7 @@ mxfp8_status mxfp8i_moe_numerics_config(const char *fn, mxfp8_moe_config *c) {
 
 void mxfp8i_moe_round_block(const mxfp8i_moe *p, mxfp8i_gop *op, int id, int64_t n, int64_t width, int64_t i0,
                             int64_t i1) {
+    op->rc = p->rc;
     if (!((p->cfg.stochastic_rounding >> id) & 1u)) return;
     op->sr = mxfp8i_sround_make(1, p->cfg.rounding_seed, (uint64_t)id, n * p->B * width, i0, i1);
 }
@@ -68,24 +69,24 @@ void mxfp8i_moe_stats_export(const mxfp8i_moe *p, mxfp8_quant_stats *stats) {
     for (int64_t i = 0; i < p->E * MXFP8_MOE_NUM_OPERANDS; i++) mxfp8i_qstats_export(&p->qst[i], &stats[i]);
 }
 
-/* The statistics of operand `id` of expert e (weights: the first time only). */
+/* The statistics of operand `id` of expert e (weights: the first time only), requested into its slot. */
 static mxfp8_status operand_stats(const mxfp8i_moe *p, int64_t e, const mxfp8i_gop *op, int id, int nt) {
     const int64_t slot = e * MXFP8_MOE_NUM_OPERANDS + id;
     const int weight = id == MXFP8_MOE_GEMM1_W1 || id == MXFP8_MOE_GEMM2_W2 || id == MXFP8_MOE_P1_W2 ||
                        id == MXFP8_MOE_P2_W1;
     if (weight && p->wdone[slot]) return MXFP8_OK;
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_stats(op, p->cfg.quant_dtype, p->cfg.scale_rule, MXFP8_GROUP_1X32, nt,
-                                             &p->qst[slot]));
+    mxfp8i_gop g = *op;
+    g.stats = &p->qst[slot];
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_gop_stats(&g, nt));
     if (weight) p->wdone[slot] = 1;
     return MXFP8_OK;
 }
 
-/* The config and thread count of a phase GEMM (small GEMMs run on the calling thread). */
+/* The config (speed knobs: the defaults) and thread count of a phase GEMM (small GEMMs run on the calling
+ * thread). */
 static void phase_setup(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, mxfp8_matmul_config *cfg, int *nt) {
+    (void)p;
     mxfp8_matmul_config_init(cfg);
-    cfg->float8_dtype = p->cfg.quant_dtype;
-    cfg->scale_rule = p->cfg.scale_rule;
-    cfg->quant_scheme = MXFP8_GROUP_1X32;
     *nt = (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
 }
 

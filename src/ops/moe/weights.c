@@ -21,7 +21,7 @@ static inline float deq_code(const mxfp8i_moe *p, const mxfp8_tensor *codes, int
                              int64_t soff) {
     uint8_t c = ((const uint8_t *)codes->data)[off];
     uint8_t s = ((const uint8_t *)sc->data)[soff];
-    return mxfp8_fp8_to_fp32(c, p->cfg.quant_dtype) * mxfp8_e8m0_to_fp32(s);
+    return mxfp8_fp8_to_fp32(c, p->rc.fmt) * mxfp8_e8m0_to_fp32(s);
 }
 
 void mxfp8i_moe_load_w1(const mxfp8i_moe *p, int64_t e, float *w1f) {
@@ -132,7 +132,9 @@ static mxfp8i_gop weight_rounding(const mxfp8i_moe *p, int64_t e, mxfp8i_moe_wus
 static mxfp8i_gop weight_view(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use);
 
 mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use) {
-    return weight_rounding(p, e, use, weight_view(p, w, e, use));
+    mxfp8i_gop g = weight_view(p, w, e, use);
+    g.rc = p->rc; /* the layer's recipe: the format of pre-quantized codes, or the quantization of the GEMM's packer */
+    return weight_rounding(p, e, use, g);
 }
 
 static mxfp8i_gop weight_view(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use) {
