@@ -76,6 +76,9 @@ static void test_paths_equal(void) {
                         cfg.bias = bias;
                         cfg.gate_clamp_upper = 0.5f;
                         cfg.up_clamp_lower = -0.3f;
+                        /* every format and scale rule (each operand carries its recipe, on either path) */
+                        cfg.quant_dtype = (act + aff) % 2 ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3;
+                        cfg.scale_rule = (mxfp8_scale_rule)((act + aff + bias) % 3);
                         if (sr) {
                             cfg.stochastic_rounding = (1u << NOPS) - 1; /* every operand */
                             cfg.rounding_seed = 12345u + (unsigned)act;
