@@ -519,12 +519,15 @@ def expert_parallel_moe(hidden_states, topk_ids, topk_weights, gate_up_proj_weig
             grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
                 hidden_states, topk_weights, gate_up_proj_weight, down_proj_weight, gate_and_up_proj_bias,
                 down_proj_bias))
-            # the library checks the local layer's configuration and weights on a problem of no tokens (no GEMM)
-            torch.ops.mxfp8.moe(hidden_states.new_empty(0, H), hidden_states.new_zeros(0, 1), gate_up_proj_weight,
-                                down_proj_weight, torch.zeros(0, dtype=torch.int32),
-                                torch.zeros(0, dtype=torch.int32), block_size, gate_and_up_proj_bias,
-                                down_proj_bias, opt.act, opt.clamps, opt.swiglu, [0, 0], opt.aff,
-                                opt.recipe.moe_dtype, opt.recipe.scale_rule, True, False)
+            # the library's own checks of the local layer (configuration, weights, biases, block size):
+            # mxfp8_moe_forward_validate on a routing of no blocks (the rank's blocks exist only after the
+            # dispatch); nothing runs, nothing is allocated or written
+            cc = B.moe_config(opt.act, opt.clamps, opt.aff, opt.recipe.moe_dtype, opt.recipe.scale_rule, True,
+                              gate_and_up_proj_bias is not None or down_proj_bias is not None, opt.swiglu, [0, 0])
+            none = torch.zeros(0, dtype=torch.int32)
+            B.moe_forward_validate(cc, _mo._inputs(hidden_states.new_empty(0, H), hidden_states.new_zeros(0, 1),
+                                                   gate_up_proj_weight, down_proj_weight, none, none, block_size,
+                                                   gate_and_up_proj_bias, down_proj_bias))
             values = dict(config or {})
             values.update(world_size=P, num_experts=E, hidden_size=H, intermediate_size=I, top_k=K,
                           block_size=block_size, wire=opt.wire, activation=opt.act, affinity_option=opt.aff,
