@@ -87,10 +87,10 @@ def memory_reserved():
 
 
 def set_buffer_reuse(enabled):
-    """enabled: True turns the reuse of the ops' output buffers on (the default), False off; returns the previous
-    setting. Off, every
-    op returns fresh tensors (the same values: reuse never changes a result). Turning it off also releases the kept
-    buffers."""
+    """enabled: True turns the reuse of the ops' output buffers on (the default), False off (a bool, or the integer
+    0 or 1: anything else, "no" for one, is an error); returns the previous setting. Off, every op returns fresh
+    tensors (the same values: reuse never changes a result). Turning it off also releases the kept buffers."""
+    enabled = bool(_lib.parse_bool(enabled, "set_buffer_reuse: enabled"))
     global _enabled
     prev = _enabled
     _enabled = bool(enabled) and _use_count is not None

@@ -1,0 +1,62 @@
+"""Mistakes a new user makes with mxfp8.torch, each answered by a clear error naming the parameter: clamp_limits
+given as a tuple (before: silently no clamping at all), set_buffer_reuse("no") (before: taken as True), and
+mxfp8.torch imported where PyTorch is missing or too old (the message says what to install)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mxfp8
+import mxfp8.torch as mt
+
+T, H, I, E, K, BS = 32, 64, 32, 4, 2, 16
+
+
+def test_moe_clamp_limits_must_be_a_clamp_limits():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(T, H, generator=g)
+    w1 = torch.randn(E, H, 2, I, generator=g) * 0.1
+    w2 = torch.randn(E, I, H, generator=g) * 0.1
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    tp, be, a = mt.route(ids, torch.rand(T, K, generator=g), E, BS)
+    for bad in ((0.05, 0.1), [0.05, 0.1], "0.1"):
+        with pytest.raises(TypeError, match="clamp_limits: expected an mxfp8.ClampLimits, a dict of its fields or "
+                                            "None, got " + type(bad).__name__):
+            mt.moe(x, a, w1, w2, tp, be, BS, clamp_limits=bad)
+        with pytest.raises(TypeError, match="clamp_limits: expected an mxfp8.ClampLimits"):
+            mt.BlockwiseMoE(H, I, E, K, block_size=BS, clamp_limits=bad)  # at construction, not at the first call
+    # what the tuple was meant to be does clamp: the outputs differ from the unclamped layer's
+    lim = mxfp8.ClampLimits(linear_clamp_lower_limit=0.05, linear_clamp_upper_limit=0.1)
+    clamped = mt.moe(x, a, w1, w2, tp, be, BS, clamp_limits=lim)
+    assert not torch.equal(clamped, mt.moe(x, a, w1, w2, tp, be, BS))
+    assert torch.equal(clamped, mt.moe(x, a, w1, w2, tp, be, BS, clamp_limits=dict(
+        linear_clamp_lower_limit=0.05, linear_clamp_upper_limit=0.1)))
+
+
+def test_set_buffer_reuse_takes_only_a_boolean():
+    prev = mt.set_buffer_reuse(True)
+    try:
+        for bad, exc in (("no", TypeError), ("0", TypeError), (None, TypeError), (2, ValueError)):
+            with pytest.raises(exc, match="set_buffer_reuse: enabled: .* is not a boolean"):
+                mt.set_buffer_reuse(bad)
+            assert mt.set_buffer_reuse(True) is True  # unchanged by the refused call
+        assert mt.set_buffer_reuse(0) is True and mt.set_buffer_reuse(1) is False
+    finally:
+        mt.set_buffer_reuse(prev)
+
+
+@pytest.mark.parametrize("trick, message", [
+    ("sys.modules['torch'] = None", "mxfp8.torch needs PyTorch >= 2.7 (pip install 'mxfp8[torch]', or pip install "
+                                    "torch)"),
+    ("import types; sys.modules['torch'] = types.ModuleType('torch'); sys.modules['torch'].__version__ = '2.1.0'",
+     "mxfp8.torch needs PyTorch >= 2.7 (torch.float8_e8m0fnu, torch.library.custom_op), found torch 2.1.0"),
+])
+def test_import_without_a_usable_torch_says_what_to_install(trick, message):
+    code = f"import sys; {trick}\nimport mxfp8.torch"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ))
+    assert r.returncode == 1
+    assert f"ImportError: {message}" in r.stderr, r.stderr
