@@ -103,3 +103,19 @@ def test_cli_diff_names_the_files_when_the_shapes_differ(tmp_path, rng):
                         f"{tmp_path / 'x3.npy'} 'x3' [2, 3, 64] (the codes of every element)\n"), r.stderr
     ok = run("diff", str(tmp_path / "x.npy"), q)
     assert ok.returncode == 0 and "bitwise equal" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_moe_bwd_block_size_contradicting_a_bundles_routing_is_a_usage_error(tmp_path):
+    bundle, out = tmp_path / "bundle.safetensors", tmp_path / "g.safetensors"
+    r = run("moe-bwd", *SMALL, "--save-inputs", str(bundle), "--no-check")  # explicit routing, B = 16
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run("moe-bwd", "--inputs", str(bundle), "--block-size", "32", "--output", str(out), "--quiet")
+    assert r.returncode == 2 and r.stdout == "" and not out.exists(), r.stdout + r.stderr
+    # before: the header printed, then "mxfp8_moe_backward failed: ... not a multiple of block_size 32"
+    n = mxfp8.load(str(bundle))["block_to_expert"].shape[0]
+    assert r.stderr == (f"mxfp8 moe-bwd: error: {bundle}: --block-size 32 contradicts the bundle's routing: "
+                        f"token_position_to_id has {16 * n} positions for block_to_expert's {n} blocks, block size 16 "
+                        "(leave --block-size out)\n"), r.stderr
+    for same in (("--block-size", "16"), ()):  # the bundle's own block size, given or not, runs
+        r = run("moe-bwd", "--inputs", str(bundle), *same, "--quiet")
+        assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
