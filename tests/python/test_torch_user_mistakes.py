@@ -60,3 +60,34 @@ def test_import_without_a_usable_torch_says_what_to_install(trick, message):
                        env=dict(os.environ))
     assert r.returncode == 1
     assert f"ImportError: {message}" in r.stderr, r.stderr
+
+
+def _example(name):
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
+                        name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("example", ["train_moe_lm", "finetune_hf_moe"])
+@pytest.mark.parametrize("args, message", [
+    (["--top-k", "9", "--experts", "4"], "--top-k must be in [1, --experts = 4], got 9"),
+    (["--block-size", "0"], "--block-size must be >= 1, got 0"),
+    (["--experts", "0"], "--experts must be >= 1, got 0"),
+    (["--heads", "0"], "--heads must be >= 1, got 0"),
+    (["--width", "100", "--heads", "3"], "--width 100 must be a multiple of --heads 3"),
+    (["--threads", "-1"], "--threads and --warmup must be >= 0"),
+])
+def test_examples_refuse_bad_sizes_as_usage_errors(example, args, message, capsys, monkeypatch):
+    # before: the run started (corpus read, model built) and died with a ValueError traceback from BlockwiseMoE, or
+    # a ZeroDivisionError for --heads 0
+    mod = _example(example)
+    monkeypatch.setattr(sys, "argv", [f"{example}.py"])  # argparse's program name
+    with pytest.raises(SystemExit) as e:
+        mod.parse_args(args)
+    assert e.value.code == 2
+    assert f"{example}.py: error: {message}" in capsys.readouterr().err
+    assert mod.parse_args(["--steps", "3"]).steps == 3  # the defaults are valid
