@@ -119,3 +119,10 @@ def test_moe_bwd_block_size_contradicting_a_bundles_routing_is_a_usage_error(tmp
     for same in (("--block-size", "16"), ()):  # the bundle's own block size, given or not, runs
         r = run("moe-bwd", "--inputs", str(bundle), *same, "--quiet")
         assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_save_into_a_missing_directory_names_the_callers_path(tmp_path):
+    path = tmp_path / "no_such_dir" / "x.safetensors"
+    with pytest.raises(FileNotFoundError, match=f"{path}: cannot write: the directory {path.parent} does not exist"):
+        mxfp8.save(str(path), {"a": np.zeros(3, np.float32)})  # before: named '.x.safetensors.<pid>.<hex>.tmp'
+    assert not path.parent.exists()
