@@ -91,3 +91,12 @@ def test_examples_refuse_bad_sizes_as_usage_errors(example, args, message, capsy
     assert e.value.code == 2
     assert f"{example}.py: error: {message}" in capsys.readouterr().err
     assert mod.parse_args(["--steps", "3"]).steps == 3  # the defaults are valid
+
+
+def test_collect_stats_of_something_that_is_not_a_module():
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module \\(or None\\), got str"):
+        with mt.collect_stats("model"):  # before: AttributeError "'str' object has no attribute 'named_modules'"
+            pass
+    with mt.collect_stats(torch.nn.Sequential(mt.MXFP8Linear(32, 16))) as s:
+        mt.quantize(torch.randn(2, 32))
+    assert s.records  # a module (and None) still work
