@@ -100,3 +100,33 @@ def test_collect_stats_of_something_that_is_not_a_module():
     with mt.collect_stats(torch.nn.Sequential(mt.MXFP8Linear(32, 16))) as s:
         mt.quantize(torch.randn(2, 32))
     assert s.records  # a module (and None) still work
+
+
+def test_load_balancing_loss_checks_its_arguments():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(16, 4, generator=g)
+    for args, message in (((4, 5), r"top_k: expected an int in \[1, 4\] \(the number of experts\), got 5"),
+                          ((4, 0), r"top_k: expected an int in \[1, 4\]"),
+                          ((0, 1), "num_experts: expected an int >= 1, got 0"),
+                          ((4, 2.0), r"top_k: expected an int in \[1, 4\] .*got None"),
+                          ((8, 2), r"router_logits\[0\]: expected a tensor \[rows, num_experts = 8\], got \(16, 4\)")):
+        with pytest.raises(ValueError, match=message):  # before: RuntimeErrors from torch.topk / broadcasting
+            mt.load_balancing_loss(logits, *args)
+    with pytest.raises(ValueError, match=r"router_logits\[1\]: expected a tensor \[rows, num_experts = 4\]"):
+        mt.load_balancing_loss((logits, logits[:, :3]), 4, 2)
+    # the value: transformers' formula, written here from its definition
+    p = torch.softmax(logits, -1)
+    f = torch.nn.functional.one_hot(p.topk(2, -1).indices, 4).sum(1).float().mean(0)
+    assert mt.load_balancing_loss(logits, 4, 2).item() == pytest.approx((4 * (f * p.mean(0)).sum()).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("value, enabled, warns", [("0", False, False), ("false", False, False), ("Off", False, False),
+                                                   ("no", False, False), ("1", True, False), ("true", True, False),
+                                                   ("maybe", True, True)])
+def test_reuse_buffers_environment_variable(value, enabled, warns):
+    # before: only "0" (and "") turned reuse off; "false" / "off" / "no" silently kept it on
+    code = "import mxfp8.torch; from mxfp8.torch import _buffers; print(_buffers._enabled)"
+    r = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, MXFP8_TORCH_REUSE_BUFFERS=value))
+    assert r.returncode == 0 and r.stdout.strip() == str(enabled), r.stdout + r.stderr
+    assert ("MXFP8_TORCH_REUSE_BUFFERS='maybe' is not one of" in r.stderr) == warns, r.stderr
