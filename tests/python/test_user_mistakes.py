@@ -70,7 +70,8 @@ SMALL = ("--H", "64", "--T", "64", "--E", "4", "--B", "16", "--topk", "2", "--I"
 
 
 @pytest.mark.parametrize("opts, message", [
-    (("--activation", "gpt_oss_swiglu", "--swiglu-limit", "-1"), "--swiglu-limit must be > 0 (inf: no limit), got '-1'"),
+    (("--activation", "gpt_oss_swiglu", "--swiglu-limit", "-1"),
+     "--swiglu-limit must be > 0 (inf: no limit), got '-1'"),
     (("--activation", "gpt_oss_swiglu", "--swiglu-limit", "nan"), "--swiglu-limit must be > 0"),
     (("--activation", "gpt_oss_swiglu", "--swiglu-alpha", "inf"), "--swiglu-alpha must be finite, got 'inf'"),
     (("--swiglu-limit", "5"), "--swiglu-limit applies only to --activation gpt_oss_swiglu (the activation is silu)"),
