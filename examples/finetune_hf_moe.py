@@ -106,8 +106,16 @@ def parse_args(argv=None):
     a.runs = [r.strip() for r in a.runs.split(",") if r.strip()]
     if not a.runs or set(a.runs) - set(RUNS):
         p.error(f"--runs: expected some of {', '.join(RUNS)}, got {','.join(a.runs)!r}")
-    if a.steps < 1 or a.width % a.heads:
-        p.error("--steps must be >= 1 and --width a multiple of --heads")
+    for opt in ("steps", "layers", "width", "heads", "experts", "intermediate", "seq", "batch", "block_size",
+                "eval_every", "eval_batches"):  # each a usage error here, not a traceback from the model's constructor
+        if getattr(a, opt) < 1:
+            p.error(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(a, opt)}")
+    if a.width % a.heads:
+        p.error(f"--width {a.width} must be a multiple of --heads {a.heads}")
+    if not 1 <= a.top_k <= a.experts:
+        p.error(f"--top-k must be in [1, --experts = {a.experts}], got {a.top_k}")
+    if a.threads < 0 or a.warmup < 0:
+        p.error(f"--threads and --warmup must be >= 0 (--threads 0: all cores), got {a.threads} and {a.warmup}")
     return a
 
 

@@ -261,8 +261,9 @@ typedef struct mxfp8_tensor {
 /** An absent optional tensor. */
 #define MXFP8_TENSOR_NONE ((mxfp8_tensor){0})
 
-/** Make a contiguous row-major view of `data` with the given dtype and shape (ndim <= MXFP8_MAX_DIMS; extra
- *  dimensions are ignored). Never fails; validation happens at the call that uses the view. */
+/** Make a contiguous row-major view of `data` with the given dtype and shape (0 <= ndim <= MXFP8_MAX_DIMS). Never
+ *  fails; validation happens at the call that uses the view: an ndim outside that range is kept as given (with no
+ *  extent read), so that call returns MXFP8_ERR_INVALID_ARGUMENT naming the view. */
 MXFP8_API mxfp8_tensor mxfp8_tensor_make(void *data, mxfp8_dtype dtype, int32_t ndim, const int64_t *shape);
 /** Number of elements of a view (product of shape), or -1 if a dimension is negative or the product overflows. */
 MXFP8_API int64_t mxfp8_tensor_numel(const mxfp8_tensor *t);

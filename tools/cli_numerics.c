@@ -105,6 +105,18 @@ int cli_moe_layer(const char *cmd, const cli_opt *opts, int nopts, mxfp8_moe_con
         cli_float8_dtype(cmd, GET("float8-dtype"), &cfg->quant_dtype) ||
         cli_scale_rule(cmd, GET("scale-rule"), &cfg->scale_rule))
         return CLI_USAGE;
+    /* the SwiGLU parameters: checked here, before the problem is built, under the options' own names (the library
+     * checks them too, but only once the job has started, and names its config fields) */
+    if (act == MXFP8_ACT_GPT_OSS_SWIGLU) {
+        if (!isfinite(cfg->swiglu_alpha))
+            return cli_error(cmd, "--swiglu-alpha must be finite, got '%s'", GET("swiglu-alpha"));
+        if (!(cfg->swiglu_limit > 0.0f))
+            return cli_error(cmd, "--swiglu-limit must be > 0 (inf: no limit), got '%s'", GET("swiglu-limit"));
+    } else if (GET("swiglu-alpha") || GET("swiglu-limit")) {
+        return cli_error(cmd, "--%s applies only to --activation gpt_oss_swiglu (the activation is %s)",
+                         GET("swiglu-alpha") ? "swiglu-alpha" : "swiglu-limit",
+                         mxfp8_enum_name(MXFP8_ENUM_ACTIVATION, act));
+    }
     cfg->activation = (mxfp8_activation)act;
     cfg->affinity_option = (mxfp8_affinity_option)aff;
     if (GET("bias")) cfg->bias = 1;

@@ -322,7 +322,16 @@ int cmd_diff(int argc, char **argv) {
     int64_t sshape[MXFP8_MAX_DIMS];
     memcpy(sshape, x->shape, sizeof sshape);
     sshape[ax] = (x->shape[ax] + 31) / 32;
-    if (other_codes(cmd, &work, x, d0, ax, &d) || other_scales(cmd, &work, x, s0, ax, layout, sshape, &s)) goto done;
+    if (other_codes(cmd, &work, x, d0, ax, &d)) goto done;
+    int same_shape = d->ndim == x->ndim;
+    for (int k = 0; same_shape && k < x->ndim; k++) same_shape = d->shape[k] == x->shape[k];
+    if (!same_shape) { /* said here with the files' names: the library would name its own parameters */
+        cli_error(cmd, "%s: 'data' %s does not have the shape of INPUT %s '%s' %s (the codes of every element)",
+                  pos[1], tf_shape_str(d->ndim, d->shape, b2, sizeof b2), pos[0], x->name,
+                  tf_shape_str(x->ndim, x->shape, b1, sizeof b1));
+        goto done;
+    }
+    if (other_scales(cmd, &work, x, s0, ax, layout, sshape, &s)) goto done;
     tf_tensor *ourd = tf_add_new(&work, "ours_data", TF_U8, x->ndim, x->shape, err, sizeof err);
     tf_tensor *ours = ourd ? tf_add_new(&work, "ours_scales", TF_U8, x->ndim, sshape, err, sizeof err) : NULL;
     if (!ours) {

@@ -52,7 +52,7 @@ static void help(void) {
         "                      (F32, BF16 or F16), optionally pre-quantized: FP8 codes plus output_grad_scales,\n"
         "                      weight_scales, input_scales (layout: --scale-layout); no other names\n"
         "  --output FILE       write input_grad and weight_grad to a .safetensors file\n"
-        "  --float8-dtype D    %s, the NKI page's default\n"
+        "  --float8-dtype D    %s; the default is the NKI page's\n"
         "  --scale-rule R      %s\n"
         "  --group G           quantization groups: %s (%s needs M, N %% 128 == 0)\n"
         "  --scale-layout L    layout of pre-quantized scales: %s\n"

@@ -79,7 +79,7 @@ static void help(void) {
     cli_help_values("                          ", MXFP8_ENUM_AFFINITY_OPTION, (int)d.affinity_option);
     printf("  --gate-clamp LO,HI    clamp limits of the gate projection (either may be empty: no limit)\n"
            "  --up-clamp LO,HI      clamp limits of the up projection\n"
-           "  --float8-dtype D      %s, the NKI page's default\n"
+           "  --float8-dtype D      %s; the default is the NKI page's\n"
            "  --scale-rule R        %s\n",
            cli_names(MXFP8_ENUM_FLOAT8_DTYPE, NULL, (int)d.quant_dtype),
            cli_names(MXFP8_ENUM_SCALE_RULE, NULL, (int)d.scale_rule));

@@ -79,8 +79,14 @@ static int explicit_routing(moe_job *j) {
                          "or topk_ids + topk_weights", path);
     if (bundle_int(cmd, j->tpi) || bundle_int(cmd, j->b2e)) return CLI_USAGE;
     j->N = j->b2e->ndim >= 1 ? j->b2e->shape[0] : 0;
+    const int inferable = j->N > 0 && j->tpi->numel % j->N == 0 && j->tpi->numel > 0;
+    if (j->block_size && inferable && j->tpi->numel / j->N != j->block_size)
+        return cli_error(cmd, "%s: --block-size %lld contradicts the bundle's routing: token_position_to_id has %lld "
+                         "positions for block_to_expert's %lld blocks, block size %lld (leave --block-size out)",
+                         path, (long long)j->block_size, (long long)j->tpi->numel, (long long)j->N,
+                         (long long)(j->tpi->numel / j->N));
     if (j->block_size) j->B = j->block_size;
-    else if (j->N > 0 && j->tpi->numel % j->N == 0 && j->tpi->numel > 0) j->B = j->tpi->numel / j->N;
+    else if (inferable) j->B = j->tpi->numel / j->N;
     else
         return cli_error(cmd, "%s: cannot infer the block size from token_position_to_id (%lld) and block_to_expert "
                          "(%lld blocks); give --block-size", path, (long long)j->tpi->numel, (long long)j->N);

@@ -17,6 +17,7 @@ import ctypes
 import numpy as np
 
 from . import _lib
+from .quant import _norm_axis
 
 __all__ = ["diff", "quantize_profile", "PROFILE_FIELDS", "DIFF_CLASSES"]
 
@@ -72,6 +73,8 @@ def _prep(x, data, scales, fmt, axis, group):
         f = 1 if _lib.dtype_code(data.dtype) == _lib.E5M2 else 0
     else:
         f = _lib.parse_format(fmt, "fmt")
+    if data.shape != x.shape:
+        raise ValueError(f"data: the codes must have x's shape {x.shape}, got {data.shape}")
     sc = _lib.as_array(scales, allowed=(_lib.U8, _lib.E8M0), name="scales")
     if axis is None:  # the axis where the scales' shape differs from the data's
         diffs = [d for d in range(x.ndim) if sc.ndim == x.ndim and sc.shape[d] != x.shape[d]]
@@ -91,8 +94,10 @@ def quantize_profile(x, fmt="e4m3", axis=-1, group="1x32", *, scale_rule="nki", 
     mxfp8.quantize does; the defaults give mxfp8.quantize's bits (nearest rounding)."""
     _declare()
     x = _lib.as_array(x, allowed=(_lib.F32, _lib.BF16, _lib.F16), name="x")
+    if x.ndim == 0:
+        raise ValueError("x: needs an array of rank >= 1")
     f = _lib.parse_format(fmt, "fmt")
-    ax = int(axis) % x.ndim
+    ax = _norm_axis(axis, x.ndim)  # an axis out of range is an error, never wrapped round
     p = _Profile(_lib.parse(_lib.SCALE_RULES, scale_rule, "scale_rule"),
                  _lib.parse({"nearest_even": 0, "toward_zero": 1}, rounding, "rounding"),
                  _lib.parse({"nan_group": 0, "per_element": 1}, nonfinite, "nonfinite"),

@@ -4,6 +4,7 @@ Import them from ``mxfp8`` (``mxfp8.MXFP8MOEBwdConfig``).
 """
 
 import ctypes
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -138,8 +139,8 @@ class MXFP8MOEBwdConfig:
     single_expert_dense : bool (default False; the NKI kernel's default is True)
         E must be 1 and routing is the identity: position p of block n holds token n * B + p, N = ceil(T / B);
         token_position_to_id and block_to_expert are ignored.
-    clamp_limits : ClampLimits or None
-        Clamps of g and u (None = no limits).
+    clamp_limits : ClampLimits, a dict of its fields, or None
+        Clamps of g and u (None = no limits; anything else, a tuple for one, is a TypeError).
     skip_dma : SkipMode or None (= SkipMode(): padding id -1)
     bias : bool
         The layer has biases (pass gate_and_up_proj_bias / down_proj_bias; absent = zero); the backward then also
@@ -244,7 +245,18 @@ class MXFP8MOEBwdConfig:
         c.hidden_states_swizzle_mode = modes["hidden_states_t_swizzle_mode"]
         c.output_grad_swizzle_mode = modes["output_grad_swizzle_mode"]
         c.weight_swizzle_mode = modes["gate_up_weight_swizzle_mode"]
-        cl = self.clamp_limits or ClampLimits()
+        cl = self.clamp_limits
+        if cl is None:
+            cl = ClampLimits()
+        elif isinstance(cl, dict):  # the field names as keys, as mxfp8.torch takes them
+            unknown = sorted(set(cl) - {f.name for f in dataclasses.fields(ClampLimits)})
+            if unknown:
+                raise ValueError(f"config.clamp_limits: unknown field(s) {unknown} (the fields of mxfp8.ClampLimits: "
+                                 f"{', '.join(f.name for f in dataclasses.fields(ClampLimits))})")
+            cl = ClampLimits(**cl)
+        elif not isinstance(cl, ClampLimits):
+            raise TypeError(f"config.clamp_limits: expected an mxfp8.ClampLimits, a dict of its fields or None, "
+                            f"got {type(cl).__name__} {cl!r}")
 
         def lim(v, default, name):
             if v is None:

@@ -256,7 +256,11 @@ def save(path, tensors, metadata=None):
         head = _safetensors_bytes(tensors, metadata or {})
     d, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(d, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for a plain open()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for a plain open()
+    except OSError as e:  # said of the caller's path, not of the temporary file's name
+        why = "does not exist" if not os.path.isdir(d) else "cannot be written"
+        raise type(e)(e.errno, f"{path}: cannot write: the directory {d} {why} ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             if npy:

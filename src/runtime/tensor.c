@@ -30,9 +30,11 @@ mxfp8_tensor mxfp8_tensor_make(void *data, mxfp8_dtype dtype, int32_t ndim, cons
     memset(&t, 0, sizeof t);
     t.data = data;
     t.dtype = dtype;
-    if (ndim < 0) ndim = 0;
-    if (ndim > MXFP8_MAX_DIMS) ndim = MXFP8_MAX_DIMS;
+    /* an ndim outside 0..MXFP8_MAX_DIMS is kept as given (no extent is read), so that the call that uses the view
+     * fails with INVALID_ARGUMENT: clamping it would make a different, smaller view, and a call on it could succeed
+     * and write only part of the caller's tensor */
     t.ndim = ndim;
+    if (ndim < 0 || ndim > MXFP8_MAX_DIMS) return t;
     int64_t stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         t.shape[i] = shape ? shape[i] : 0;

@@ -43,7 +43,14 @@ mxfp8.MXFP8Error with the library's message; nothing is written on error. ``impo
 ``import mxfp8.torch`` does.
 """
 
-import torch  # noqa: F401  (the PyTorch package, not this module: absolute import)
+try:
+    import torch  # noqa: F401  (the PyTorch package, not this module: absolute import)
+except ImportError as e:  # an optional dependency: say what is missing and how to get it, before any work
+    raise ImportError(f"mxfp8.torch needs PyTorch >= 2.7 (pip install 'mxfp8[torch]', or pip install torch): "
+                      f"{e}") from e
+if not hasattr(torch, "float8_e8m0fnu") or not hasattr(getattr(torch, "library", None), "custom_op"):
+    raise ImportError(f"mxfp8.torch needs PyTorch >= 2.7 (torch.float8_e8m0fnu, torch.library.custom_op), found "
+                      f"torch {getattr(torch, '__version__', '?')}")
 
 from .modules import BlockwiseMoE, MXFP8Linear, convert_to_mxfp8  # noqa: F401
 from .moe_ops import moe, route, router_linear, topk_softmax  # noqa: F401

@@ -14,6 +14,7 @@ every op then returns fresh tensors, with the same bits.
 
 import os
 import threading
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -29,7 +30,21 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 _lock = threading.Lock()
 _pool = OrderedDict()  # nbytes -> [torch.UntypedStorage]
-_enabled = _use_count is not None and os.environ.get("MXFP8_TORCH_REUSE_BUFFERS", "1").strip() not in ("0", "")
+
+
+def _env_reuse(value):
+    """MXFP8_TORCH_REUSE_BUFFERS: 0 / false / no / off (or empty) turn reuse off, 1 / true / yes / on keep it on;
+    another value keeps it on with a warning (it is not silently read as either)."""
+    v = (value if value is not None else "1").strip().lower()
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    if v not in ("1", "true", "yes", "on"):
+        warnings.warn(f"MXFP8_TORCH_REUSE_BUFFERS={value!r} is not one of 0/1, false/true, no/yes, off/on: buffer "
+                      f"reuse stays on", RuntimeWarning, stacklevel=2)
+    return True
+
+
+_enabled = _use_count is not None and _env_reuse(os.environ.get("MXFP8_TORCH_REUSE_BUFFERS"))
 _stats = {"reused": 0, "fresh": 0}
 _poison = False  # tests: fill a buffer with 0xFF bytes (NaN in every float dtype) each time it is handed out again
 
@@ -87,10 +102,10 @@ def memory_reserved():
 
 
 def set_buffer_reuse(enabled):
-    """enabled: True turns the reuse of the ops' output buffers on (the default), False off; returns the previous
-    setting. Off, every
-    op returns fresh tensors (the same values: reuse never changes a result). Turning it off also releases the kept
-    buffers."""
+    """enabled: True turns the reuse of the ops' output buffers on (the default), False off (a bool, or the integer
+    0 or 1: anything else, "no" for one, is an error); returns the previous setting. Off, every op returns fresh
+    tensors (the same values: reuse never changes a result). Turning it off also releases the kept buffers."""
+    enabled = bool(_lib.parse_bool(enabled, "set_buffer_reuse: enabled"))
     global _enabled
     prev = _enabled
     _enabled = bool(enabled) and _use_count is not None

@@ -429,6 +429,9 @@ def clamp_list(clamp_limits):
     or None. non_linear_* limits clamp the gate projection g, linear_* limits the up projection u."""
     if clamp_limits is None:
         return [-math.inf, math.inf, -math.inf, math.inf]
+    if not isinstance(clamp_limits, (dict, _moe_cfg.ClampLimits)):  # a tuple would otherwise clamp nothing
+        raise TypeError(f"clamp_limits: expected an mxfp8.ClampLimits, a dict of its fields or None, got "
+                        f"{type(clamp_limits).__name__} {clamp_limits!r}")
     get = clamp_limits.get if isinstance(clamp_limits, dict) else (lambda k: getattr(clamp_limits, k, None))
     if isinstance(clamp_limits, dict):
         unknown = set(clamp_limits) - {"non_linear_clamp_lower_limit", "non_linear_clamp_upper_limit",

@@ -1,9 +1,21 @@
 """Routing helpers of MoE training that need no library call: the router variants of popular MoE models
 (select_experts) and the auxiliary load-balancing loss."""
 
+import operator
+
 import torch
 
 __all__ = ["load_balancing_loss", "select_experts"]
+
+
+def _int_or_none(v):
+    """v as a Python int when it is an integer (int, numpy or 0-d torch integer; not a bool), else None."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
 
 
 def load_balancing_loss(router_logits, num_experts, top_k, attention_mask=None):
@@ -22,6 +34,15 @@ def load_balancing_loss(router_logits, num_experts, top_k, attention_mask=None):
     router_logits = tuple(router_logits)
     if not router_logits:
         return 0
+    num_experts, top_k = _int_or_none(num_experts), _int_or_none(top_k)
+    if num_experts is None or num_experts < 1:
+        raise ValueError(f"num_experts: expected an int >= 1, got {num_experts!r}")
+    if top_k is None or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k: expected an int in [1, {num_experts}] (the number of experts), got {top_k!r}")
+    for i, logits in enumerate(router_logits):  # checked before any work, with the layer named
+        if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[-1] != num_experts:
+            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(f"router_logits[{i}]: expected a tensor [rows, num_experts = {num_experts}], got {got}")
     mask = None if attention_mask is None else attention_mask.reshape(-1).to(torch.float32)
     counts = torch.zeros(num_experts, dtype=torch.float32)
     probs = torch.zeros(num_experts, dtype=torch.float32)

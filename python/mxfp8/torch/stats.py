@@ -16,6 +16,8 @@ each operand (about 1 ns an element on one core). The hooks are removed when the
 
 import contextlib
 
+import torch
+
 from .. import telemetry as _telemetry
 
 __all__ = ["collect_stats"]
@@ -26,6 +28,8 @@ def collect_stats(model=None):
     """A context manager yielding an mxfp8.StatsCollector: records = {layer: {call: {operand: stats dict}}} with call
     "quantize", "matmul", "matmul_backward", "moe_forward" or "moe_backward" and the dict of mxfp8.quantize(...,
     stats=True); .table() prints them. model: a torch.nn.Module whose submodules label the calls (or None)."""
+    if model is not None and not isinstance(model, torch.nn.Module):  # checked before any call is recorded
+        raise TypeError(f"model: expected a torch.nn.Module (or None), got {type(model).__name__}")
     with _telemetry.collect_stats() as st:
         if model is not None:
             st.attach(model)

@@ -23,8 +23,27 @@ static void test_runtime(void) {
     TU_CHECK(mxfp8_tensor_numel(NULL) == -1, "numel NULL");
     t.ndim = 99;
     TU_CHECK(mxfp8_tensor_numel(&t) == -1, "numel ndim 99");
-    t = mxfp8_tensor_make(NULL, MXFP8_DTYPE_F32, 99, NULL); /* clamps, never fails */
-    TU_CHECK(t.ndim == MXFP8_MAX_DIMS, "tensor_make clamps ndim");
+    t = mxfp8_tensor_make(NULL, MXFP8_DTYPE_F32, 99, NULL); /* never fails; keeps the bad ndim for the call to refuse */
+    TU_CHECK(t.ndim == 99 && mxfp8_tensor_numel(&t) == -1, "tensor_make keeps an ndim above the maximum");
+    t = mxfp8_tensor_make(NULL, MXFP8_DTYPE_F32, -1, NULL);
+    TU_CHECK(t.ndim == -1 && mxfp8_tensor_numel(&t) == -1, "tensor_make keeps a negative ndim");
+    {   /* an 8-D view used to be clamped to its first 6 extents: quantize then succeeded on half of the tensor */
+        float x[64];
+        uint8_t d[64], s[2];
+        for (int i = 0; i < 64; i++) x[i] = 1.0f + (float)i;
+        const int64_t shp[8] = {1, 1, 1, 1, 32, 1, 1, 2}, sshp[8] = {1, 1, 1, 1, 1, 1, 1, 2};
+        mxfp8_tensor xv = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 8, shp);
+        mxfp8_tensor dv = mxfp8_tensor_make(d, MXFP8_DTYPE_E4M3, 8, shp);
+        mxfp8_tensor sv = mxfp8_tensor_make(s, MXFP8_DTYPE_E8M0, 8, sshp);
+        memset(d, 0xAA, sizeof d);
+        mxfp8_status st = mxfp8_quantize(&xv, 4, NULL, &dv, &sv);
+        int untouched = 1;
+        for (int i = 0; i < 64; i++) untouched &= d[i] == 0xAA;
+        TU_CHECK(st == MXFP8_ERR_INVALID_ARGUMENT && strstr(mxfp8_last_error_message(), "ndim 8 (must be 0..6)") &&
+                     untouched,
+                 "an 8-D view is refused with nothing written (got %s: %s)", mxfp8_status_string(st),
+                 mxfp8_last_error_message());
+    }
     /* mxfp8_scale_layout_shape: scalar arguments only; the output is untouched on error */
     static const struct {
         int layout;
