@@ -130,3 +130,35 @@ def test_reuse_buffers_environment_variable(value, enabled, warns):
                        env=dict(os.environ, MXFP8_TORCH_REUSE_BUFFERS=value))
     assert r.returncode == 0 and r.stdout.strip() == str(enabled), r.stdout + r.stderr
     assert ("MXFP8_TORCH_REUSE_BUFFERS='maybe' is not one of" in r.stderr) == warns, r.stderr
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(activation="gelu"), ValueError, "activation"),
+    (dict(activation=3), TypeError, "activation"),
+    (dict(affinity_option="x"), ValueError, "affinity_option"),
+    (dict(hidden_size=0), ValueError, "hidden_size"),
+    (dict(intermediate_size=-1), ValueError, "intermediate_size"),
+    (dict(num_shared_experts=-1), ValueError, "num_shared_experts"),
+    (dict(block_size=2.5), ValueError, "block_size"),
+    (dict(routed_scaling_factor=float("nan")), ValueError, "routed_scaling_factor"),
+    (dict(bias="no"), TypeError, "bias"),
+    (dict(renormalize="no"), TypeError, "renormalize"),
+    (dict(batch_invariant_router="yes"), TypeError, "batch_invariant_router"),
+])
+def test_blockwise_moe_constructor_checks_every_argument(kwargs, exc, match):
+    """A bad BlockwiseMoE argument is refused when the module is built, naming the argument (not at the first
+    forward, not as a torch error from deep inside)."""
+    args = dict(hidden_size=64, intermediate_size=32, num_experts=4, top_k=2)
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        mt.BlockwiseMoE(**args)
+
+
+def test_convert_to_mxfp8_checks_its_arguments():
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module"):
+        mt.convert_to_mxfp8("model")
+    for bs in (0, -5, "64", 2.5):
+        with pytest.raises(ValueError, match="block_size"):
+            mt.convert_to_mxfp8(torch.nn.Sequential(torch.nn.Linear(32, 32)), block_size=bs)
+    with pytest.raises(TypeError, match="filter_fn"):
+        mt.convert_to_mxfp8(torch.nn.Sequential(torch.nn.Linear(32, 32)), filter_fn="layers.0")

@@ -10,6 +10,7 @@ import warnings
 import torch
 from torch import nn
 
+from . import moe_ops as _mo
 from .moe_ops import clamp_list, moe, numerics_lists, route, router_linear, topk_softmax
 from .ops import _autocast, linear
 from .recipes import get_recipe
@@ -79,6 +80,12 @@ def convert_to_mxfp8(model, recipe="mxfp8", filter_fn=None, *, quantize_routers=
     Returns `model` (or the new module when `model` itself is an nn.Linear); with return_summary=True the pair
     (model, summary), summary a dict {"linear": [fqn...], "experts": [fqn...], "kept": {fqn: reason}}. The summary
     is also logged at INFO level on the logger "mxfp8.torch"."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if block_size is not None:
+        _check_int("block_size", block_size, 1)
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"filter_fn: expected a callable filter_fn(module, fqn) -> bool, got {type(filter_fn).__name__}")
     r = get_recipe(recipe)
     summary = {"linear": [], "experts": [], "kept": {}}
 
@@ -155,6 +162,16 @@ def _convert_hf_experts(model, recipe, filter_fn, block_size, summary):
     else:  # a bare transformers module (e.g. one MoE block): the config each experts module dispatches on
         for _, m in found:
             m.config._experts_implementation = hf.IMPLEMENTATION
+
+
+def _check_int(name, v, lo):
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
+
+
+def _check_bool(name, v):
+    if not (isinstance(v, bool) or (isinstance(v, int) and v in (0, 1))):
+        raise TypeError(f"{name}: expected True or False, got {v!r}")
 
 
 _ACTIVATION_ALIASES = {"quick_gelu": "swish"}  # transformers' name of x * sigmoid(1.702 x), the NKI "swish"
@@ -291,6 +308,27 @@ class BlockwiseMoE(nn.Module):
                rounding_seed, score_func, router_bias, score_correction_bias, n_group, topk_group,
                routed_scaling_factor, num_shared_experts, shared_intermediate_size, shared_expert_gate,
                output_router_logits, batch_invariant_router, group, wire):
+        for name, v, lo in (("hidden_size", hidden_size, 1), ("intermediate_size", intermediate_size, 1),
+                            ("num_experts", num_experts, 1), ("top_k", top_k, 1), ("block_size", block_size, 1),
+                            ("n_group", n_group, 1), ("topk_group", topk_group, 1),
+                            ("num_shared_experts", num_shared_experts, 0)):
+            _check_int(name, v, lo)
+        if shared_intermediate_size is not None:
+            _check_int("shared_intermediate_size", shared_intermediate_size, 1)
+        for name, v in (("bias", bias), ("renormalize", renormalize), ("router_bias", router_bias),
+                        ("score_correction_bias", score_correction_bias), ("shared_expert_gate", shared_expert_gate),
+                        ("output_router_logits", output_router_logits),
+                        ("batch_invariant_router", batch_invariant_router)):
+            _check_bool(name, v)
+        if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) or \
+                not math.isfinite(routed_scaling_factor) or routed_scaling_factor <= 0:
+            raise ValueError(f"routed_scaling_factor: expected a finite number > 0, got {routed_scaling_factor!r}")
+        if isinstance(activation, str):  # the library's names (its message lists them), checked now, not at forward
+            _mo._canonical(_mo._mx.ACTIVATIONS, _mo._ACTIVATIONS, _mo._ACT_NAMES,
+                           _ACTIVATION_ALIASES.get(activation.strip().lower(), activation), "activation")
+        else:
+            raise TypeError(f"activation: expected a name, got {type(activation).__name__}")
+        _mo._canonical(_mo._mx.AFFINITY, _mo._AFFINITY, _mo._AFF_NAMES, affinity_option, "affinity_option")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts = {num_experts}, got {top_k}")
         if block_size < 1:
