@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli.h"
@@ -159,6 +160,14 @@ const char *cli_names(mxfp8_enum e, const char *sep, int def) {
 void cli_help_values(const char *indent, mxfp8_enum e, int def) {
     for (int v = 0; v < mxfp8_enum_count(e); v++)
         printf("%s%s%s: %s\n", indent, mxfp8_enum_name(e, v), v == def ? " (default)" : "", mxfp8_enum_doc(e, v));
+}
+
+int cli_not_input(const char *cmd, const char *opt, const char *out, const char *in) {
+    struct stat so, si;
+    if (out && in && stat(out, &so) == 0 && stat(in, &si) == 0 && so.st_dev == si.st_dev && so.st_ino == si.st_ino)
+        return cli_error(cmd, "--%s %s is the input file %s: writing it would replace the input; give another path",
+                         opt, out, in);
+    return CLI_OK;
 }
 
 int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out) {

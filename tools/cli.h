@@ -90,6 +90,9 @@ const char *cli_names(mxfp8_enum e, const char *sep, int def);
 /** Help lines of an option whose value is a name of enumeration e: "<indent>name: its definition" per value
  *  (mxfp8_enum_doc), "(default)" after the value def. */
 void cli_help_values(const char *indent, mxfp8_enum e, int def);
+/** Refuse an output path (--opt) that names the input file itself (the same file, through any path): writing it
+ *  would replace the input. CLI_OK when either is NULL or absent, else CLI_USAGE after the message. */
+int cli_not_input(const char *cmd, const char *opt, const char *out, const char *in);
 int cli_scale_rule(const char *cmd, const char *s, mxfp8_scale_rule *out);  /* the library's scale rule names */
 int cli_group(const char *cmd, const char *s, mxfp8_group_scheme *out);     /* the library's group scheme names */
 /** --float8-dtype: the library's float8_dtype names (MXFP8_ENUM_FLOAT8_DTYPE, exact). */

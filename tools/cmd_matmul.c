@@ -133,6 +133,7 @@ static int parse(mm_job *j, const cli_cmdline *cl) {
     if (j->save_path && tf_check_writable(j->save_path, 3, err, sizeof err)) return cli_error(cmd, "%s", err);
     if (j->in_path && (cli_val(cl, "M") || cli_val(cl, "N") || cli_val(cl, "K")))
         return cli_error(cmd, "--M/--N/--K set the random problem's size; with --inputs the bundle's shapes decide");
+    if (cli_not_input(cmd, "output", j->out_path, j->in_path)) return CLI_USAGE;
     if (j->out_path && tf_check_writable(j->out_path, 2, err, sizeof err)) return cli_error(cmd, "%s", err);
     return CLI_OK;
 }

@@ -177,6 +177,7 @@ static int parse(moe_job *j, const cli_cmdline *cl) {
         return cli_error(cmd, "--topk %lld is above --E %lld", (long long)j->TOPK, (long long)j->E);
     if (!j->in_path && cfg->single_expert_dense && j->E != 1) return cli_error(cmd, "--single-expert-dense needs --E 1");
     char err[TF_ERR_LEN];
+    if (cli_not_input(cmd, "output", j->out_path, j->in_path)) return CLI_USAGE;
     if (j->out_path && tf_check_writable(j->out_path, 4 + (cfg->bias ? 2 : 0), err, sizeof err))
         return cli_error(cmd, "%s", err);
     if (j->save_path && tf_check_writable(j->save_path, 8, err, sizeof err)) return cli_error(cmd, "%s", err);

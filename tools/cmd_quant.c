@@ -153,6 +153,7 @@ int cmd_quantize(int argc, char **argv) {
     if (cl.npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 quantize --help)");
     const char *out_path = cli_val(&cl, "output");
     if (!out_path) return cli_error(cmd, "needs -o OUT.safetensors");
+    if (cli_not_input(cmd, "output", out_path, cl.pos[0])) return CLI_USAGE;
     int fmt = 0;
     int64_t axis = -1;
     mxfp8_quant_params qp = mxfp8_quant_params_default();
@@ -256,6 +257,7 @@ int cmd_dequantize(int argc, char **argv) {
     if (cl.npos != 1) return cli_error(cmd, "needs one input file (see mxfp8 dequantize --help)");
     const char *out_path = cli_val(&cl, "output");
     if (!out_path) return cli_error(cmd, "needs -o OUT(.npy|.safetensors)");
+    if (cli_not_input(cmd, "output", out_path, cl.pos[0])) return CLI_USAGE;
     static const char *const dts[] = {"f32", "bf16", "f16"};
     static const tf_dtype dtv[] = {TF_F32, TF_BF16, TF_F16};
     int dt = 0;

@@ -127,3 +127,20 @@ def test_save_into_a_missing_directory_names_the_callers_path(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"{path}: cannot write: the directory {path.parent} does not exist"):
         mxfp8.save(str(path), {"a": np.zeros(3, np.float32)})  # before: named '.x.safetensors.<pid>.<hex>.tmp'
     assert not path.parent.exists()
+
+
+def test_an_output_that_is_the_input_file_is_refused(tmp_path):
+    """quantize / dequantize / matmul-bwd / moe-bwd refuse an output path naming their input file (through another
+    spelling too), before any work: the input is left as it was."""
+    x = tmp_path / "x.npy"
+    np.save(x, np.linspace(-2, 2, 4 * 64, dtype=np.float32).reshape(4, 64))
+    q = tmp_path / "q.safetensors"
+    assert run("quantize", str(x), "-o", str(q), "--quiet").returncode == 0
+    before = q.read_bytes()
+    other_spelling = str(tmp_path / "." / "q.safetensors")
+    for args in (("dequantize", str(q), "-o", other_spelling), ("quantize", str(q), "-o", str(q)),
+                 ("matmul-bwd", "--inputs", str(q), "--output", other_spelling),
+                 ("moe-bwd", "--inputs", str(q), "--output", other_spelling)):
+        r = run(*args)
+        assert r.returncode == 2 and "is the input file" in r.stderr, (args, r.stderr)
+    assert q.read_bytes() == before
