@@ -157,3 +157,13 @@ def test_without_a_process_group_the_module_is_unchanged():
     assert m.gate_up_proj_weight.shape == (4, 16, 2, 8)
     with pytest.raises(ValueError, match="not initialized"):
         mt.BlockwiseMoE(16, 8, 4, 2, expert_parallel_group=object())
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_transformers_experts_split_over_the_group(tmp_path, P):
+    """mxfp8.torch.hf.shard_experts: a transformers model's experts (Mixtral's concatenated layout, gpt-oss's
+    interleaved one with biases) over P processes, bitwise equal to the unsplit module on the gathered batch."""
+    pytest.importorskip("transformers")
+    outs, rcs = _group(tmp_path, P, "hf")
+    text = _passed(outs, rcs)
+    assert text.count("ok hf") == P, text

@@ -13,6 +13,7 @@ joins a gloo group through a FileStore and runs MODE:
               badinput
     badinput  a bad input on the last rank only: every rank raises the same ExpertParallelError
     crash     the last rank exits without calling the layer: the others get an error (the connection closes)
+    hf        a transformers model's experts split by mxfp8.torch.hf.shard_experts against the unsplit model
     stall     the last rank stays alive but never calls the layer: the others get an error from the group's
               timeout (TIMEOUT_S) and print how long they waited
 
@@ -376,6 +377,49 @@ def mode_stall():
     os._exit(0)
 
 
+# ---- hf: a transformers model's experts split by mxfp8.torch.hf.shard_experts ----------------------------------
+def mode_hf():
+    """The experts of a tiny Mixtral (concatenated layout) and gpt-oss (interleaved, transposed, biases) model split
+    over the group: each rank's tokens through its experts module equal, bit for bit, the unsplit module on the
+    gathered batch with the same routing (output, input and routing-weight gradients, the rank's expert gradients)."""
+    import warnings
+    import mxfp8.torch.hf as mhf
+    from test_torch_hf import BS, tiny_model
+    for family in ("mixtral", "gpt_oss"):
+        full, sharded = tiny_model(family), tiny_model(family)  # the same seed: the same parameters on every rank
+        full.set_experts_implementation("mxfp8")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mhf.configure(full, block_size=BS)
+            mhf.configure(sharded, block_size=BS)
+        names = mhf.shard_experts(sharded, dist.group.WORLD)
+        check(len(names) == 2, f"hf {family}: {len(names)} experts modules sharded, expected 2")
+        ref, mod = full.get_submodule(names[0]), sharded.get_submodule(names[0])
+        E = ref.gate_up_proj.shape[0]
+        e0, n = ep.expert_range(E, P, RANK)
+        check(mod.gate_up_proj.shape[0] == n, f"hf {family}: rank holds {mod.gate_up_proj.shape[0]} experts")
+        T, H, K = 37, ref.gate_up_proj.shape[2] if not ref.is_transposed else ref.gate_up_proj.shape[1], 2
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(T, H, generator=g)
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+        w = torch.softmax(torch.randn(T, K, generator=g), dim=-1)
+        dy = torch.randn(T, H, generator=g)
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        yr = ref(xr, ids, wr)
+        yr.backward(dy)
+        sl = rank_slice(counts_of("uneven", T))
+        xe, we = x[sl].clone().requires_grad_(), w[sl].clone().requires_grad_()
+        ye = mod(xe, ids[sl], we)
+        ye.backward(dy[sl])
+        same(ye, yr[sl].detach(), f"hf {family}: output")
+        same(xe.grad, xr.grad[sl], f"hf {family}: hidden_states grad")
+        same(we.grad, wr.grad[sl], f"hf {family}: top_k_weights grad")
+        for pname in ("gate_up_proj", "down_proj") + (("gate_up_proj_bias", "down_proj_bias") if ref.has_bias
+                                                       else ()):
+            same(getattr(mod, pname).grad, getattr(ref, pname).grad[e0:e0 + n], f"hf {family}: {pname} grad")
+    say("ok hf")
+
+
 def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(STORE, P), rank=RANK, world_size=P,
@@ -383,7 +427,7 @@ def main():
     {"all": lambda: (mode_bitwise(), mode_module()), "bitwise": mode_bitwise, "module": mode_module,
      "ckpt": mode_ckpt, "mismatch": lambda: (mode_mismatch(), mode_badinput()),
      "badinput": mode_badinput, "crash": mode_crash,
-     "stall": mode_stall}[MODE]()
+     "stall": mode_stall, "hf": mode_hf}[MODE]()
     if MODE != "crash":
         dist.barrier()
         dist.destroy_process_group()

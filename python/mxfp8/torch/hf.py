@@ -27,7 +27,9 @@ Activations: the experts module's act_fn -- transformers' "silu" and "swish" (bo
 library's "silu"; "quick_gelu" (x * sigmoid(1.702 x)) as the library's (NKI) "swish"; "relu2" as "squared_relu".
 gpt-oss's clamped SwiGLU (its _apply_gate) runs as "gpt_oss_swiglu" with the module's own alpha and limit.
 Not supported, with a ValueError naming the class: experts without a gate (has_gate=False), a post-expert norm,
-expert parallelism (_is_expert_parallel), any other activation or custom _apply_gate.
+transformers' own expert parallelism (_is_expert_parallel), any other activation or custom _apply_gate.
+Expert parallelism of our own: ``mxfp8.torch.hf.shard_experts(model, group)`` splits every experts module's experts
+over a torch.distributed group (gloo), bitwise equal to one process given the routing (see its docstring).
 
 Importing this module imports transformers (ImportError with the install hint when it is missing); ``import
 mxfp8.torch`` does not.
@@ -47,7 +49,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("mxfp8.torch.hf needs Hugging Face transformers 5 (pip install 'transformers>=5,<6')") from e
 
-__all__ = ["IMPLEMENTATION", "register", "configure", "experts_forward", "is_experts_module", "check_experts",
+__all__ = ["IMPLEMENTATION", "register", "configure", "shard_experts", "experts_forward", "is_experts_module",
+           "check_experts",
            "experts_views", "load_balancing_loss", "DEFAULT_RECIPE", "DEFAULT_BLOCK_SIZE"]
 
 IMPLEMENTATION = "mxfp8"
@@ -152,12 +155,56 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     recipe = get_recipe(getattr(self, "mxfp8_recipe", DEFAULT_RECIPE))
     block_size = getattr(self, "mxfp8_block_size", DEFAULT_BLOCK_SIZE)
     x = _autocast(hidden_states)
-    tp, be, a = route(top_k_index, top_k_weights, E, block_size)
     kw = {}
     if activation == "gpt_oss_swiglu":
         kw = dict(swiglu_alpha=float(self.alpha), swiglu_limit=float(self.limit))
+    par = getattr(self, "mxfp8_expert_parallel", None)
+    if par is not None:  # this rank holds experts expert_range(E_total, P, rank): dispatch, local layer, combine
+        from . import expert_parallel as _ep
+        group, num_experts, wire = par
+        return _ep.expert_parallel_moe(x, top_k_index, top_k_weights, w1, w2, num_experts, group,
+                                       block_size=block_size, wire=wire, gate_and_up_proj_bias=b1,
+                                       down_proj_bias=b2, activation=activation, recipe=recipe, **kw)
+    tp, be, a = route(top_k_index, top_k_weights, E, block_size)
     return moe(x, a, w1, w2, tp, be, block_size, gate_and_up_proj_bias=b1, down_proj_bias=b2,
                activation=activation, recipe=recipe, **kw)
+
+
+def shard_experts(model, group, wire="native"):
+    """Expert parallelism for a transformers MoE model: split the experts of every experts module of `model` over
+    the ranks of `group` (a torch.distributed ProcessGroup, gloo; every rank calls this on the same model, built
+    alike). Rank r keeps experts mxfp8.torch.expert_parallel.expert_range(E, P, r) of each module: its fused
+    parameters (gate_up_proj, down_proj and their biases) are replaced, in place, by parameters holding only those
+    experts (the same values), and the "mxfp8" implementation then runs the module through
+    mxfp8.torch.expert_parallel.expert_parallel_moe: each rank's tokens are dispatched to the experts' ranks and
+    combined back, bitwise equal to one process on the gathered batch given the same routing (top_k_index,
+    top_k_weights). The routers stay in torch, replicated: their logits come from torch's GEMM, whose bits can depend
+    on how many rows a rank holds, so end-to-end equality with one process holds where those logits agree; their
+    gradients (and every dense parameter's) are data-parallel: sum them with
+    mxfp8.torch.expert_parallel.all_reduce_dense_gradients or DDP (expert_parameter_names lists what to leave out).
+    wire: "native", "bf16" or "mxfp8", as for BlockwiseMoE(expert_parallel_wire=). Returns the names of the
+    sharded modules. Collective; also selects the "mxfp8" experts implementation (set_experts_implementation)."""
+    from . import expert_parallel as _ep
+    P, rank = _ep._check_group(group)
+    _ep._check_wire(wire)
+    names = []
+    for name, mod in model.named_modules():
+        if not is_experts_module(mod) or getattr(mod, "mxfp8_expert_parallel", None) is not None:
+            continue
+        check_experts(mod)
+        E = mod.gate_up_proj.shape[0]
+        if P > E:
+            raise ValueError(f"{name}: {P} ranks for {E} experts (expert parallelism needs world size <= experts)")
+        e0, n = _ep.expert_range(E, P, rank)
+        for pname in ("gate_up_proj", "down_proj") + (("gate_up_proj_bias", "down_proj_bias") if mod.has_bias
+                                                       else ()):
+            old = getattr(mod, pname)
+            setattr(mod, pname, nn.Parameter(old.detach()[e0:e0 + n].clone(), requires_grad=old.requires_grad))
+        mod.mxfp8_expert_parallel = (group, E, wire)
+        names.append(name)
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(IMPLEMENTATION)
+    return names
 
 
 def register():
