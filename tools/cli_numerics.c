@@ -113,8 +113,9 @@ int cli_moe_layer(const char *cmd, const cli_opt *opts, int nopts, mxfp8_moe_con
         if (!(cfg->swiglu_limit > 0.0f))
             return cli_error(cmd, "--swiglu-limit must be > 0 (inf: no limit), got '%s'", GET("swiglu-limit"));
     } else if (GET("swiglu-alpha") || GET("swiglu-limit")) {
-        return cli_error(cmd, "--%s applies only to --activation gpt_oss_swiglu (the activation is %s)",
+        return cli_error(cmd, "--%s applies only to --activation %s (the activation is %s)",
                          GET("swiglu-alpha") ? "swiglu-alpha" : "swiglu-limit",
+                         mxfp8_enum_name(MXFP8_ENUM_ACTIVATION, MXFP8_ACT_GPT_OSS_SWIGLU),
                          mxfp8_enum_name(MXFP8_ENUM_ACTIVATION, act));
     }
     cfg->activation = (mxfp8_activation)act;
