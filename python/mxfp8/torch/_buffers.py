@@ -53,6 +53,11 @@ def _wrap(storage, shape, dtype):
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
+def _kept_bytes():
+    """Bytes of every kept buffer (the caller holds _lock)."""
+    return sum(st.nbytes() for sts in _pool.values() for st in sts)
+
+
 def empty(shape, dtype):
     """An uninitialized CPU tensor of `shape` and `dtype` (as torch.empty), from a kept buffer when one of its byte
     size is unused."""
@@ -60,7 +65,7 @@ def empty(shape, dtype):
     n = 1
     for s in shape:
         n *= s
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    nbytes = n * dtype.itemsize
     if not _enabled or nbytes < _MIN_BYTES:
         return torch.empty(shape, dtype=dtype)
     with _lock:
@@ -97,7 +102,7 @@ def memory_reserved():
     """Bytes mxfp8.torch holds for reuse: the ops' kept buffers (in use or not) plus the calling thread's library
     workspace."""
     with _lock:
-        kept = sum(st.nbytes() for sts in _pool.values() for st in sts)
+        kept = _kept_bytes()
     return kept + _lib.workspace_bytes()
 
 
@@ -119,5 +124,4 @@ def buffer_stats():
     """{"reused": n, "fresh": n, "kept_bytes": n}: how many op buffers were handed out again / freshly allocated
     since the process started, and the bytes kept now."""
     with _lock:
-        kept = sum(st.nbytes() for sts in _pool.values() for st in sts)
-        return dict(_stats, kept_bytes=kept)
+        return dict(_stats, kept_bytes=_kept_bytes())

@@ -366,8 +366,7 @@ def _moe_backward(grad_output: Tensor, hidden_states: Tensor, expert_affinities_
                   scale_rule: str, skip_token: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     bias = gate_and_up_proj_bias is not None or down_proj_bias is not None
     grads = _grad_buffers(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
-                          gate_and_up_proj_bias, down_proj_bias,
-                          lambda shape, dtype: _buffers.empty(shape, dtype))
+                          gate_and_up_proj_bias, down_proj_bias, _buffers.empty)
     cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias, swiglu,
                       rounding)
     inputs = _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
