@@ -219,9 +219,10 @@ mxfp8_status ep_plan_local(const char *fn, ep_plan *p, int skip_token) {
         }
     for (int64_t e = 0; e < p->E_r; e++)
         if (cur[e] != p->lcnt[e]) {
+            const long long got = (long long)cur[e];
             free(cur);
             return ep_fail(MXFP8_ERR_INTERNAL, "%s: expert %lld received %lld pairs, %lld announced", fn,
-                           (long long)(p->e0 + e), (long long)cur[e], (long long)p->lcnt[e]);
+                           (long long)(p->e0 + e), got, (long long)p->lcnt[e]);
         }
     /* stable placement by local expert: pair-rows ordered (expert, source rank, source token) */
     for (int64_t e = 0, off = 0; e < p->E_r; e++) {
