@@ -90,8 +90,14 @@ typedef void (*mxfp8i_bf16_t_fn)(const uint16_t *src, int64_t ld_src, float *dst
 typedef void (*mxfp8i_add_f32_fn)(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
                                   int64_t n);
 
+/** The library's FP32 exponential (the MoE activations' sigmoid): y[i] = exp(x[i]) for i < n by the rule of
+ *  src/kernels/expf.h (glibc's expf algorithm with its fused operations, bit for bit; no errno); x and y may be the
+ *  same array. */
+typedef void (*mxfp8i_exp_f32_fn)(const float *x, float *y, int64_t n);
+
 /** The quantization kernels of one ISA (the registry's quantize and dequantize slots; the FP32 -> BF16 rounding of
- *  the GEMM epilogue and the transposing BF16 load of the MoE checkpoints come with them). */
+ *  the GEMM epilogue, the transposing BF16 load of the MoE checkpoints and the exponential of the MoE activations
+ *  come with them). */
 typedef struct mxfp8i_qkernel {
     const char *name;          /**< e.g. "mx_quantize_panel__avx512" */
     const char *isa_name;      /**< "scalar", "avx512" */
@@ -102,6 +108,7 @@ typedef struct mxfp8i_qkernel {
     mxfp8i_to_bf16_fn to_bf16;
     mxfp8i_bf16_t_fn bf16_t;
     mxfp8i_add_f32_fn add_f32;
+    mxfp8i_exp_f32_fn exp_f32;
 } mxfp8i_qkernel;
 
 /* ---- the per-group reference (src/kernels/ref/quant_ref.c) ----

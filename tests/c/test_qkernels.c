@@ -9,8 +9,12 @@
  * 31, 32, 33, 127, 129, 2432, rows and columns with odd leading dimensions, both formats, all three rules, 1x32 and
  * wrapX; a strided panel that a SIMD kernel may decline (then it must write nothing); dequantization of random codes
  * and scales (NaN codes, scale 0 and 255 included); the FP32 -> BF16 rounding of the GEMM epilogue that comes with
- * each kernel.
+ * each kernel; the exponential of the MoE activations: every 251st FP32 bit pattern and the special values against
+ * exp in double precision (within 0.502 ULP of its float format: the rule's accuracy), against glibc's expf bit
+ * for bit where the C library is glibc 2.28 or later and the CPU has FMA (the rule is that expf's algorithm), and
+ * every kernel against the first, in place and out of place, every tail length.
  */
+#include <float.h>
 #include <math.h>
 
 #include "kernels/qpanel.h"
@@ -287,6 +291,69 @@ static void check_to_bf16(tu_rng *rng) {
     free(got);
 }
 
+/* The error of y as an approximation of e (double, exp of a float) in ULPs of y's float format (subnormal spacing
+ * below 2^-126); 0 when both are the same infinity or both NaN. */
+static double ulp_error(float y, double e) {
+    if (isnan(y) || isnan(e)) return isnan(y) && isnan(e) ? 0.0 : INFINITY;
+    if (isinf(y) && y > 0) /* overflow: e at least 0.002 ULP below the midpoint between FLT_MAX and 2^128 */
+        return e >= 0x1.ffffffp127 - 0x1p95 ? 0.0 : INFINITY;
+    int k;
+    frexp(e > 0x1p-126 ? e : 0x1p-126, &k);
+    return fabs((double)y - e) / ldexp(1.0, k - 24);
+}
+
+static int glibc_fma_expf(void) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 28)) && defined(__x86_64__)
+    return __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static void check_exp_f32(void) {
+    enum { STRIDE = 251, NSP = 16 };
+    const int64_t n = (int64_t)(0x100000000ull / STRIDE) + NSP;
+    float *x = tu_alloc(sizeof(float) * (size_t)n), *y0 = tu_alloc(sizeof(float) * (size_t)n),
+          *y = tu_alloc(sizeof(float) * (size_t)n);
+    static const uint32_t special[NSP] = {0xff800000u, 0x7f800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0,
+                                          0x80000000u, 0x42b17217u, 0x42b17218u, 0xc2cff1b4u, 0xc2cff1b5u,
+                                          0xc2ce8ecfu, 0xc2ce8ed0u, 0x42b00000u, 0xc2b00000u, 0x00000001u};
+    for (int i = 0; i < NSP; i++) x[i] = tu_bits_f32(special[i]);
+    for (int64_t i = NSP; i < n; i++) x[i] = tu_bits_f32((uint32_t)((uint64_t)(i - NSP) * STRIDE));
+    const int libm = glibc_fma_expf();
+    if (!libm) printf("test_qkernels: exp_f32 not compared with expf bit for bit (not glibc 2.28+ with FMA)\n");
+    for (int q = 0; q < g_nk; q++) {
+        const mxfp8i_qkernel *qk = g_kernels[q];
+        qk->exp_f32(x, y, n);
+        int64_t far = 0, differ = 0, cross = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const double err = ulp_error(y[i], exp((double)x[i]));
+            if (!(err <= 0.502) && far++ < 3)
+                TU_CHECK(0, "%s exp_f32(%a) = %a: %.3f ULP from exp", qk->name, x[i], y[i], err);
+            const float want = expf(x[i]);
+            if (libm && memcmp(&want, &y[i], 4) != 0 && differ++ < 3)
+                TU_CHECK(0, "%s exp_f32(%a) = %a, expf gives %a", qk->name, x[i], y[i], want);
+            if (q > 0 && memcmp(&y0[i], &y[i], 4) != 0 && cross++ < 3)
+                TU_CHECK(0, "%s exp_f32(%a) = %a, %s gives %a", qk->name, x[i], y[i], g_kernels[0]->name, y0[i]);
+        }
+        TU_CHECK(far == 0 && differ == 0 && cross == 0, "%s exp_f32: %lld values over 0.502 ULP, %lld differ from expf, "
+                 "%lld from %s (of %lld)", qk->name, (long long)far, (long long)differ, (long long)cross,
+                 g_kernels[0]->name, (long long)n);
+        if (q == 0) memcpy(y0, y, sizeof(float) * (size_t)n);
+        for (int64_t len = 1; len <= 40; len++) { /* tails, in place: the same values, nothing past the end */
+            float buf[48];
+            for (int i = 0; i < 48; i++) buf[i] = i < len ? x[NSP + 7919 * len + i] : -1.5f;
+            qk->exp_f32(buf, buf, len);
+            int bad = 0;
+            for (int i = 0; i < 48; i++)
+                bad += i < len ? memcmp(&buf[i], &y0[NSP + 7919 * len + i], 4) != 0 : buf[i] != -1.5f;
+            TU_CHECK(bad == 0, "%s exp_f32 in place, length %lld: %d values wrong or written past the end", qk->name,
+                     (long long)len, bad);
+        }
+    }
+    free(x), free(y0), free(y);
+}
+
 /* Boundary groups: amax with a fraction at the RCEIL boundary (1.75 = 0x600000 and its neighbours) or other edges,
  * exponents across the whole FP32 range (the clamps at -127/+127 included, subnormal amax), and elements with few
  * significant bits placed 0..14 binades below amax, which lands them on exact ties of the FP8 grid. */
@@ -357,6 +424,7 @@ static void test_all_kernels(void) {
     for (size_t ki = 0; ki < sizeof Kw / sizeof Kw[0]; ki++)
         for (int cols = 0; cols < 2; cols++) check_dequant(41, Kw[ki], cols, MXFP8_GROUP_WRAPX, &rng);
     check_to_bf16(&rng);
+    check_exp_f32();
     free(xf), free(xe), free(all), free(shuf);
 }
 

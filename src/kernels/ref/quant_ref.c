@@ -18,6 +18,7 @@
 #include "../../format/groups.h"
 #include "../../format/philox.h"
 #include "../../runtime/tensor.h"
+#include "../expf.h"
 #include "ref.h"
 
 static inline float pow2f(int e) { return ldexpf(1.0f, e); }
@@ -146,6 +147,10 @@ void mxfp8i_add_f32__ref(const float *src, int64_t ld_src, float *dst, int64_t l
         for (int64_t j = 0; j < n; j++) dst[r * ld_dst + j] = dst[r * ld_dst + j] + src[r * ld_src + j];
 }
 
+void mxfp8i_exp_f32__ref(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = mxfp8i_expf1(x[i]);
+}
+
 const mxfp8i_qkernel mxfp8i_mx_quant__ref = {"mx_quant_panel__ref", "scalar", 0, 0, mxfp8i_quantize_panel__ref,
                                              mxfp8i_dequantize_panel__ref, mxfp8i_to_bf16__ref, mxfp8i_bf16_t__ref,
-                                             mxfp8i_add_f32__ref};
+                                             mxfp8i_add_f32__ref, mxfp8i_exp_f32__ref};

@@ -1,9 +1,10 @@
 /*
  * act.c -- the elementwise SwiGLU work of one position (a row of a block), shared by the forward and the backward:
  * the same FP32 expressions as mxfp8i_moe_act / mxfp8i_moe_dact / mxfp8i_moe_clamp_pass (moe.h), element by element,
- * written as loops without branches so that the compiler vectorizes them (expf in a loop of its own), so results are
- * bitwise those of the scalar expressions.
+ * written as loops without branches so that the compiler vectorizes them (the exponential in a pass of its own: the
+ * registry's exp_f32, src/kernels/expf.h), so results are bitwise those of the scalar expressions.
  */
+#include "../../kernels/registry.h"
 #include "moe.h"
 
 /* One row per mxfp8_activation (include/mxfp8.h). */
@@ -25,7 +26,9 @@ void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, c
     if (!act_given && mxfp8i_moe_sigmoid_act(c)) {
         float *s = sg ? sg : act; /* act itself holds the sigmoid until it is overwritten by g * s */
         const float b = mxfp8i_moe_beta(c);
-        for (int64_t i = 0; i < I; i++) s[i] = expf(-b * g[i]);
+        const mxfp8i_exp_f32_fn exp_f32 = mxfp8i_kernels_get()->quant->exp_f32;
+        for (int64_t i = 0; i < I; i++) s[i] = -b * g[i];
+        exp_f32(s, s, I);
         for (int64_t i = 0; i < I; i++) s[i] = 1.0f / (1.0f + s[i]);
         for (int64_t i = 0; i < I; i++) act[i] = g[i] * s[i];
     } else if (!act_given) {
@@ -57,6 +60,12 @@ void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, f
     if (sg) {
         const float b = mxfp8i_moe_beta(c);
         for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + b * g[i] * (1.0f - sg[i]));
+    } else if (mxfp8i_moe_sigmoid_act(c)) { /* mxfp8i_moe_dact's expressions, the sigmoid first held in dg */
+        const float b = mxfp8i_moe_beta(c);
+        for (int64_t i = 0; i < I; i++) dg[i] = -b * g[i];
+        mxfp8i_kernels_get()->quant->exp_f32(dg, dg, I);
+        for (int64_t i = 0; i < I; i++) dg[i] = 1.0f / (1.0f + dg[i]);
+        for (int64_t i = 0; i < I; i++) dg[i] = dg[i] * (1.0f + b * g[i] * (1.0f - dg[i]));
     } else
         for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_moe_dact(c, g[i]);
     if (mxfp8i_moe_act_desc(c)->up_plus_one) /* d_gate = dIv * (u + 1) * act'(g) */

@@ -24,6 +24,7 @@
 #include <math.h>
 
 #include "../../gemm/gemm.h"
+#include "../../kernels/expf.h"
 #include "../../quant/panel.h"
 #include "../../runtime/threads.h"
 #include "../../runtime/tensor.h"
@@ -244,13 +245,13 @@ static inline float mxfp8i_moe_act(const mxfp8_moe_config *c, float g) {
         float r = !(g <= 0.0f) ? g : 0.0f; /* NaN stays NaN */
         return r * r;
     }
-    return g * (1.0f / (1.0f + expf(-mxfp8i_moe_beta(c) * g)));
+    return g * (1.0f / (1.0f + mxfp8i_expf1(-mxfp8i_moe_beta(c) * g)));
 }
 /** act'(g) in FP32. Sigmoid-gated: s(1 + beta g (1 - s)) with s = sigmoid(beta g); squared ReLU: 2 max(g, 0).
  *  act(NaN) = act'(NaN) = NaN for all. */
 static inline float mxfp8i_moe_dact(const mxfp8_moe_config *c, float g) {
     if (mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SQUARED_RELU) return !(g <= 0.0f) ? 2.0f * g : 0.0f;
-    const float b = mxfp8i_moe_beta(c), s = 1.0f / (1.0f + expf(-b * g));
+    const float b = mxfp8i_moe_beta(c), s = 1.0f / (1.0f + mxfp8i_expf1(-b * g));
     return s * (1.0f + b * g * (1.0f - s));
 }
 /** 1 for the activations g * sigmoid(beta g), whose sigmoid act.c keeps for act'(g). */
