@@ -1060,11 +1060,10 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *   mxfp8_moe_route: 16 E + OMP (per-expert counters).
  *   mxfp8_moe_forward / mxfp8_moe_backward, with B' = min(B, T): an FP32 accumulator of the token output, 4 T H
  *     (forward: output; backward: dX); the backward runs expert-major and keeps dW1, dW2 of the current expert in
- *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert into a staging copy
- *     of the output's dtype, (E - 1) 3 H I s for dW1, dW2 of elements of s bytes (the last expert is stored
- *     directly: no output is written before the last GEMM; with the segmented weight gradients below and
- *     contiguous BF16 weight gradients without skip_grad_initialization each expert's GEMM rounds straight into
- *     the output instead, no staging copy, every buffer having been obtained before the first GEMM); FP64 sums 8 (T E + 2 E I + E H), at most one
+ *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert straight into the
+ *     outputs (every buffer is obtained before the first GEMM, so an OUT_OF_MEMORY still leaves every output
+ *     untouched; with the segmented weight gradients below and contiguous BF16 weight gradients without
+ *     skip_grad_initialization each expert's GEMM rounds into the output itself); FP64 sums 8 (T E + 2 E I + E H), at most one
  *     expert's weights in FP32 (<= 12 H I; only for pre-quantized weights contracted along an axis other than the
  *     one they were quantized along, or W1 views whose (2, I) axes are not one 2I axis: high-precision weights
  *     are read in place), per-block buffers 4 B' (8 H + 13 I), the routing table
@@ -1160,7 +1159,7 @@ MXFP8_API mxfp8_status mxfp8_moe_forward_validate(const mxfp8_moe_fwd_args *args
 /** The checks of mxfp8_moe_backward (the inputs and routing as for mxfp8_moe_forward_validate, dY, the
  *  checkpoints, the gradients and their aliasing), in the call's order. *workspace_bytes: everything the call takes
  *  from args->workspace -- the routing table, the FP32 dX accumulator, the current expert's FP32 dW1, dW2, the
- *  staging copies of the other experts' weight gradients in their dtypes, the FP64 sums, the per-block buffers (rows
+ *  FP64 sums, the per-block buffers (rows
  *  as for the forward), FP32 weight copies where a GEMM needs one, the GEMMs of the four phases and of the
  *  recomputations that absent checkpoints need, and the statistics' slots when args->stats is set. Errors: those of
  *  mxfp8_moe_backward. */

@@ -20,8 +20,8 @@
  * block (the same additions; use_segmented picks by size; for contiguous BF16 weight gradients with no given values
  * the segmented GEMMs round each expert straight into the output: direct16). Accumulators:
  * hidden_states_grad in an FP32 [T, H] workspace (rounded once at the end); dW1, dW2 of the current expert in one FP32
- * pair, rounded when the expert is done into a staging copy of the output's dtype (the last expert's straight into the
- * output after the last GEMM), so that no output is written before every allocation has succeeded; affinity and bias
+ * pair, rounded into the outputs when the expert is done (every buffer of the call is reserved before the first GEMM,
+ * so no allocation can fail once an output is written); affinity and bias
  * grads in FP64 (rounded to FP32, then to the output dtype). accumulate_hidden_states_grad / skip_grad_initialization
  * add the given value once: out = given + grad (one FP32 addition, then rounded to the dtype).
  * The weights enter the GEMMs as views of the caller's tensors (weights.c); the blocks of one expert share its packed
@@ -71,8 +71,8 @@ static mxfp8_status reserve_segmented_wgrad(mxfp8i_moe_bwd *w, const mxfp8i_moe 
     return mxfp8i_moe_gemm_segments_reserve(p, p->I, p->H, p->Bw, (int)Se);
 }
 
-/* The call's state for its reservation function: the problem, the gradients' views (their dtypes size the staging
- * copies), the statistics request, the call state whose buffers it fills. */
+/* The call's state for its reservation function: the problem, the gradients' views (their dtypes and layouts choose
+ * direct16), the statistics request, the call state whose buffers it fills. */
 typedef struct bwd_job {
     const mxfp8i_moe *p;
     const mxfp8_moe_bwd_grads *grads;
@@ -89,7 +89,7 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     const mxfp8i_moe *p = j->p;
     const mxfp8_moe_bwd_grads *grads = j->grads;
     mxfp8i_moe_bwd *w = j->w;
-    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Bw, Es = E > 1 ? E - 1 : 0;
+    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Bw;
     bool ok = !mxfp8i_moe_table_reserve(p);
     int64_t Re = 0, Se = 0;
     if (w->seg) Re = p->Re, Se = p->Se; /* found by the checks' routing walk (the table is filled after this) */
@@ -98,7 +98,7 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     const int64_t Rx = w->seg ? Re : Bw, RI = w->seg && !w->onH ? Re : Bw, RH = w->seg && w->onH ? Re : Bw;
     /* segmented, contiguous BF16 weight gradients with no given values to add: each expert's segmented GEMM rounds
        straight into the output (every buffer is reserved before the first GEMM, so no allocation can fail once an
-       output is written), with no staging copy */
+       output is written), with no FP32 pass */
     const mxfp8_tensor *wg[2] = {&grads->gate_up_proj_weight_grad, &grads->down_proj_weight_grad};
     for (int i = 0; i < 2; i++)
         w->direct16[i] = w->seg && wg[i]->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(wg[i]) &&
@@ -107,8 +107,6 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     w->dx = (float *)slot(&k, T * H, sizeof(float), &ok);
     w->dw1 = (float *)slot(&k, H * I2, sizeof(float), &ok);
     w->dw2 = (float *)slot(&k, I * H, sizeof(float), &ok);
-    w->sw1 = slot(&k, w->direct16[0] ? 0 : Es * H * I2, mxfp8_dtype_size(grads->gate_up_proj_weight_grad.dtype), &ok);
-    w->sw2 = slot(&k, w->direct16[1] ? 0 : Es * I * H, mxfp8_dtype_size(grads->down_proj_weight_grad.dtype), &ok);
     w->da = (double *)slot(&k, T * E, sizeof(double), &ok);
     w->db1 = (double *)slot(&k, E * I2, sizeof(double), &ok);
     w->db2 = (double *)slot(&k, E * H, sizeof(double), &ok);
@@ -167,23 +165,15 @@ static void seg_next_block(mxfp8i_moe_bwd *w, int64_t n, int64_t L) {
     w->rows += L;
 }
 
-/* Round once into the outputs (no allocation happens from here on). */
+/* Round once into the outputs: dX, the affinity and bias gradients (no allocation happens from here on). */
 static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
     const mxfp8i_moe *p = w->p;
     const mxfp8_moe_config *c = &p->cfg;
-    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I;
+    const int64_t T = p->T, E = p->E;
     mxfp8i_moe_store_flat_f(&grads->hidden_states_grad, w->dx, c->accumulate_hidden_states_grad);
     const mxfp8_tensor *t = &grads->expert_affinities_masked_grad;
     for (int64_t i = 0; i < T * E; i++) mxfp8i_moe_st(t, mxfp8i_moe_vec_off(t, i), (double)(float)w->da[i]);
-    /* (direct16: every expert's already in the output, written by its segmented GEMM) */
-    if (!w->direct16[0]) mxfp8i_moe_store_staged(&grads->gate_up_proj_weight_grad, w->sw1, E - 1);
-    if (!w->direct16[1]) mxfp8i_moe_store_staged(&grads->down_proj_weight_grad, w->sw2, E - 1);
-    /* the last expert's FP32 pair, straight into the outputs */
-    const int skip = c->skip_grad_initialization;
-    if (!w->direct16[0])
-        mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, E - 1, H * I2, w->dw1, skip, NULL, 0);
-    if (!w->direct16[1])
-        mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, E - 1, I * H, w->dw2, skip, NULL, 0);
+    /* (the weight gradients are in: run_experts stores each expert when it is done) */
     if (c->bias) {
         mxfp8i_moe_store_flat_d(&grads->gate_and_up_proj_bias_grad, w->db1, c->skip_grad_initialization);
         mxfp8i_moe_store_flat_d(&grads->down_proj_bias_grad, w->db2, c->skip_grad_initialization);
@@ -191,12 +181,13 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
 }
 
 /* Expert-major: expert e's blocks in ascending block order, its weight gradients accumulated in one expert-sized FP32
- * pair and then rounded into the staging copies (the last expert's stay in the pair for store_outputs). */
+ * pair and then rounded straight into the outputs (every buffer was reserved before the first GEMM: nothing can
+ * fail once an output is written). */
 static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
     w->out1 = grads->gate_up_proj_weight_grad.data, w->out2 = grads->down_proj_weight_grad.data;
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
-    memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2)); /* per block: later experts find them zeroed by the staging */
+    memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2)); /* per block: later experts find them zeroed by the store */
     memset(w->dw2, 0, sizeof(float) * (size_t)(I * H));
     for (int64_t e = 0; e < p->E; e++) {
         w->nseg = 0, w->rows = 0;
@@ -207,13 +198,14 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
             MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_bwd_block(w, n, e, L));
         }
         if (w->seg) MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_wgrad_segments(w, e));
-        if (e == p->E - 1) break;
         const int skip = p->cfg.skip_grad_initialization;
-        /* the per-block path accumulates into zeroed pairs; the segmented one overwrites them (no clearing) */
+        /* the per-block path accumulates into zeroed pairs (cleared here but after the last expert); the segmented
+           one overwrites them */
+        const int clear = !w->seg && e + 1 < p->E;
         if (!w->direct16[0]) /* else already rounded into the output by the segmented GEMM */
-            mxfp8i_moe_stage_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, w->sw1, !w->seg);
+            mxfp8i_moe_store_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, clear);
         if (!w->direct16[1])
-            mxfp8i_moe_stage_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, w->sw2, !w->seg);
+            mxfp8i_moe_store_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, clear);
     }
     return MXFP8_OK;
 }

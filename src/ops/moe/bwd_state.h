@@ -14,7 +14,6 @@ typedef struct mxfp8i_moe_bwd {
     mxfp8i_moe_wcopy wc;             /**< FP32 weight copies where a GEMM needs one */
     float *dx;                       /**< hidden_states_grad accumulator [T*H] */
     float *dw1, *dw2;                /**< the current expert's weight-gradient accumulators [H*2I], [I*H] */
-    void *sw1, *sw2;                 /**< staging copies of experts 0..E-2 of the weight gradients, in their dtypes */
     double *da, *db1, *db2;          /**< affinity [T*E] and bias [E*2I], [E*H] gradients */
     /* per-block buffers, rows [0, Bw) */
     float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
@@ -35,7 +34,7 @@ typedef struct mxfp8i_moe_bwd {
     mxfp8i_gop *sops;                /**< [2 * Se]: the A and B operands of one segmented GEMM */
     int direct16[2];                 /**< segmented, BF16 contiguous dW1 / dW2 without skip_grad_initialization:
                                           each expert is rounded by its segmented GEMM straight into the output
-                                          (the same to_bf16 of the same FP32 sums; no staging copy) */
+                                          (the same to_bf16 of the same FP32 sums; no FP32 pass) */
     void *out1, *out2;               /**< the outputs' data (direct16) */
 } mxfp8i_moe_bwd;
 
@@ -51,12 +50,9 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e);
 mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L);
 
 /* store.c */
-/** Round expert e's FP32 accumulator (per = elements of one expert) into the staging copy of a weight gradient (a
- *  row-major buffer of the output's dtype and shape, whose element e*per + k is the expert's element k), or with
- *  stage NULL straight into the output view; clear != 0 leaves the accumulator zeroed for the next expert. */
-void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, float *acc, int add, void *stage,
-                             int clear);
-/** Copy experts [0, ne) of a staging buffer (row-major, the view's dtype) into the view. */
-void mxfp8i_moe_store_staged(const mxfp8_tensor *t, const void *stage, int64_t ne);
+/** Round expert e's FP32 accumulator (per = elements of one expert, row-major) into expert e of a weight-gradient
+ *  view ([E, ...], any dtype and strides); add != 0: the view's given value + acc (one FP32 addition), as
+ *  mxfp8i_moe_store_flat_f rounds; clear != 0 leaves the accumulator zeroed for the next expert. */
+void mxfp8i_moe_store_expert(const mxfp8_tensor *t, int64_t e, int64_t per, float *acc, int add, int clear);
 
 #endif /* MXFP8_OPS_MOE_BWD_STATE_H */

@@ -66,26 +66,25 @@ static int64_t sub_off(const mxfp8_tensor *t, int64_t e, int64_t k) {
     return off;
 }
 
-/* Round expert e's FP32 accumulator (per = elements of one expert) into the staging copy of a weight gradient (a
- * row-major buffer of the output's dtype and shape, whose element e*per + k is the expert's element k), or with
- * stage NULL straight into the output view. add != 0: the output's given value + acc (one FP32 addition), exactly
- * as mxfp8i_moe_store_flat_f would round it. clear != 0: acc is left zeroed for the next expert (each piece right
- * after it is read, while it is in cache). */
-void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, float *acc, int add, void *stage,
-                             int clear) {
+/* Round expert e's FP32 accumulator (per = elements of one expert) into expert e of the output view, whose element k
+ * of expert e is the expert's row-major element k. add != 0: the output's given value + acc (one FP32 addition),
+ * exactly as mxfp8i_moe_store_flat_f would round it. clear != 0: acc is left zeroed for the next expert (each piece
+ * right after it is read, while it is in cache). Contiguous BF16 and F32 views take one vectorized pass per piece
+ * (the registry's to_bf16, a copy, or add_f32: the same roundings and additions as the element loop). */
+void mxfp8i_moe_store_expert(const mxfp8_tensor *t, int64_t e, int64_t per, float *acc, int add, int clear) {
     enum { PIECE = 8192 }; /* 32 KiB of accumulators */
-    mxfp8_tensor sv = *t;
-    const int cont = mxfp8i_is_contiguous(t), direct = stage == NULL;
-    if (!direct) sv.data = stage;
+    const int cont = mxfp8i_is_contiguous(t);
     const int nt = mxfp8i_moe_nt((double)per);
-    if (cont && !add && t->dtype == MXFP8_DTYPE_BF16) { /* the common case: one vectorized rounding pass */
-        uint16_t *d = (uint16_t *)sv.data + e * per;
-        mxfp8i_to_bf16_fn to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
+    const int bf16 = cont && !add && t->dtype == MXFP8_DTYPE_BF16, f32 = cont && t->dtype == MXFP8_DTYPE_F32;
+    if (bf16 || f32) {
+        const mxfp8i_qkernel *qk = mxfp8i_kernels_get()->quant;
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int c = 0; c < nt; c++)
             for (int64_t k0 = per * c / nt, k1 = per * (c + 1) / nt; k0 < k1; k0 += PIECE) {
                 const int64_t n = k1 - k0 < PIECE ? k1 - k0 : PIECE;
-                to_bf16(acc + k0, 0, d + k0, 0, 1, n);
+                if (bf16) qk->to_bf16(acc + k0, 0, (uint16_t *)t->data + e * per + k0, 0, 1, n);
+                else if (add) qk->add_f32(acc + k0, 0, (float *)t->data + e * per + k0, 0, 1, n); /* given + acc */
+                else memcpy((float *)t->data + e * per + k0, acc + k0, (size_t)n * sizeof(float));
                 if (clear) memset(acc + k0, 0, (size_t)n * sizeof(float));
             }
         return;
@@ -93,29 +92,11 @@ void mxfp8i_moe_stage_expert(const mxfp8_tensor *t, int64_t e, int64_t per, floa
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int c = 0; c < nt; c++)
         for (int64_t k = per * c / nt; k < per * (c + 1) / nt; k++) {
-            const int64_t off = cont ? e * per + k : sub_off(t, e, k), so = direct ? off : e * per + k;
+            const int64_t off = cont ? e * per + k : sub_off(t, e, k);
             float v = acc[k];
             if (add) v = (float)mxfp8i_moe_ld(t, off) + v;
-            if (t->dtype == MXFP8_DTYPE_BF16) ((uint16_t *)sv.data)[so] = mxfp8i_fp32_to_bf16(v);
-            else mxfp8i_moe_st(&sv, so, (double)v);
+            if (t->dtype == MXFP8_DTYPE_BF16) ((uint16_t *)t->data)[off] = mxfp8i_fp32_to_bf16(v);
+            else mxfp8i_moe_st(t, off, (double)v);
             if (clear) acc[k] = 0.0f;
         }
-}
-
-/* Copy experts [0, ne) of a staging buffer (row-major, the view's dtype) into the view. */
-void mxfp8i_moe_store_staged(const mxfp8_tensor *t, const void *stage, int64_t ne) {
-    const int64_t per = t->shape[0] ? mxfp8_tensor_numel(t) / t->shape[0] : 0, n = ne * per;
-    const size_t es = mxfp8_dtype_size(t->dtype);
-    if (n == 0) return;
-    if (mxfp8i_is_contiguous(t)) { /* all experts but the last: large (E = 64: 100 MB of BF16), so both threads copy */
-        const int nt = mxfp8i_moe_nt((double)n);
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int c = 0; c < nt; c++) {
-            const size_t k0 = (size_t)(n * c / nt), k1 = (size_t)(n * (c + 1) / nt);
-            memcpy((char *)t->data + k0 * es, (const char *)stage + k0 * es, (k1 - k0) * es);
-        }
-        return;
-    }
-    for (int64_t k = 0; k < n; k++)
-        memcpy((char *)t->data + (size_t)sub_off(t, k / per, k % per) * es, (const char *)stage + (size_t)k * es, es);
 }
