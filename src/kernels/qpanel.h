@@ -85,6 +85,11 @@ typedef void (*mxfp8i_to_bf16_fn)(const float *src, int64_t ld_src, uint16_t *ds
 typedef void (*mxfp8i_bf16_t_fn)(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
                                  int64_t cols);
 
+/** Transposing FP32 copy (the MoE's FP32 checkpoints, positions innermost, read and written): dst[c*ld_dst + r] =
+ *  src[r*ld_src + c] for r < rows, c < cols (the bits moved, nothing rounded). */
+typedef void (*mxfp8i_f32_t_fn)(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
+                                int64_t cols);
+
 /** FP32 accumulation rows (the GEMM epilogue with accumulate): dst[r*ld_dst + j] = dst[r*ld_dst + j] +
  *  src[r*ld_src + j] for r < rows, j < n, one IEEE FP32 addition (RNE, no FTZ/DAZ under the GEMM's MXCSR) each. */
 typedef void (*mxfp8i_add_f32_fn)(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
@@ -96,8 +101,8 @@ typedef void (*mxfp8i_add_f32_fn)(const float *src, int64_t ld_src, float *dst, 
 typedef void (*mxfp8i_exp_f32_fn)(const float *x, float *y, int64_t n);
 
 /** The quantization kernels of one ISA (the registry's quantize and dequantize slots; the FP32 -> BF16 rounding of
- *  the GEMM epilogue, the transposing BF16 load of the MoE checkpoints and the exponential of the MoE activations
- *  come with them). */
+ *  the GEMM epilogue, the transposing BF16 load and FP32 copy of the MoE checkpoints and the exponential of the MoE
+ *  activations come with them). */
 typedef struct mxfp8i_qkernel {
     const char *name;          /**< e.g. "mx_quantize_panel__avx512" */
     const char *isa_name;      /**< "scalar", "avx512" */
@@ -107,6 +112,7 @@ typedef struct mxfp8i_qkernel {
     mxfp8i_dqpanel_fn dequantize;
     mxfp8i_to_bf16_fn to_bf16;
     mxfp8i_bf16_t_fn bf16_t;
+    mxfp8i_f32_t_fn f32_t;
     mxfp8i_add_f32_fn add_f32;
     mxfp8i_exp_f32_fn exp_f32;
 } mxfp8i_qkernel;

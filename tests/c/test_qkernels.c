@@ -9,7 +9,7 @@
  * 31, 32, 33, 127, 129, 2432, rows and columns with odd leading dimensions, both formats, all three rules, 1x32 and
  * wrapX; a strided panel that a SIMD kernel may decline (then it must write nothing); dequantization of random codes
  * and scales (NaN codes, scale 0 and 255 included); the FP32 -> BF16 rounding of the GEMM epilogue that comes with
- * each kernel; the exponential of the MoE activations: every 251st FP32 bit pattern and the special values against
+ * each kernel; the transposing BF16 load and FP32 copy of the MoE checkpoints; the exponential of the MoE activations: every 251st FP32 bit pattern and the special values against
  * exp in double precision (within 0.502 ULP of its float format: the rule's accuracy), against glibc's expf bit
  * for bit where the C library is glibc 2.28 or later and the CPU has FMA (the rule is that expf's algorithm), and
  * every kernel against the first, in place and out of place, every tail length.
@@ -291,6 +291,44 @@ static void check_to_bf16(tu_rng *rng) {
     free(got);
 }
 
+/* The transposing loads of the MoE checkpoints: dst[c*ld_dst + r] = src[r*ld_src + c], bit for bit (BF16 widened
+ * to FP32 by its bits << 16; FP32 copied, NaN payloads included), for tile-sized and ragged shapes, nothing written
+ * outside the block. */
+static void check_transposes(tu_rng *rng) {
+    enum { R = 53, C = 47, LDS = 59, LDD = 61 };
+    uint16_t *s16 = tu_alloc(2 * R * LDS);
+    float *s32 = tu_alloc(4 * R * LDS), *got = tu_alloc(4 * C * LDD);
+    for (int i = 0; i < R * LDS; i++) {
+        const uint32_t u = (uint32_t)tu_next(rng);
+        s16[i] = (uint16_t)u;
+        s32[i] = tu_bits_f32(u);
+    }
+    static const int64_t shapes[][2] = {{16, 16}, {48, 32}, {1, 1}, {17, 15}, {53, 47}, {16, 47}, {53, 16}, {3, 31}};
+    for (int q = 0; q < g_nk; q++) {
+        const mxfp8i_qkernel *qk = g_kernels[q];
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (int kind = 0; kind < 2; kind++) {
+                const int64_t rows = shapes[si][0], cols = shapes[si][1];
+                memset(got, 0xA5, 4 * C * LDD);
+                if (kind == 0) qk->bf16_t(s16, LDS, got, LDD, rows, cols);
+                else qk->f32_t(s32, LDS, got, LDD, rows, cols);
+                int64_t bad = 0;
+                for (int64_t c = 0; c < C; c++)
+                    for (int64_t r = 0; r < LDD; r++) {
+                        const uint32_t g = tu_f32_bits(got[c * LDD + r]);
+                        const uint32_t want = r < rows && c < cols
+                                                  ? (kind == 0 ? (uint32_t)s16[r * LDS + c] << 16
+                                                               : tu_f32_bits(s32[r * LDS + c]))
+                                                  : 0xA5A5A5A5u;
+                        bad += g != want;
+                    }
+                TU_CHECK(bad == 0, "%s %s [%lld x %lld]: %lld values wrong or written outside the block", qk->name,
+                         kind == 0 ? "bf16_t" : "f32_t", (long long)rows, (long long)cols, (long long)bad);
+            }
+    }
+    free(s16), free(s32), free(got);
+}
+
 /* The error of y as an approximation of e (double, exp of a float) in ULPs of y's float format (subnormal spacing
  * below 2^-126); 0 when both are the same infinity or both NaN. */
 static double ulp_error(float y, double e) {
@@ -424,6 +462,7 @@ static void test_all_kernels(void) {
     for (size_t ki = 0; ki < sizeof Kw / sizeof Kw[0]; ki++)
         for (int cols = 0; cols < 2; cols++) check_dequant(41, Kw[ki], cols, MXFP8_GROUP_WRAPX, &rng);
     check_to_bf16(&rng);
+    check_transposes(&rng);
     check_exp_f32();
     free(xf), free(xe), free(all), free(shuf);
 }

@@ -355,5 +355,5 @@ void mxfp8i_add_f32__avx512(const float *src, int64_t ld_src, float *dst, int64_
 
 const mxfp8i_qkernel mxfp8i_mx_quant__avx512 = {"mx_quant_panel__avx512", "avx512", 1, MXFP8I_NEEDS_AVX512,
                                                 mxfp8i_quantize_panel__avx512, mxfp8i_dequantize_panel__avx512,
-                                                mxfp8i_to_bf16__avx512, mxfp8i_bf16_t__avx512,
+                                                mxfp8i_to_bf16__avx512, mxfp8i_bf16_t__avx512, mxfp8i_f32_t__avx512,
                                                 mxfp8i_add_f32__avx512, mxfp8i_exp_f32__avx512};

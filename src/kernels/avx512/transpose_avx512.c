@@ -1,7 +1,8 @@
 /*
- * transpose_avx512.c -- the transposing BF16 -> FP32 load of the MoE checkpoints (qpanel.h, mxfp8i_bf16_t_fn):
- * 16 x 16 tiles, each row a 256-bit load widened to FP32 (exact: the BF16 bits become the high half), transposed in
- * registers (the 4-stage unpack / shuffle network), stored as 16 rows of 16 floats. Edges go through the reference.
+ * transpose_avx512.c -- the transposing BF16 -> FP32 load and FP32 copy of the MoE checkpoints (qpanel.h,
+ * mxfp8i_bf16_t_fn, mxfp8i_f32_t_fn): 16 x 16 tiles, each row a 256-bit load widened to FP32 (exact: the BF16 bits
+ * become the high half) or a 512-bit load, transposed in registers (the 4-stage unpack / shuffle network, which
+ * moves bits only), stored as 16 rows of 16 floats. Edges go through the reference.
  */
 #include <immintrin.h>
 
@@ -48,4 +49,17 @@ void mxfp8i_bf16_t__avx512(const uint16_t *src, int64_t ld_src, float *dst, int6
     /* the edges: columns past c16 of every row, rows past r16 of the first c16 columns */
     if (c16 < cols) mxfp8i_bf16_t__ref(src + c16, ld_src, dst + c16 * ld_dst, ld_dst, rows, cols - c16);
     if (r16 < rows) mxfp8i_bf16_t__ref(src + r16 * ld_src, ld_src, dst + r16, ld_dst, rows - r16, c16);
+}
+
+void mxfp8i_f32_t__avx512(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols) {
+    const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
+    for (int64_t r0 = 0; r0 < r16; r0 += 16)
+        for (int64_t c0 = 0; c0 < c16; c0 += 16) {
+            __m512 v[16];
+            for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_ps(src + (r0 + i) * ld_src + c0);
+            transpose16(v);
+            for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + (c0 + j) * ld_dst + r0, v[j]);
+        }
+    if (c16 < cols) mxfp8i_f32_t__ref(src + c16, ld_src, dst + c16 * ld_dst, ld_dst, rows, cols - c16);
+    if (r16 < rows) mxfp8i_f32_t__ref(src + r16 * ld_src, ld_src, dst + r16, ld_dst, rows - r16, c16);
 }

@@ -43,6 +43,10 @@ static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq,
         mxfp8i_kernels_get()->quant->bf16_t((const uint16_t *)t->data + base + q0, si, d + q0 * I, I, I, q1 - q0);
         return;
     }
+    if (t->dtype == MXFP8_DTYPE_F32 && sq == 1) { /* and its transposing FP32 copy */
+        mxfp8i_kernels_get()->quant->f32_t((const float *)t->data + base + q0, si, d + q0 * I, I, I, q1 - q0);
+        return;
+    }
     for (int64_t i0 = 0; i0 < I; i0 += 16) {
         const int64_t i1 = i0 + 16 < I ? i0 + 16 : I;
         if (t->dtype == MXFP8_DTYPE_F32) {
