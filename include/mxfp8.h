@@ -1062,15 +1062,15 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     (forward: output; backward: dX); the backward runs expert-major and keeps dW1, dW2 of the current expert in
  *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert straight into the
  *     outputs (every buffer is obtained before the first GEMM, so an OUT_OF_MEMORY still leaves every output
- *     untouched; with the segmented weight gradients below and contiguous BF16 weight gradients without
- *     skip_grad_initialization each expert's GEMM rounds into the output itself); FP64 sums 8 (T E + 2 E I + E H), at most one
+ *     untouched; with the segmented weight gradients below and contiguous BF16 or F32 weight gradients without
+ *     skip_grad_initialization each expert's GEMM writes into the output itself); FP64 sums 8 (T E + 2 E I + E H), at most one
  *     expert's weights in FP32 (<= 12 H I; only for pre-quantized weights contracted along an axis other than the
  *     one they were quantized along, or W1 views whose (2, I) axes are not one 2I axis: high-precision weights
  *     are read in place), per-block buffers 4 B' (8 H + 13 I), the routing table
  *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP;
  *     the backward also keeps the current expert's packed weights for Phases 1 and 2 (the B operands above:
  *     4 H (I + 32) + 8 I (H + 32)), reused by all of the expert's blocks. When an expert's weight gradients
- *     pass 2 MiB of FP32 (3 H I > 524288) the backward adds all of an expert's blocks to them at once instead of
+ *     pass 1 MiB of FP32 (3 H I > 262144) the backward adds all of an expert's blocks to them at once instead of
  *     block by block (the same bits), which takes 4 (Re - B') (2 H + 3 I) + 4 Se B' (H + 2 I + 64) + 8192 P +
  *     320 Se more, with Re the most positions of one expert's blocks (each block counted up to its last real
  *     position; <= T for mxfp8_moe_route's layout) and Se the most blocks of one expert.

@@ -17,8 +17,8 @@
  * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...). Phases 3 and 4 add
  * each block's sum (a chain over its positions from +0) to the expert's FP32 pair in block order, either block by
  * block or, segmented, all of an expert's blocks in one mxfp8i_gemm_segments per weight gradient after its last
- * block (the same additions; use_segmented picks by size; for contiguous BF16 weight gradients with no given values
- * the segmented GEMMs round each expert straight into the output: direct16). Accumulators:
+ * block (the same additions; use_segmented picks by size; for contiguous BF16 or F32 weight gradients with no given values
+ * the segmented GEMMs round each expert straight into the output: direct). Accumulators:
  * hidden_states_grad in an FP32 [T, H] workspace (rounded once at the end); dW1, dW2 of the current expert in one FP32
  * pair, rounded into the outputs when the expert is done (every buffer of the call is reserved before the first GEMM,
  * so no allocation can fail once an output is written); affinity and bias
@@ -49,12 +49,13 @@ int mxfp8i_moe_set_segmented_wgrad(int mode) {
 }
 
 /* The weight-gradient path by size (speed only: both give the same bits). The segmented path saves the FP32
- * read-modify-write of an expert's accumulators per block; when those fit in a core's L2 (3*H*I floats up to
- * 2 MiB: H = 256, I = 512 on 2 threads measured 0-10% slower segmented, its expert-sized operand buffers leaving
- * the cache) the per-block path is kept. */
+ * read-modify-write of an expert's accumulators per block; when those fit in half a core's L2 (3*H*I floats up to
+ * 1 MiB) the per-block path is kept. Measured at H = 256, I = 512 (1.5 MiB), 2 threads, AMD Zen 4: mxfp8.torch's
+ * configuration (F32 gradients, FP32 gate/up checkpoint) 7-13% faster segmented, the bench's (BF16, all
+ * checkpoints) within 3%; from 2 MiB up it is faster in both. */
 static int use_segmented(const mxfp8i_moe *p) {
     if (g_segmented >= 0) return g_segmented;
-    return 3.0 * (double)p->H * (double)p->I * (double)sizeof(float) > 2097152.0;
+    return 3.0 * (double)p->H * (double)p->I * (double)sizeof(float) > 1048576.0;
 }
 
 /* What the segmented weight gradients take beyond the per-block path (w->seg = 1): the block lists and operand
@@ -72,7 +73,7 @@ static mxfp8_status reserve_segmented_wgrad(mxfp8i_moe_bwd *w, const mxfp8i_moe 
 }
 
 /* The call's state for its reservation function: the problem, the gradients' views (their dtypes and layouts choose
- * direct16), the statistics request, the call state whose buffers it fills. */
+ * direct), the statistics request, the call state whose buffers it fills. */
 typedef struct bwd_job {
     const mxfp8i_moe *p;
     const mxfp8_moe_bwd_grads *grads;
@@ -96,13 +97,15 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     if (Se > 0x7fffffff) w->seg = 0;    /* more segments than an int counts: the per-block path */
     /* rows of the Phase 3 / 4 operand buffers: expert-sized on the segmented path */
     const int64_t Rx = w->seg ? Re : Bw, RI = w->seg && !w->onH ? Re : Bw, RH = w->seg && w->onH ? Re : Bw;
-    /* segmented, contiguous BF16 weight gradients with no given values to add: each expert's segmented GEMM rounds
-       straight into the output (every buffer is reserved before the first GEMM, so no allocation can fail once an
-       output is written), with no FP32 pass */
+    /* segmented, contiguous BF16 or F32 weight gradients with no given values to add: each expert's segmented GEMM
+       writes straight into the output (every buffer is reserved before the first GEMM, so no allocation can fail
+       once an output is written), with no FP32 pass */
     const mxfp8_tensor *wg[2] = {&grads->gate_up_proj_weight_grad, &grads->down_proj_weight_grad};
-    for (int i = 0; i < 2; i++)
-        w->direct16[i] = w->seg && wg[i]->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(wg[i]) &&
-                         !p->cfg.skip_grad_initialization;
+    for (int i = 0; i < 2; i++) {
+        w->out_dt[i] = wg[i]->dtype;
+        w->direct[i] = w->seg && (wg[i]->dtype == MXFP8_DTYPE_BF16 || wg[i]->dtype == MXFP8_DTYPE_F32) &&
+                       mxfp8i_is_contiguous(wg[i]) && !p->cfg.skip_grad_initialization;
+    }
     int k = MXFP8I_WS_MOE_BUF0;
     w->dx = (float *)slot(&k, T * H, sizeof(float), &ok);
     w->dw1 = (float *)slot(&k, H * I2, sizeof(float), &ok);
@@ -202,9 +205,9 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
         /* the per-block path accumulates into zeroed pairs (cleared here but after the last expert); the segmented
            one overwrites them */
         const int clear = !w->seg && e + 1 < p->E;
-        if (!w->direct16[0]) /* else already rounded into the output by the segmented GEMM */
+        if (!w->direct[0]) /* else already rounded into the output by the segmented GEMM */
             mxfp8i_moe_store_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, clear);
-        if (!w->direct16[1])
+        if (!w->direct[1])
             mxfp8i_moe_store_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, clear);
     }
     return MXFP8_OK;

@@ -291,14 +291,15 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     const int ns = w->nseg;
-    /* where each weight gradient goes: expert e of the BF16 output (direct16) or the FP32 accumulator, which starts
-       every expert at +0 (zeroed once; each expert's segmented GEMM writes all of it) */
-    const int s1 = w->direct16[0], s2 = w->direct16[1];
-    void *c1 = s1 ? (void *)((uint16_t *)w->out1 + e * H * I2) : (void *)w->dw1;
-    void *c2 = s2 ? (void *)((uint16_t *)w->out2 + e * I * H) : (void *)w->dw2;
+    /* where each weight gradient goes: expert e of the BF16 or F32 output (direct) or the FP32 accumulator, which
+       starts every expert at +0 (zeroed once; each expert's segmented GEMM writes all of it) */
+    const mxfp8_dtype d1 = w->direct[0] ? w->out_dt[0] : MXFP8_DTYPE_F32, d2 = w->direct[1] ? w->out_dt[1] : MXFP8_DTYPE_F32;
+    const size_t es1 = mxfp8_dtype_size(d1), es2 = mxfp8_dtype_size(d2);
+    void *c1 = w->direct[0] ? (void *)((char *)w->out1 + (size_t)(e * H * I2) * es1) : (void *)w->dw1;
+    void *c2 = w->direct[1] ? (void *)((char *)w->out2 + (size_t)(e * I * H) * es2) : (void *)w->dw2;
     if (ns == 0) { /* an expert with no tokens: zero weight gradients (the accumulators may hold the last expert's) */
-        memset(c1, 0, (s1 ? sizeof(uint16_t) : sizeof(float)) * (size_t)(H * I2)); /* BF16 +0 is 0x0000 */
-        memset(c2, 0, (s2 ? sizeof(uint16_t) : sizeof(float)) * (size_t)(I * H));
+        memset(c1, 0, es1 * (size_t)(H * I2)); /* +0 is all zero bits in BF16 and F32 */
+        memset(c2, 0, es2 * (size_t)(I * H));
         return MXFP8_OK;
     }
     mxfp8i_gop *A = w->sops, *B = w->sops + ns;
@@ -311,8 +312,7 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
         mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P3_X, n, H, 1, H);
         mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P3_DGU, n, I2, 1, I2);
     }
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, 1, c1,
-                                                     s1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32, I2));
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, 1, c1, d1, I2));
     for (int s = 0; s < ns; s++) {
         const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
         A[s] = mxfp8i_gop_hp(w->onH ? w->inter0 + r * I : w->S0 + r * I, MXFP8_DTYPE_F32, I, L, 1, I);
@@ -320,8 +320,7 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
         mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P4_S, n, I, 1, I);
         mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P4_DY, n, H, 1, H);
     }
-    return mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P4_S, B, MXFP8_MOE_P4_DY, 1, c2,
-                                    s2 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32, H);
+    return mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P4_S, B, MXFP8_MOE_P4_DY, 1, c2, d2, H);
 }
 
 mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {

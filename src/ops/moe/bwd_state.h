@@ -20,7 +20,7 @@ typedef struct mxfp8i_moe_bwd {
     float *sg;                       /**< sigmoid(c g) of the forward, for act'(g) (valid when have_sg) */
     int have_sg;
     double *dablk;
-    /* The segmented weight gradients (seg = 1: experts with weight-gradient accumulators beyond 2 MiB, bwd.c
+    /* The segmented weight gradients (seg = 1: experts with weight-gradient accumulators beyond 1 MiB, bwd.c
      * use_segmented): an expert's blocks keep their Phase 3 / 4 operands
      * (xb, dgu, and S, dyb for AFFINITY_ON_I or inter, D for ON_H) in expert-sized buffers, block s at row so[s]
      * (the *0 pointers; the per-block pointers above are moved to each block's rows), and one segmented GEMM per
@@ -32,10 +32,12 @@ typedef struct mxfp8i_moe_bwd {
     int nseg;                        /**< blocks of the current expert so far */
     int64_t rows;                    /**< their rows */
     mxfp8i_gop *sops;                /**< [2 * Se]: the A and B operands of one segmented GEMM */
-    int direct16[2];                 /**< segmented, BF16 contiguous dW1 / dW2 without skip_grad_initialization:
-                                          each expert is rounded by its segmented GEMM straight into the output
-                                          (the same to_bf16 of the same FP32 sums; no FP32 pass) */
-    void *out1, *out2;               /**< the outputs' data (direct16) */
+    int direct[2];                   /**< segmented, contiguous BF16 or F32 dW1 / dW2 without
+                                          skip_grad_initialization: each expert's segmented GEMM writes it straight
+                                          into the output (the same to_bf16 of the same FP32 sums, or those sums; no
+                                          FP32 pass) */
+    mxfp8_dtype out_dt[2];           /**< their dtypes */
+    void *out1, *out2;               /**< the outputs' data (direct) */
 } mxfp8i_moe_bwd;
 
 /** Test-only switch between the two weight-gradient paths (-1: by size, the default; 0: per block; 1: segmented).
