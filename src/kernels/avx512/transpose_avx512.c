@@ -33,19 +33,31 @@ static inline void transpose16(__m512 r[16]) {
     }
 }
 
-void mxfp8i_bf16_t__avx512(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
-                           int64_t cols) {
-    const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
+/* The full 16 x 16 tiles of either load (bf16: the source is BF16, widened; else FP32), rows [0, r16) x columns
+ * [0, c16); the callers run the edges through their references. */
+static inline __attribute__((always_inline)) void full_tiles(const void *src, int bf16, int64_t ld_src, float *dst,
+                                                             int64_t ld_dst, int64_t r16, int64_t c16) {
     for (int64_t r0 = 0; r0 < r16; r0 += 16)
         for (int64_t c0 = 0; c0 < c16; c0 += 16) {
             __m512 v[16];
             for (int i = 0; i < 16; i++) {
-                __m256i b = _mm256_loadu_si256((const __m256i *)(src + (r0 + i) * ld_src + c0));
-                v[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+                const int64_t off = (r0 + i) * ld_src + c0;
+                if (bf16) {
+                    __m256i b = _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off));
+                    v[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+                } else {
+                    v[i] = _mm512_loadu_ps((const float *)src + off);
+                }
             }
             transpose16(v);
             for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + (c0 + j) * ld_dst + r0, v[j]);
         }
+}
+
+void mxfp8i_bf16_t__avx512(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
+                           int64_t cols) {
+    const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
+    full_tiles(src, 1, ld_src, dst, ld_dst, r16, c16);
     /* the edges: columns past c16 of every row, rows past r16 of the first c16 columns */
     if (c16 < cols) mxfp8i_bf16_t__ref(src + c16, ld_src, dst + c16 * ld_dst, ld_dst, rows, cols - c16);
     if (r16 < rows) mxfp8i_bf16_t__ref(src + r16 * ld_src, ld_src, dst + r16, ld_dst, rows - r16, c16);
@@ -53,13 +65,7 @@ void mxfp8i_bf16_t__avx512(const uint16_t *src, int64_t ld_src, float *dst, int6
 
 void mxfp8i_f32_t__avx512(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols) {
     const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
-    for (int64_t r0 = 0; r0 < r16; r0 += 16)
-        for (int64_t c0 = 0; c0 < c16; c0 += 16) {
-            __m512 v[16];
-            for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_ps(src + (r0 + i) * ld_src + c0);
-            transpose16(v);
-            for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + (c0 + j) * ld_dst + r0, v[j]);
-        }
+    full_tiles(src, 0, ld_src, dst, ld_dst, r16, c16);
     if (c16 < cols) mxfp8i_f32_t__ref(src + c16, ld_src, dst + c16 * ld_dst, ld_dst, rows, cols - c16);
     if (r16 < rows) mxfp8i_f32_t__ref(src + r16 * ld_src, ld_src, dst + r16, ld_dst, rows - r16, c16);
 }

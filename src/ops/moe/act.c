@@ -1,8 +1,9 @@
 /*
  * act.c -- the elementwise SwiGLU work of one position (a row of a block), shared by the forward and the backward:
- * the same FP32 expressions as mxfp8i_moe_act / mxfp8i_moe_dact / mxfp8i_moe_clamp_pass (moe.h), element by element,
- * written as loops without branches so that the compiler vectorizes them (the exponential in a pass of its own: the
- * registry's exp_f32, src/kernels/expf.h), so results are bitwise those of the scalar expressions.
+ * act(g) = g * sigmoid(beta g) with act'(g) = s (1 + beta g (1 - s)), or squared ReLU (mxfp8i_moe_relu2 /
+ * mxfp8i_moe_drelu2, moe.h), and the clamp masks (mxfp8i_moe_clamp_pass), element by element, in FP32, written as
+ * loops without branches so that the compiler vectorizes them (the exponential in a pass of its own: the registry's
+ * exp_f32, src/kernels/expf.h), so results are bitwise those of the scalar expressions.
  */
 #include "../../kernels/registry.h"
 #include "moe.h"
@@ -16,6 +17,13 @@ const mxfp8i_act_desc mxfp8i_moe_acts[] = {
 };
 _Static_assert(sizeof mxfp8i_moe_acts / sizeof mxfp8i_moe_acts[0] == MXFP8_ACT_GPT_OSS_SWIGLU + 1, "activations");
 
+/* s[i] = 1 / (1 + exp(-b g[i])) (FP32, the registry's exponential in a pass of its own); s may not be g. */
+static void sigmoid_row(float b, const float *g, float *s, int64_t I) {
+    for (int64_t i = 0; i < I; i++) s[i] = -b * g[i];
+    mxfp8i_kernels_get()->quant->exp_f32(s, s, I);
+    for (int64_t i = 0; i < I; i++) s[i] = 1.0f / (1.0f + s[i]);
+}
+
 void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, const float *b1, float *g, float *u,
                         float *act, int act_given, float *inter, int inter_given, float *S, float aq, float *sg) {
     if (gu) {
@@ -25,14 +33,10 @@ void mxfp8i_moe_fwd_row(const mxfp8_moe_config *c, int64_t I, const float *gu, c
     }
     if (!act_given && mxfp8i_moe_sigmoid_act(c)) {
         float *s = sg ? sg : act; /* act itself holds the sigmoid until it is overwritten by g * s */
-        const float b = mxfp8i_moe_beta(c);
-        const mxfp8i_exp_f32_fn exp_f32 = mxfp8i_kernels_get()->quant->exp_f32;
-        for (int64_t i = 0; i < I; i++) s[i] = -b * g[i];
-        exp_f32(s, s, I);
-        for (int64_t i = 0; i < I; i++) s[i] = 1.0f / (1.0f + s[i]);
+        sigmoid_row(mxfp8i_moe_beta(c), g, s, I);
         for (int64_t i = 0; i < I; i++) act[i] = g[i] * s[i];
     } else if (!act_given) {
-        for (int64_t i = 0; i < I; i++) act[i] = mxfp8i_moe_act(c, g[i]);
+        for (int64_t i = 0; i < I; i++) act[i] = mxfp8i_moe_relu2(g[i]);
     }
     if (!inter_given && mxfp8i_moe_act_desc(c)->up_plus_one) /* gpt-oss: act(g) * (u + 1) */
         for (int64_t i = 0; i < I; i++) inter[i] = act[i] * (u[i] + 1.0f);
@@ -60,14 +64,12 @@ void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, f
     if (sg) {
         const float b = mxfp8i_moe_beta(c);
         for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + b * g[i] * (1.0f - sg[i]));
-    } else if (mxfp8i_moe_sigmoid_act(c)) { /* mxfp8i_moe_dact's expressions, the sigmoid first held in dg */
+    } else if (mxfp8i_moe_sigmoid_act(c)) { /* the forward's sigmoid recomputed, held in dg */
         const float b = mxfp8i_moe_beta(c);
-        for (int64_t i = 0; i < I; i++) dg[i] = -b * g[i];
-        mxfp8i_kernels_get()->quant->exp_f32(dg, dg, I);
-        for (int64_t i = 0; i < I; i++) dg[i] = 1.0f / (1.0f + dg[i]);
+        sigmoid_row(b, g, dg, I);
         for (int64_t i = 0; i < I; i++) dg[i] = dg[i] * (1.0f + b * g[i] * (1.0f - dg[i]));
     } else
-        for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_moe_dact(c, g[i]);
+        for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_moe_drelu2(g[i]);
     if (mxfp8i_moe_act_desc(c)->up_plus_one) /* d_gate = dIv * (u + 1) * act'(g) */
         for (int64_t i = 0; i < I; i++) {
             const int pg = clamp_pass(g[i], gl_on, gl, gh_on, gh);

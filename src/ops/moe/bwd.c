@@ -101,11 +101,9 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
        writes straight into the output (every buffer is reserved before the first GEMM, so no allocation can fail
        once an output is written), with no FP32 pass */
     const mxfp8_tensor *wg[2] = {&grads->gate_up_proj_weight_grad, &grads->down_proj_weight_grad};
-    for (int i = 0; i < 2; i++) {
-        w->out_dt[i] = wg[i]->dtype;
+    for (int i = 0; i < 2; i++)
         w->direct[i] = w->seg && (wg[i]->dtype == MXFP8_DTYPE_BF16 || wg[i]->dtype == MXFP8_DTYPE_F32) &&
                        mxfp8i_is_contiguous(wg[i]) && !p->cfg.skip_grad_initialization;
-    }
     int k = MXFP8I_WS_MOE_BUF0;
     w->dx = (float *)slot(&k, T * H, sizeof(float), &ok);
     w->dw1 = (float *)slot(&k, H * I2, sizeof(float), &ok);
@@ -187,9 +185,10 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
  * pair and then rounded straight into the outputs (every buffer was reserved before the first GEMM: nothing can
  * fail once an output is written). */
 static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
-    w->out1 = grads->gate_up_proj_weight_grad.data, w->out2 = grads->down_proj_weight_grad.data;
+    w->wgrad[0] = &grads->gate_up_proj_weight_grad, w->wgrad[1] = &grads->down_proj_weight_grad;
     const mxfp8i_moe *p = w->p;
-    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I, per[2] = {H * I2, I * H};
+    float *acc[2] = {w->dw1, w->dw2};
     memset(w->dw1, 0, sizeof(float) * (size_t)(H * I2)); /* per block: later experts find them zeroed by the store */
     memset(w->dw2, 0, sizeof(float) * (size_t)(I * H));
     for (int64_t e = 0; e < p->E; e++) {
@@ -205,10 +204,8 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
         /* the per-block path accumulates into zeroed pairs (cleared here but after the last expert); the segmented
            one overwrites them */
         const int clear = !w->seg && e + 1 < p->E;
-        if (!w->direct[0]) /* else already rounded into the output by the segmented GEMM */
-            mxfp8i_moe_store_expert(&grads->gate_up_proj_weight_grad, e, H * I2, w->dw1, skip, clear);
-        if (!w->direct[1])
-            mxfp8i_moe_store_expert(&grads->down_proj_weight_grad, e, I * H, w->dw2, skip, clear);
+        for (int i = 0; i < 2; i++) /* direct: already written into the output by the segmented GEMM */
+            if (!w->direct[i]) mxfp8i_moe_store_expert(w->wgrad[i], e, per[i], acc[i], skip, clear);
     }
     return MXFP8_OK;
 }

@@ -293,10 +293,11 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
     const int ns = w->nseg;
     /* where each weight gradient goes: expert e of the BF16 or F32 output (direct) or the FP32 accumulator, which
        starts every expert at +0 (zeroed once; each expert's segmented GEMM writes all of it) */
-    const mxfp8_dtype d1 = w->direct[0] ? w->out_dt[0] : MXFP8_DTYPE_F32, d2 = w->direct[1] ? w->out_dt[1] : MXFP8_DTYPE_F32;
+    const mxfp8_dtype d1 = w->direct[0] ? w->wgrad[0]->dtype : MXFP8_DTYPE_F32,
+                      d2 = w->direct[1] ? w->wgrad[1]->dtype : MXFP8_DTYPE_F32;
     const size_t es1 = mxfp8_dtype_size(d1), es2 = mxfp8_dtype_size(d2);
-    void *c1 = w->direct[0] ? (void *)((char *)w->out1 + (size_t)(e * H * I2) * es1) : (void *)w->dw1;
-    void *c2 = w->direct[1] ? (void *)((char *)w->out2 + (size_t)(e * I * H) * es2) : (void *)w->dw2;
+    void *c1 = w->direct[0] ? (void *)((char *)w->wgrad[0]->data + (size_t)(e * H * I2) * es1) : (void *)w->dw1;
+    void *c2 = w->direct[1] ? (void *)((char *)w->wgrad[1]->data + (size_t)(e * I * H) * es2) : (void *)w->dw2;
     if (ns == 0) { /* an expert with no tokens: zero weight gradients (the accumulators may hold the last expert's) */
         memset(c1, 0, es1 * (size_t)(H * I2)); /* +0 is all zero bits in BF16 and F32 */
         memset(c2, 0, es2 * (size_t)(I * H));

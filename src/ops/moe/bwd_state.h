@@ -36,8 +36,7 @@ typedef struct mxfp8i_moe_bwd {
                                           skip_grad_initialization: each expert's segmented GEMM writes it straight
                                           into the output (the same to_bf16 of the same FP32 sums, or those sums; no
                                           FP32 pass) */
-    mxfp8_dtype out_dt[2];           /**< their dtypes */
-    void *out1, *out2;               /**< the outputs' data (direct) */
+    const mxfp8_tensor *wgrad[2];    /**< the dW1, dW2 outputs (set by the driver before the first block) */
 } mxfp8i_moe_bwd;
 
 /** Test-only switch between the two weight-gradient paths (-1: by size, the default; 0: per block; 1: segmented).

@@ -24,7 +24,6 @@
 #include <math.h>
 
 #include "../../gemm/gemm.h"
-#include "../../kernels/expf.h"
 #include "../../quant/panel.h"
 #include "../../runtime/threads.h"
 #include "../../runtime/tensor.h"
@@ -239,21 +238,13 @@ static inline double mxfp8i_moe_beta_d(const mxfp8_moe_config *c) {
     return a->beta_from_config ? (double)c->swiglu_alpha : a->beta_d;
 }
 
-/** act(g) in FP32; the same expression everywhere (forward, checkpoints, recompute) so results are bitwise equal. */
-static inline float mxfp8i_moe_act(const mxfp8_moe_config *c, float g) {
-    if (mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SQUARED_RELU) {
-        float r = !(g <= 0.0f) ? g : 0.0f; /* NaN stays NaN */
-        return r * r;
-    }
-    return g * (1.0f / (1.0f + mxfp8i_expf1(-mxfp8i_moe_beta(c) * g)));
+/** The squared ReLU max(g, 0)^2 and its derivative 2 max(g, 0) in FP32 (NaN stays NaN); the sigmoid-gated
+ *  activations are computed a row at a time by act.c with the registry's exponential. */
+static inline float mxfp8i_moe_relu2(float g) {
+    float r = !(g <= 0.0f) ? g : 0.0f;
+    return r * r;
 }
-/** act'(g) in FP32. Sigmoid-gated: s(1 + beta g (1 - s)) with s = sigmoid(beta g); squared ReLU: 2 max(g, 0).
- *  act(NaN) = act'(NaN) = NaN for all. */
-static inline float mxfp8i_moe_dact(const mxfp8_moe_config *c, float g) {
-    if (mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SQUARED_RELU) return !(g <= 0.0f) ? 2.0f * g : 0.0f;
-    const float b = mxfp8i_moe_beta(c), s = 1.0f / (1.0f + mxfp8i_expf1(-b * g));
-    return s * (1.0f + b * g * (1.0f - s));
-}
+static inline float mxfp8i_moe_drelu2(float g) { return !(g <= 0.0f) ? 2.0f * g : 0.0f; }
 /** 1 for the activations g * sigmoid(beta g), whose sigmoid act.c keeps for act'(g). */
 static inline int mxfp8i_moe_sigmoid_act(const mxfp8_moe_config *c) {
     return mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SIGMOID_GATED;
