@@ -13,7 +13,8 @@
  *      (tile_m x tile_n x tile_k) run in tile_loop_order; each tile runs the microkernel over its MR x NR register
  *      tiles, accumulating in the owner's FP32 block buffer. k is ascending in every loop order, so the FP32 sum of
  *      every element is the same sequence of fused multiply-adds whatever the order, blocking or thread count.
- *   4. Epilogue: the owner rounds its block once to C's dtype (RNE), or adds it to C (accumulate, F32).
+ *   4. Epilogue: the owner rounds its block once to C's dtype (RNE), or adds it to C (accumulate, F32). A plain
+ *      F32 C with unit column stride needs none: the kernel accumulates in C itself (reloading a sum is exact).
  * Every GEMM thread runs under IEEE MXCSR defaults (src/runtime/fenv.h): the FP32 kernels' FMAs, the epilogue's
  * additions and conversions would otherwise follow a fast-math or flush-denormals caller.
  */
@@ -184,11 +185,9 @@ static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1,
                 for (int64_t n = 0; n < nn; n++) dst[n] = dst[n] + src[n];
             else
                 for (int64_t n = 0; n < nn; n++) dst[n * cs1] = dst[n * cs1] + src[n];
-        } else if (c->dtype == MXFP8_DTYPE_F32) {
+        } else if (c->dtype == MXFP8_DTYPE_F32) { /* strided columns (unit stride: run_block's direct case) */
             float *dst = (float *)c->data + m * cs0 + n0 * cs1;
-            if (cs1 == 1) memcpy(dst, src, (size_t)nn * sizeof(float));
-            else
-                for (int64_t n = 0; n < nn; n++) dst[n * cs1] = src[n];
+            for (int64_t n = 0; n < nn; n++) dst[n * cs1] = src[n];
         } else if (c->dtype == MXFP8_DTYPE_BF16) {
             uint16_t *dst = (uint16_t *)c->data + m * cs0 + n0 * cs1;
             if (cs1 == 1) x->to_bf16(src, x->ldcb, dst, cs0, 1, nn);
@@ -219,7 +218,11 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
         }
         Ablk = T_ABUF(x, tid);
     }
-    float *cb = T_CBLK(x, tid);
+    /* An F32 C with unit column stride, not accumulated into, is the accumulator itself: the kernel's partial sums
+     * go to C (reloading them is exact) and no epilogue copy is made. Otherwise the thread's block buffer. */
+    const int direct = !x->accumulate && x->c->dtype == MXFP8_DTYPE_F32 && x->c->strides[1] == 1;
+    float *cb = direct ? (float *)x->c->data + m0 * x->c->strides[0] + n0 : T_CBLK(x, tid);
+    const int64_t ldc = direct ? x->c->strides[0] : x->ldcb;
     int64_t tm = cfg->tile_m, tn = cfg->tile_n, tk = cfg->tile_k;
     int64_t lo[3] = {m0, n0, 0}, hi[3] = {m1, n1, K}, step[3] = {tm, tn, tk};
     int d[3];
@@ -237,10 +240,10 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
                     for (int64_t m = i[0]; m < tm1; m += uk->mr) {
                         const char *ap = Ablk + ((m - m0) / uk->mr) * x->pa_stride;
                         int mr = (int)(tm1 - m < uk->mr ? tm1 - m : uk->mr);
-                        float *ct = cb + (m - m0) * x->ldcb + (n - n0);
-                        uk->run(k0, kc, ap, bp, ct, x->ldcb, mr, nr, k0 > 0);
+                        float *ct = cb + (m - m0) * ldc + (n - n0);
+                        uk->run(k0, kc, ap, bp, ct, ldc, mr, nr, k0 > 0);
                         /* the micro-tile is final after its last k chunk: written out while it is in L1 */
-                        if (k0 + kc == K) epilogue(x, ct, m, m + mr, n, n + nr);
+                        if (k0 + kc == K && !direct) epilogue(x, ct, m, m + mr, n, n + nr);
                     }
                 }
             }
