@@ -699,12 +699,16 @@ MXFP8_API mxfp8_status mxfp8_bias_grad(const mxfp8_tensor *output_grad, mxfp8_te
  *          after the chain.
  *  logits: [T, E], F32, any strides that address distinct elements, not overlapping an input. Every element is
  *          written (T, E, H >= 0; H = 0 gives the bias, or +0).
+ *  workspace: NULL (the packed operand and the threads' scratch are allocated and freed by the call) or a workspace
+ *             kept across calls, so that a call no larger than an earlier one allocates nothing ("Workspace and
+ *             memory"); results never depend on it.
  *  Errors: NULL_POINTER (input, weight, logits or a view's data), DTYPE, SHAPE_MISMATCH (ranks 2 / 2 / 1 / 2,
  *  weight's H differs from input's, bias length != E, logits not [T, E]), SIZE_OVERFLOW, BAD_STRIDES (logits'
  *  elements overlap), ALIASING (logits overlaps input, weight or bias), OUT_OF_MEMORY (the packed operands, obtained
  *  before the first store). Thread-safe. */
 MXFP8_API mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *weight,
-                                           const mxfp8_tensor *bias, mxfp8_tensor *logits);
+                                           const mxfp8_tensor *bias, mxfp8_tensor *logits,
+                                           mxfp8_workspace *workspace);
 
 /** Input gradient of mxfp8_router_linear: dx[t, h] = fmaf chain over e ascending from +0 of
  *  logits_grad[t, e] * weight[e, h], in FP32, then input_grad[t, h] = RNE(dx) (accumulate == 0) or
@@ -714,11 +718,15 @@ MXFP8_API mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp
  *  weight:      W [E, H], F32, BF16 or F16, any strides.
  *  input_grad:  [T, H], F32, BF16 or F16, any strides that address distinct elements, not overlapping an input;
  *               every element written (E = 0 gives +0, or the old value).
+ *  workspace: NULL (the packed operand and the threads' scratch are allocated and freed by the call) or a workspace
+ *             kept across calls, so that a call no larger than an earlier one allocates nothing ("Workspace and
+ *             memory"); results never depend on it.
  *  Errors: NULL_POINTER, DTYPE, SHAPE_MISMATCH (ranks 2, weight's E differs from logits_grad's, input_grad not
  *  [T, H]), SIZE_OVERFLOW, BAD_STRIDES, ALIASING (input_grad overlaps logits_grad or weight), OUT_OF_MEMORY; nothing
  *  is written then. Thread-safe. */
 MXFP8_API mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *weight,
-                                                      int accumulate, mxfp8_tensor *input_grad);
+                                                      int accumulate, mxfp8_tensor *input_grad,
+                                                      mxfp8_workspace *workspace);
 
 /** Weight gradient of mxfp8_router_linear: dw[e, h] = fmaf chain over t ascending from +0 of
  *  logits_grad[t, e] * input[t, h], in FP32, then weight_grad[e, h] = RNE(dw) (accumulate == 0) or RNE(old + dw)
@@ -729,11 +737,15 @@ MXFP8_API mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits
  *  input:       X [T, H], F32, BF16 or F16, any strides.
  *  weight_grad: [E, H], F32, BF16 or F16, any strides that address distinct elements, not overlapping an input;
  *               every element written (T = 0 gives +0, or the old value).
+ *  workspace: NULL (the packed operand and the threads' scratch are allocated and freed by the call) or a workspace
+ *             kept across calls, so that a call no larger than an earlier one allocates nothing ("Workspace and
+ *             memory"); results never depend on it.
  *  Errors: NULL_POINTER, DTYPE, SHAPE_MISMATCH (ranks 2, input's T differs from logits_grad's, weight_grad not
  *  [E, H]), SIZE_OVERFLOW, BAD_STRIDES, ALIASING (weight_grad overlaps logits_grad or input), OUT_OF_MEMORY; nothing
  *  is written then. Thread-safe. */
 MXFP8_API mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *input,
-                                                       int accumulate, mxfp8_tensor *weight_grad);
+                                                       int accumulate, mxfp8_tensor *weight_grad,
+                                                       mxfp8_workspace *workspace);
 
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -1027,8 +1039,9 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
 /* Workspace and memory                                                                                           */
 /* ------------------------------------------------------------------------------------------------------------ */
 /*
- * Scratch memory. The GEMM, matmul and MoE entry points take a workspace (config->workspace for mxfp8_gemm and
- * mxfp8_matmul, args->workspace for mxfp8_matmul_backward, mxfp8_moe_forward and mxfp8_moe_backward). With NULL, a
+ * Scratch memory. The GEMM, matmul, router and MoE entry points take a workspace (config->workspace for mxfp8_gemm
+ * and mxfp8_matmul, args->workspace for mxfp8_matmul_backward, mxfp8_moe_forward and mxfp8_moe_backward, the last
+ * argument of mxfp8_router_linear and its gradients). With NULL, a
  * call allocates its scratch on the heap (aligned_alloc) after validation and before the first store and frees all
  * of it before returning. With a workspace, its memory is kept for the next call: a call whose problem is no larger
  * in any buffer than an earlier one on the same workspace allocates nothing. Either way a call that cannot get its
@@ -1058,6 +1071,9 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *   mxfp8_matmul_backward: the larger of the two GEMMs (dX: [M, K] contracting N; dW: [N, K] contracting M), plus
  *     4 M N when dY is pre-quantized or swizzled (its FP32 values for the dW phase).
  *   mxfp8_moe_route: 16 E + OMP (per-expert counters).
+ *   mxfp8_router_linear, with E' = E rounded up to 8: the weight in FP32 panels, 4 E' (H + 1), and per thread
+ *     4 (32 min(H, 512) + 32 E' + 16); the input gradient: 4 (H + 31) max(E, 1) and per thread 4 (8 E + 16 + 8 H);
+ *     the weight gradient: 4 E' (T + 1) and per thread 4 (32 min(T, 512) + 32 E' + 48); each + 2048 + OMP.
  *   mxfp8_moe_forward / mxfp8_moe_backward, with B' = min(B, T): an FP32 accumulator of the token output, 4 T H
  *     (forward: output; backward: dX); the backward runs expert-major and keeps dW1, dW2 of the current expert in
  *     FP32 in the expert's weight scratch below (no extra bytes), rounding each finished expert straight into the

@@ -513,9 +513,9 @@ _SIGNATURES = {
     "mxfp8_matmul_bwd_args_init": (None, [_P]),
     "mxfp8_matmul_backward": (_I, [_P, _P, _P]),
     "mxfp8_bias_grad": (_I, [_P, _P]),
-    "mxfp8_router_linear": (_I, [_P, _P, _P, _P]),
-    "mxfp8_router_linear_input_grad": (_I, [_P, _P, _I, _P]),
-    "mxfp8_router_linear_weight_grad": (_I, [_P, _P, _I, _P]),
+    "mxfp8_router_linear": (_I, [_P, _P, _P, _P, _P]),
+    "mxfp8_router_linear_input_grad": (_I, [_P, _P, _I, _P, _P]),
+    "mxfp8_router_linear_weight_grad": (_I, [_P, _P, _I, _P, _P]),
     "mxfp8_gemm_golden_unquantized": (_I, [_P, _P, _I, _P]),
     "mxfp8_gemm_golden_quantized": (_I, [_P, _P, _P, _P]),
     "mxfp8_compare": (_I, [_P, _P, ctypes.c_double, ctypes.c_double, _P]),
@@ -660,7 +660,7 @@ _tls = threading.local()
 
 def workspace():
     """The calling thread's workspace handle (a void pointer value), created on first use: repeated calls of the
-    GEMM, matmul and MoE functions on one thread then reuse their scratch memory instead of allocating it."""
+    GEMM, matmul, router and MoE functions on one thread then reuse their scratch memory instead of allocating it."""
     ws = getattr(_tls, "ws", None)
     if ws is None:
         ws = _tls.ws = _Workspace()

@@ -11,7 +11,8 @@
  * element, and splitting the contraction into chunks with load_c is exact). No quantization: the operands are
  * packed as FP32 values (BF16 / FP16 widened exactly). Rows past the tensor's end in a panel are zeros, which touch
  * only the padded outputs, never stored. Threads split tiles of outputs (tokens for the forward and the input
- * gradient, hidden columns for the weight gradient), never a chain.
+ * gradient, hidden columns for the weight gradient), never a chain. The packed operand and the threads' scratch are
+ * slots of the caller's workspace (src/runtime/workspace.h), obtained after the checks and before the first store.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "../runtime/fenv.h"
 #include "../runtime/tensor.h"
 #include "../runtime/threads.h"
+#include "../runtime/workspace.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -122,13 +124,13 @@ static void pack_cols(const mat *m, int64_t c0, int cols, int64_t k0, int64_t kc
 
 static int imin(int64_t a, int64_t b) { return (int)(a < b ? a : b); }
 
-/* 64-byte aligned scratch of n floats (NULL on overflow or failure). */
-static float *alloc_floats(int64_t n) {
+/* 64-byte aligned scratch of n floats: slot `slot` of the open workspace scope (NULL on overflow or failure). */
+static float *ws_floats(int slot, int64_t n) {
     int64_t bytes;
     if (!mxfp8i_mul_size(n < 16 ? 16 : n, (int64_t)sizeof(float), &bytes)) return NULL;
     bytes = mxfp8i_round_up(bytes, 64);
     if ((uint64_t)bytes > (uint64_t)SIZE_MAX) return NULL;
-    return (float *)aligned_alloc(64, (size_t)bytes);
+    return (float *)mxfp8i_ws_get(slot, (size_t)bytes);
 }
 
 /* Threads for `work` multiply-adds split over `tiles` units (the bits do not depend on it). */
@@ -160,7 +162,7 @@ static mxfp8_status check_out(const char *fn, const char *name, const mxfp8_tens
 /* ---- forward ------------------------------------------------------------------------------------------------- */
 
 mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *weight, const mxfp8_tensor *bias,
-                                 mxfp8_tensor *logits) {
+                                 mxfp8_tensor *logits, mxfp8_workspace *workspace) {
     static const char *fn = "mxfp8_router_linear";
     mxfp8i_clear_error();
     MXFP8I_FORWARD_IF_ERROR(check_in(fn, "input", input));
@@ -194,9 +196,13 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
     MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(EP, wlen, &wn) || !mxfp8i_mul_size(nt, per, &sn), MXFP8_ERR_SIZE_OVERFLOW,
                            "%s: the packed weight of [%lld, %lld] does not fit in memory", fn, (long long)E,
                            (long long)H);
-    float *wp = alloc_floats(wn), *scratch = alloc_floats(sn), *bv = alloc_floats(EP * MR);
+    mxfp8i_scope scope;
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate a workspace", fn);
+    float *wp = ws_floats(MXFP8I_WS_ROUTER_PANELS, wn), *scratch = ws_floats(MXFP8I_WS_ROUTER_SCRATCH, sn);
+    float *bv = ws_floats(MXFP8I_WS_ROUTER_BIAS, EP * MR);
     if (!wp || !scratch || !bv) {
-        free(wp), free(scratch), free(bv);
+        mxfp8i_scope_end(&scope);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
                             (long long)(wn + sn));
     }
@@ -229,7 +235,7 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
                 out[(t0 + j) * ors + e * ocs] = has_bias ? ct[e * NR + j] + bv[e] : ct[e * NR + j];
         mxfp8i_fenv_leave(csr);
     }
-    free(wp), free(scratch), free(bv);
+    mxfp8i_scope_end(&scope);
     return MXFP8_OK;
 }
 
@@ -262,7 +268,7 @@ static void store_row(const mxfp8_tensor *dst, int64_t r, int64_t c0, int64_t n,
 }
 
 mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *weight, int accumulate,
-                                            mxfp8_tensor *input_grad) {
+                                            mxfp8_tensor *input_grad, mxfp8_workspace *workspace) {
     static const char *fn = "mxfp8_router_linear_input_grad";
     mxfp8i_clear_error();
     MXFP8I_FORWARD_IF_ERROR(check_in(fn, "logits_grad", logits_grad));
@@ -290,9 +296,12 @@ mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, con
                                !mxfp8i_mul_size(nt, alen + strip, &sn),
                            MXFP8_ERR_SIZE_OVERFLOW, "%s: the packed weight of [%lld, %lld] does not fit in memory", fn,
                            (long long)E, (long long)H);
-    float *wp = alloc_floats(wn), *scratch = alloc_floats(sn);
+    mxfp8i_scope scope;
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate a workspace", fn);
+    float *wp = ws_floats(MXFP8I_WS_ROUTER_PANELS, wn), *scratch = ws_floats(MXFP8I_WS_ROUTER_SCRATCH, sn);
     if (!wp || !scratch) {
-        free(wp), free(scratch);
+        mxfp8i_scope_end(&scope);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
                             (long long)(wn + sn));
     }
@@ -328,12 +337,12 @@ mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, con
             for (int i = 0; i < mr; ++i) store_row(input_grad, t0 + i, 0, H, rows + i * H, accumulate);
         mxfp8i_fenv_leave(csr);
     }
-    free(wp), free(scratch);
+    mxfp8i_scope_end(&scope);
     return MXFP8_OK;
 }
 
 mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, const mxfp8_tensor *input, int accumulate,
-                                             mxfp8_tensor *weight_grad) {
+                                             mxfp8_tensor *weight_grad, mxfp8_workspace *workspace) {
     static const char *fn = "mxfp8_router_linear_weight_grad";
     mxfp8i_clear_error();
     MXFP8I_FORWARD_IF_ERROR(check_in(fn, "logits_grad", logits_grad));
@@ -360,9 +369,12 @@ mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, co
     MXFP8I_RETURN_ERROR_IF(!mxfp8i_mul_size(EP, alen, &an) || !mxfp8i_mul_size(nt, per, &sn), MXFP8_ERR_SIZE_OVERFLOW,
                            "%s: the packed logits_grad of [%lld, %lld] does not fit in memory", fn, (long long)T,
                            (long long)E);
-    float *ap = alloc_floats(an), *scratch = alloc_floats(sn);
+    mxfp8i_scope scope;
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate a workspace", fn);
+    float *ap = ws_floats(MXFP8I_WS_ROUTER_PANELS, an), *scratch = ws_floats(MXFP8I_WS_ROUTER_SCRATCH, sn);
     if (!ap || !scratch) {
-        free(ap), free(scratch);
+        mxfp8i_scope_end(&scope);
         return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
                             (long long)(an + sn));
     }
@@ -388,6 +400,6 @@ mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, co
         for (int64_t e = 0; e < E; ++e) store_row(weight_grad, e, h0, nr, ct + e * NR, accumulate);
         mxfp8i_fenv_leave(csr);
     }
-    free(ap), free(scratch);
+    mxfp8i_scope_end(&scope);
     return MXFP8_OK;
 }

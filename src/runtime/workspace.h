@@ -38,6 +38,10 @@ enum {
     MXFP8I_WS_STATS_ACC,
     MXFP8I_WS_STATS_CODES,
     MXFP8I_WS_STATS_F32,
+    /* the router's linear layer and its gradients (src/ops/router.c): packed operand, per-thread scratch, bias */
+    MXFP8I_WS_ROUTER_PANELS,
+    MXFP8I_WS_ROUTER_SCRATCH,
+    MXFP8I_WS_ROUTER_BIAS,
     MXFP8I_WS_MOE_BUF0,
     MXFP8I_WS_NSLOTS = MXFP8I_WS_MOE_BUF0 + 32
 };

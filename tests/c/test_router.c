@@ -98,6 +98,10 @@ typedef struct shape {
     int64_t T, H, E;
 } shape;
 
+/* One workspace kept across every case (shapes growing and shrinking, stale contents): the 2-thread calls use it, the
+ * others allocate per call; the bits must not depend on it. */
+static mxfp8_workspace *g_ws;
+
 /* One problem: every kernel, 1..3 threads, against the oracle. */
 static void run_case(shape s, int variant, tu_rng *rng, const mxfp8i_ukernel *const *kernels) {
     const mxfp8_dtype dts[3] = {MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16};
@@ -132,13 +136,14 @@ static void run_case(shape s, int variant, tu_rng *rng, const mxfp8i_ukernel *co
         TU_CHECK(mxfp8i_f32_ukernel() == *kp, "the forced kernel %s is the router's", (*kp)->name);
         for (int nt = 1; nt <= 3; ++nt) {
             mxfp8_set_num_threads(nt);
+            mxfp8_workspace *ws = nt == 2 ? g_ws : NULL;
             char what[200];
             snprintf(what, sizeof what,
                      "T %lld H %lld E %lld variant %d (x %s w %s dl %s, dx %s dw %s, acc %d) %s nt %d", (long long)T,
                      (long long)H, (long long)E, variant, dn(xd), dn(wd), dn(dl.v.dtype), dn(gd), dn(wgd), acc,
                      (*kp)->name, nt);
             mat lg = make(T, E, MXFP8_DTYPE_F32, (lay + 1) % 3, rng, 0, 1);
-            TU_CHECK(mxfp8_router_linear(&x.v, &w.v, bias, &lg.v) == MXFP8_OK, "%s: %s", what,
+            TU_CHECK(mxfp8_router_linear(&x.v, &w.v, bias, &lg.v, ws) == MXFP8_OK, "%s: %s", what,
                      mxfp8_last_error_message());
             long bad = 0;
             for (int64_t t = 0; t < T; ++t)
@@ -147,9 +152,9 @@ static void run_case(shape s, int variant, tu_rng *rng, const mxfp8i_ukernel *co
 
             mat gx = make(T, H, gd, variant == 0 || variant == 2 ? 0 : (lay + 2) % 3, rng, -1, 3),
                 gw = make(E, H, wgd, lay, rng, -1, 3);
-            TU_CHECK(mxfp8_router_linear_input_grad(&dl.v, &w.v, acc, &gx.v) == MXFP8_OK, "%s: %s", what,
+            TU_CHECK(mxfp8_router_linear_input_grad(&dl.v, &w.v, acc, &gx.v, ws) == MXFP8_OK, "%s: %s", what,
                      mxfp8_last_error_message());
-            TU_CHECK(mxfp8_router_linear_weight_grad(&dl.v, &x.v, acc, &gw.v) == MXFP8_OK, "%s: %s", what,
+            TU_CHECK(mxfp8_router_linear_weight_grad(&dl.v, &x.v, acc, &gw.v, ws) == MXFP8_OK, "%s: %s", what,
                      mxfp8_last_error_message());
             bad = 0;
             for (int64_t t = 0; t < T; ++t)
@@ -178,7 +183,7 @@ static void run_case(shape s, int variant, tu_rng *rng, const mxfp8i_ukernel *co
                     mxfp8_tensor lv = mxfp8_tensor_make(l1, MXFP8_DTYPE_F32, 2, sl);
                     mxfp8_tensor gv = mxfp8_tensor_make(g1, MXFP8_DTYPE_F32, 2, sg);
                     if (E <= 64) {
-                        TU_CHECK(mxfp8_router_linear(&xs, &w.v, bias, &lv) == MXFP8_OK, "rows alone: %s",
+                        TU_CHECK(mxfp8_router_linear(&xs, &w.v, bias, &lv, NULL) == MXFP8_OK, "rows alone: %s",
                                  mxfp8_last_error_message());
                         for (int64_t i = 0; i < n * E; ++i)
                             TU_CHECK(tu_f32_bits(l1[i]) == tu_f32_bits(lo[r0 * E + i]),
@@ -186,7 +191,7 @@ static void run_case(shape s, int variant, tu_rng *rng, const mxfp8i_ukernel *co
                                      "alone differ from the batch's, %s",
                                      (long long)r0, (long long)n, what);
                     }
-                    TU_CHECK(mxfp8_router_linear_input_grad(&ds, &w.v, 0, &gv) == MXFP8_OK, "rows alone: %s",
+                    TU_CHECK(mxfp8_router_linear_input_grad(&ds, &w.v, 0, &gv, NULL) == MXFP8_OK, "rows alone: %s",
                              mxfp8_last_error_message());
                     for (int64_t i = 0; i < n * H; ++i)
                         TU_CHECK(tu_f32_bits(g1[i]) == tu_f32_bits(dxo[r0 * H + i]),
@@ -221,9 +226,9 @@ static void mxcsr_case(tu_rng *rng) {
     unsigned old = _mm_getcsr();
     _mm_setcsr(old | 0x8040u); /* FTZ | DAZ */
     unsigned before = _mm_getcsr();
-    mxfp8_status s1 = mxfp8_router_linear(&x.v, &w.v, NULL, &lg.v);
-    mxfp8_status s2 = mxfp8_router_linear_input_grad(&dl.v, &w.v, 0, &gx.v);
-    mxfp8_status s3 = mxfp8_router_linear_weight_grad(&dl.v, &x.v, 0, &gw.v);
+    mxfp8_status s1 = mxfp8_router_linear(&x.v, &w.v, NULL, &lg.v, NULL);
+    mxfp8_status s2 = mxfp8_router_linear_input_grad(&dl.v, &w.v, 0, &gx.v, NULL);
+    mxfp8_status s3 = mxfp8_router_linear_weight_grad(&dl.v, &x.v, 0, &gw.v, NULL);
     unsigned after = _mm_getcsr();
     _mm_setcsr(old);
     TU_CHECK(s1 == MXFP8_OK && s2 == MXFP8_OK && s3 == MXFP8_OK, "MXCSR case: %s", mxfp8_last_error_message());
@@ -251,9 +256,9 @@ static void negative_zero(void) {
     float want[6];
     orc_router_logits(x, w, NULL, 2, 40, 3, want);
     TU_CHECK(tu_f32_bits(want[0]) == 0x80000000u, "the oracle's chain ends at -0");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw, NULL, &vl) == MXFP8_OK, "%s", mxfp8_last_error_message());
-    TU_CHECK(mxfp8_router_linear_input_grad(&vd, &vw, 0, &vgx) == MXFP8_OK, "%s", mxfp8_last_error_message());
-    TU_CHECK(mxfp8_router_linear_weight_grad(&vd, &vx, 0, &vgw) == MXFP8_OK, "%s", mxfp8_last_error_message());
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, NULL, &vl, NULL) == MXFP8_OK, "%s", mxfp8_last_error_message());
+    TU_CHECK(mxfp8_router_linear_input_grad(&vd, &vw, 0, &vgx, NULL) == MXFP8_OK, "%s", mxfp8_last_error_message());
+    TU_CHECK(mxfp8_router_linear_weight_grad(&vd, &vx, 0, &vgw, NULL) == MXFP8_OK, "%s", mxfp8_last_error_message());
     for (int i = 0; i < 6; ++i) TU_CHECK(tu_f32_bits(lg[i]) == 0x80000000u, "logits[%d] = %g is not -0", i, lg[i]);
     for (int i = 0; i < 80; ++i) TU_CHECK(tu_f32_bits(gx[i]) == 0x80000000u, "input_grad[%d] is not -0", i);
     for (int i = 0; i < 120; ++i) TU_CHECK(tu_f32_bits(gw[i]) == 0x00000000u, "weight_grad[%d] is not +0", i);
@@ -279,27 +284,27 @@ static void errors(void) {
     vo_z.strides[0] = 0;
     vx_i.dtype = MXFP8_DTYPE_I32;
     for (int i = 0; i < 16; ++i) out[i] = -7.0f;
-    TU_CHECK(mxfp8_router_linear(NULL, &vw, NULL, &vo) == MXFP8_ERR_NULL_POINTER, "NULL input");
+    TU_CHECK(mxfp8_router_linear(NULL, &vw, NULL, &vo, NULL) == MXFP8_ERR_NULL_POINTER, "NULL input");
     MSG_HAS("input");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw, NULL, NULL) == MXFP8_ERR_NULL_POINTER, "NULL logits");
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, NULL, NULL, NULL) == MXFP8_ERR_NULL_POINTER, "NULL logits");
     MSG_HAS("logits");
-    TU_CHECK(mxfp8_router_linear(&vnull, &vw, NULL, &vo) == MXFP8_ERR_NULL_POINTER, "NULL data");
-    TU_CHECK(mxfp8_router_linear(&vx_i, &vw, NULL, &vo) == MXFP8_ERR_DTYPE, "input dtype");
+    TU_CHECK(mxfp8_router_linear(&vnull, &vw, NULL, &vo, NULL) == MXFP8_ERR_NULL_POINTER, "NULL data");
+    TU_CHECK(mxfp8_router_linear(&vx_i, &vw, NULL, &vo, NULL) == MXFP8_ERR_DTYPE, "input dtype");
     MSG_HAS("input");
-    TU_CHECK(mxfp8_router_linear(&vx3, &vw, NULL, &vo) == MXFP8_ERR_SHAPE_MISMATCH, "input rank");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw4, NULL, &vo) == MXFP8_ERR_SHAPE_MISMATCH, "H differs");
+    TU_CHECK(mxfp8_router_linear(&vx3, &vw, NULL, &vo, NULL) == MXFP8_ERR_SHAPE_MISMATCH, "input rank");
+    TU_CHECK(mxfp8_router_linear(&vx, &vw4, NULL, &vo, NULL) == MXFP8_ERR_SHAPE_MISMATCH, "H differs");
     MSG_HAS("weight");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb3, &vo) == MXFP8_ERR_SHAPE_MISMATCH, "bias length");
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb3, &vo, NULL) == MXFP8_ERR_SHAPE_MISMATCH, "bias length");
     MSG_HAS("bias");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo_bf) == MXFP8_ERR_DTYPE, "logits dtype");
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo_bf, NULL) == MXFP8_ERR_DTYPE, "logits dtype");
     MSG_HAS("logits");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo_sh) == MXFP8_ERR_SHAPE_MISMATCH, "logits shape");
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo_sh, NULL) == MXFP8_ERR_SHAPE_MISMATCH, "logits shape");
     MSG_HAS("[4, 2]");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo_z) == MXFP8_ERR_BAD_STRIDES, "logits zero stride");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo_al) == MXFP8_ERR_ALIASING, "logits overlaps input");
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo_z, NULL) == MXFP8_ERR_BAD_STRIDES, "logits zero stride");
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo_al, NULL) == MXFP8_ERR_ALIASING, "logits overlaps input");
     MSG_HAS("input");
     for (int i = 0; i < 16; ++i) TU_CHECK(out[i] == -7.0f, "written on error");
-    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo) == MXFP8_OK, "good call: %s", mxfp8_last_error_message());
+    TU_CHECK(mxfp8_router_linear(&vx, &vw, &vb, &vo, NULL) == MXFP8_OK, "good call: %s", mxfp8_last_error_message());
     /* [[1,2,3],...] @ [[1,0,0],[1,1,1]]^T + [10, 20] */
     const float want[8] = {11, 26, 14, 35, 17, 44, 20, 53};
     for (int i = 0; i < 8; ++i) TU_CHECK(out[i] == want[i], "logits[%d] = %g, expected %g", i, out[i], want[i]);
@@ -316,25 +321,25 @@ static void errors(void) {
                  vgx_bad = mxfp8_tensor_make(gxb, MXFP8_DTYPE_F32, 2, sbad);
     mxfp8_tensor vgw_i = vgw, vgx_al = mxfp8_tensor_make(out, MXFP8_DTYPE_F32, 2, sgx), vw_e = vx;
     vgw_i.dtype = MXFP8_DTYPE_I32;
-    TU_CHECK(mxfp8_router_linear_input_grad(NULL, &vw, 0, &vgx) == MXFP8_ERR_NULL_POINTER, "dx: NULL");
+    TU_CHECK(mxfp8_router_linear_input_grad(NULL, &vw, 0, &vgx, NULL) == MXFP8_ERR_NULL_POINTER, "dx: NULL");
     MSG_HAS("logits_grad");
-    TU_CHECK(mxfp8_router_linear_input_grad(&vdl, &vw_e, 0, &vgx) == MXFP8_ERR_SHAPE_MISMATCH, "dx: E differs");
+    TU_CHECK(mxfp8_router_linear_input_grad(&vdl, &vw_e, 0, &vgx, NULL) == MXFP8_ERR_SHAPE_MISMATCH, "dx: E differs");
     MSG_HAS("weight");
-    TU_CHECK(mxfp8_router_linear_input_grad(&vdl, &vw, 0, &vgx_bad) == MXFP8_ERR_SHAPE_MISMATCH, "dx: shape");
+    TU_CHECK(mxfp8_router_linear_input_grad(&vdl, &vw, 0, &vgx_bad, NULL) == MXFP8_ERR_SHAPE_MISMATCH, "dx: shape");
     MSG_HAS("input_grad");
-    TU_CHECK(mxfp8_router_linear_input_grad(&vdl, &vw, 1, &vgx_al) == MXFP8_ERR_ALIASING, "dx: alias");
-    TU_CHECK(mxfp8_router_linear_weight_grad(&vdl, &vx, 0, &vgw_i) == MXFP8_ERR_DTYPE, "dw: dtype");
+    TU_CHECK(mxfp8_router_linear_input_grad(&vdl, &vw, 1, &vgx_al, NULL) == MXFP8_ERR_ALIASING, "dx: alias");
+    TU_CHECK(mxfp8_router_linear_weight_grad(&vdl, &vx, 0, &vgw_i, NULL) == MXFP8_ERR_DTYPE, "dw: dtype");
     MSG_HAS("weight_grad");
-    TU_CHECK(mxfp8_router_linear_weight_grad(&vdl, &vw, 0, &vgw) == MXFP8_ERR_SHAPE_MISMATCH, "dw: T differs");
+    TU_CHECK(mxfp8_router_linear_weight_grad(&vdl, &vw, 0, &vgw, NULL) == MXFP8_ERR_SHAPE_MISMATCH, "dw: T differs");
     MSG_HAS("input");
-    TU_CHECK(mxfp8_router_linear_weight_grad(&vdl, &vx, 0, &vdl) == MXFP8_ERR_SHAPE_MISMATCH, "dw: shape");
+    TU_CHECK(mxfp8_router_linear_weight_grad(&vdl, &vx, 0, &vdl, NULL) == MXFP8_ERR_SHAPE_MISMATCH, "dw: shape");
     for (int i = 0; i < 12; ++i) TU_CHECK(gxb[i] == -7.0f, "dx written on error");
     for (int i = 0; i < 6; ++i) TU_CHECK(gwb[i] == -7.0f, "dw written on error");
     /* accumulate adds to the old values: dx = -7 + dl @ w, dw = -7 + dl^T @ x */
-    TU_CHECK(mxfp8_router_linear_input_grad(&vdl, &vw, 1, &vgx) == MXFP8_OK, "dx: %s", mxfp8_last_error_message());
+    TU_CHECK(mxfp8_router_linear_input_grad(&vdl, &vw, 1, &vgx, NULL) == MXFP8_OK, "dx: %s", mxfp8_last_error_message());
     TU_CHECK(gxb[0] == -7 + 11 + 26 && gxb[1] == -7 + 26 && gxb[2] == -7 + 26, "dx row 0: %g %g %g", gxb[0], gxb[1],
              gxb[2]);
-    TU_CHECK(mxfp8_router_linear_weight_grad(&vdl, &vx, 0, &vgw) == MXFP8_OK, "dw: %s", mxfp8_last_error_message());
+    TU_CHECK(mxfp8_router_linear_weight_grad(&vdl, &vx, 0, &vgw, NULL) == MXFP8_OK, "dw: %s", mxfp8_last_error_message());
     TU_CHECK(gwb[0] == 11 * 1 + 14 * 4 + 17 * 7 + 20 * 10, "dw[0, 0] = %g", gwb[0]);
 }
 
@@ -348,6 +353,7 @@ int main(void) {
     kernels[nk] = NULL;
     TU_CHECK(nk >= 1, "the reference F32 kernel is usable");
     printf("test_router: %d F32-panel kernel(s)\n", nk);
+    TU_CHECK(mxfp8_workspace_create(&g_ws) == MXFP8_OK, "workspace_create");
 
     const shape shapes[] = {{1, 1, 1},   {0, 5, 3},    {3, 0, 4},      {5, 7, 0},     {2, 33, 8},    {9, 31, 9},
                             {33, 64, 8}, {40, 513, 5}, {70, 1100, 17}, {300, 128, 8}, {1100, 40, 8}, {65, 96, 64}};
@@ -358,5 +364,6 @@ int main(void) {
 #endif
     negative_zero();
     errors();
+    mxfp8_workspace_destroy(g_ws);
     return tu_finish("test_router");
 }

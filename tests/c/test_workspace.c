@@ -511,6 +511,104 @@ static void test_reuse(void) {
     free(mx), free(w1), free(w2), free(mdy), free(g0), free(g1), free(y0), free(y1);
 }
 
+/* The router's linear layer and its gradients: the peak heap use without a workspace against the documented bound,
+ * and with one: repeated calls allocate nothing and give the same bits. H > 512 and T > 512 take several
+ * contraction chunks; E = 17 is not a multiple of the 8-row panels. */
+static void test_router(void) {
+    enum { T = 600, H = 530, E = 17 };
+    float *x = frand(T * H, 41), *w = frand(E * H, 42), *b = frand(E, 43), *dl = frand(T * E, 44);
+    float *lg[2] = {tu_alloc(T * E * 4), tu_alloc(T * E * 4)}, *dx[2] = {tu_alloc(T * H * 4), tu_alloc(T * H * 4)};
+    float *dw[2] = {tu_alloc(E * H * 4), tu_alloc(E * H * 4)};
+    mxfp8_tensor tx = mxfp8_tensor_make(x, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+    mxfp8_tensor tw = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, (const int64_t[]){E, H});
+    mxfp8_tensor tb = mxfp8_tensor_make(b, MXFP8_DTYPE_F32, 1, (const int64_t[]){E});
+    mxfp8_tensor td = mxfp8_tensor_make(dl, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, E});
+    mxfp8_tensor tl[2], tdx[2], tdw[2];
+    for (int v = 0; v < 2; v++) {
+        tl[v] = mxfp8_tensor_make(lg[v], MXFP8_DTYPE_F32, 2, (const int64_t[]){T, E});
+        tdx[v] = mxfp8_tensor_make(dx[v], MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+        tdw[v] = mxfp8_tensor_make(dw[v], MXFP8_DTYPE_F32, 2, (const int64_t[]){E, H});
+    }
+    const int64_t Ep = rup(E, 8);
+    mxfp8_workspace *ws = NULL;
+    TU_CHECK(mxfp8_workspace_create(&ws) == MXFP8_OK && ws, "workspace_create");
+    for (int nt = 1; nt <= 2; nt++) {
+        mxfp8_set_num_threads(nt);
+        mxfp8_info info;
+        mxfp8_get_info(&info);
+        const int64_t P = info.num_threads, extra = 2048 + omp_overhead(info.num_threads);
+        const int64_t bf = 4 * Ep * (H + 1) + P * 4 * (32 * (H < 512 ? H : 512) + 32 * Ep + 16) + extra;
+        const int64_t bi = 4 * (H + 31) * E + P * 4 * (8 * E + 16 + 8 * H) + extra;
+        const int64_t bw = 4 * Ep * (T + 1) + P * 4 * (32 * (T < 512 ? T : 512) + 32 * Ep + 48) + extra;
+        TU_CHECK(mxfp8_router_linear(&tx, &tw, &tb, &tl[0], NULL) == MXFP8_OK, "router_linear: %s",
+                 mxfp8_last_error_message());
+        ws_mark m = ws_begin();
+        mxfp8_router_linear(&tx, &tw, &tb, &tl[0], NULL);
+        report("mxfp8_router_linear [600, 530] x [17, 530]", ws_end(m, "router_linear"), bf);
+        m = ws_begin();
+        TU_CHECK(mxfp8_router_linear_input_grad(&td, &tw, 0, &tdx[0], NULL) == MXFP8_OK, "router input grad: %s",
+                 mxfp8_last_error_message());
+        report("mxfp8_router_linear_input_grad", ws_end(m, "router_linear_input_grad"), bi);
+        m = ws_begin();
+        TU_CHECK(mxfp8_router_linear_weight_grad(&td, &tx, 0, &tdw[0], NULL) == MXFP8_OK, "router weight grad: %s",
+                 mxfp8_last_error_message());
+        report("mxfp8_router_linear_weight_grad", ws_end(m, "router_linear_weight_grad"), bw);
+        /* with a workspace: the first calls grow it, the repeated ones allocate nothing */
+        mxfp8_router_linear(&tx, &tw, &tb, &tl[1], ws);
+        mxfp8_router_linear_input_grad(&td, &tw, 0, &tdx[1], ws);
+        mxfp8_router_linear_weight_grad(&td, &tx, 0, &tdw[1], ws);
+        const size_t held = mxfp8_workspace_bytes(ws);
+        for (int rep = 0; rep < 2; rep++) {
+            memset(lg[1], 0, T * E * 4), memset(dx[1], 0, T * H * 4), memset(dw[1], 0, E * H * 4);
+            const int64_t c0 = calls_now();
+            TU_CHECK(mxfp8_router_linear(&tx, &tw, &tb, &tl[1], ws) == MXFP8_OK, "router_linear with a workspace");
+            TU_CHECK(mxfp8_router_linear_input_grad(&td, &tw, 0, &tdx[1], ws) == MXFP8_OK, "input grad, workspace");
+            TU_CHECK(mxfp8_router_linear_weight_grad(&td, &tx, 0, &tdw[1], ws) == MXFP8_OK, "weight grad, workspace");
+            const int64_t c1 = calls_now();
+            TU_CHECK(c1 == c0, "router, %d thread(s), repeat %d: %lld allocations with a warm workspace", nt, rep,
+                     (long long)(c1 - c0));
+            TU_CHECK(!memcmp(lg[0], lg[1], T * E * 4) && !memcmp(dx[0], dx[1], T * H * 4) &&
+                         !memcmp(dw[0], dw[1], E * H * 4),
+                     "router, %d thread(s): the bits differ with a workspace", nt);
+        }
+        TU_CHECK(mxfp8_workspace_bytes(ws) == held && held > 0, "router: the workspace grew on repeated calls");
+        /* each allocation of each call (without a workspace) failed in turn: OUT_OF_MEMORY, output untouched */
+        for (int c = 0; c < 3; c++) {
+            float *out = c == 0 ? lg[1] : c == 1 ? dx[1] : dw[1];
+            const int64_t n = c == 0 ? T * E : c == 1 ? T * H : E * H;
+            for (int64_t i = 0; i < n; i++) out[i] = (float)(i % 5) - 2.0f;
+            int64_t failed = 0;
+            for (int64_t k = 1; k < 1000; k++) {
+                ws_mark mk = ws_begin();
+                atomic_store(&ws_fail_at, k);
+                mxfp8_status st = c == 0   ? mxfp8_router_linear(&tx, &tw, &tb, &tl[1], NULL)
+                                  : c == 1 ? mxfp8_router_linear_input_grad(&td, &tw, 0, &tdx[1], NULL)
+                                           : mxfp8_router_linear_weight_grad(&td, &tx, 0, &tdw[1], NULL);
+                const int hit = atomic_load(&ws_fail_at) <= 0;
+                atomic_store(&ws_fail_at, 0);
+                ws_end(mk, "router call with a failed allocation");
+                if (!hit) {
+                    TU_CHECK(st == MXFP8_OK, "router call %d without failures: %s", c, mxfp8_last_error_message());
+                    break;
+                }
+                failed++;
+                TU_CHECK(st == MXFP8_ERR_OUT_OF_MEMORY, "router call %d, allocation %lld failed: status %d", c,
+                         (long long)k, (int)st);
+                int same = 1;
+                for (int64_t i = 0; i < n && same; i++) same = out[i] == (float)(i % 5) - 2.0f;
+                TU_CHECK(same, "router call %d, allocation %lld failed: the output was written", c, (long long)k);
+            }
+            TU_CHECK(failed >= 3, "router call %d: only %lld allocations seen", c, (long long)failed);
+        }
+    }
+    printf("  router linear and its gradients: within the bounds; with a workspace repeated calls allocate nothing, "
+           "same bits; each allocation failed in turn leaves the output untouched\n");
+    mxfp8_set_num_threads(0);
+    mxfp8_workspace_destroy(ws);
+    free(x), free(w), free(b), free(dl);
+    for (int v = 0; v < 2; v++) free(lg[v]), free(dx[v]), free(dw[v]);
+}
+
 /* The _validate entries' workspace size: a call given a workspace reserved to exactly that size allocates nothing
  * and computes the same bits as with a private arena, and the size is at most 1.25x the call's peak heap use. */
 typedef struct sized_call {
@@ -882,6 +980,7 @@ int main(void) {
     test_matmul_backward();
     test_moe_backward();
     test_reuse();
+    test_router();
     test_reserve();
     test_reserve_moe();
     TU_CHECK(!ws_overflow, "the allocation table overflowed");

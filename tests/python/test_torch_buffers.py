@@ -20,12 +20,13 @@ from build_paths import BUILD_DIR, require
 
 
 class _Net(nn.Module):
-    """Dense layers with and without bias (FP32 master weights under BF16 autocast) and a MoE with biases."""
+    """Dense layers with and without bias (FP32 master weights under BF16 autocast) and a MoE with biases whose
+    router logits come from the library (batch_invariant_router)."""
 
     def __init__(self, D=64):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(D, 2 * D), nn.Linear(2 * D, D, bias=False)
-        self.moe = mt.BlockwiseMoE(D, 96, 4, 2, block_size=16, bias=True)
+        self.moe = mt.BlockwiseMoE(D, 96, 4, 2, block_size=16, bias=True, batch_invariant_router=True)
         self.head = nn.Linear(D, 32)
 
     def forward(self, x):

@@ -191,21 +191,22 @@ def matmul_backward_into(dy2, w, x2, elem_dtype, scale_rule, dx2, dw):
 def router_linear_into(x2, weight, bias, logits):
     """logits [T, E] (float32) = x2 [T, H] @ weight [E, H]^T (+ bias [E]) (mxfp8_router_linear)."""
     vx, vw, vb, vo = view(x2, "input"), view(weight, "weight"), opt_view(bias, "bias"), view(logits, "logits")
-    invoke("mxfp8_router_linear", ctypes.byref(vx), ctypes.byref(vw), ctypes.byref(vb), ctypes.byref(vo))
+    invoke("mxfp8_router_linear", ctypes.byref(vx), ctypes.byref(vw), ctypes.byref(vb), ctypes.byref(vo),
+           _lib.workspace())
 
 
 def router_linear_input_grad_into(dl2, weight, accumulate, dx2):
     """dx2 [T, H] (=, or += with accumulate) dl2 [T, E] @ weight [E, H] (mxfp8_router_linear_input_grad)."""
     vd, vw, vo = view(dl2, "grad_logits"), view(weight, "weight"), view(dx2, "grad_input")
     invoke("mxfp8_router_linear_input_grad", ctypes.byref(vd), ctypes.byref(vw), int(bool(accumulate)),
-           ctypes.byref(vo))
+           ctypes.byref(vo), _lib.workspace())
 
 
 def router_linear_weight_grad_into(dl2, x2, accumulate, dw):
     """dw [E, H] (=, or += with accumulate) dl2 [T, E]^T @ x2 [T, H] (mxfp8_router_linear_weight_grad)."""
     vd, vx, vo = view(dl2, "grad_logits"), view(x2, "input"), view(dw, "grad_weight")
     invoke("mxfp8_router_linear_weight_grad", ctypes.byref(vd), ctypes.byref(vx), int(bool(accumulate)),
-           ctypes.byref(vo))
+           ctypes.byref(vo), _lib.workspace())
 
 
 # ---- MoE ----
