@@ -2,7 +2,9 @@
  * bench_moe.c -- the blockwise MoE layer at the upstream problem (H, T, E, B, TopK, I) = (1024, 1024, 4, 512, 4,
  * 256), a fine-grained one (1024, 2048, 64, 128, 8, 256: 256 tokens per expert), the MoE layers of a training
  * step (D, 2048, 8, 128, 2, I) at D = 1024 (I = 1024) and D = 256 (I = 512), and a larger one (2048, 8192, 8, 512,
- * 2, 1024), BF16 tensors, E4M3:
+ * 2, 1024), BF16 tensors, E4M3, and the two training-step layers again in mxfp8.torch's training configuration
+ * (FP32 weights, affinities and their gradients, the FP32 gate/up checkpoint written by the forward and given to the
+ * backward, which recomputes the other three; JSON "configuration": "training", else "bf16"):
  *   - mxfp8_moe_backward with all four forward checkpoints given (no recompute); FLOPs = the GEMM FLOPs of phases
  *     1-4 = 12 x rows x H x I;
  *   - mxfp8_moe_forward writing the output only; FLOPs = 6 x rows x H x I (gate/up projection 4, down 2).
@@ -207,10 +209,11 @@ static void measure_backward(const bench_ctx *b, moe_problem *m, moe_op *r, doub
 
 /* One problem: a backward row (into jb) and a forward row (into jf). rate[0/1]: FLOP/s (all blocks) of the last
  * backward / forward run, to estimate the next problem. */
-static void problem(bench_ctx *b, cJSON *jb, cJSON *jf, moe_prob pr, double rate[2]) {
+static void problem(bench_ctx *b, cJSON *jb, cJSON *jf, moe_prob pr, int train, double rate[2], double td[2]) {
     moe_problem m;
     memset(&m, 0, sizeof m);
     m.p = pr;
+    m.train = train;
     char name[64];
     moe_name(&pr, name, sizeof name);
     if (moe_routing(&m) || moe_tensors(&m) || mxfp8_workspace_create(&m.ws) != MXFP8_OK) {
@@ -227,14 +230,20 @@ static void problem(bench_ctx *b, cJSON *jb, cJSON *jf, moe_prob pr, double rate
     moe_free_tensors(&m); /* the baselines need only the routing */
     mxfp8_workspace_destroy(m.ws);
     m.ws = NULL;
-    bwd.td = dnnl_time(b, &m, 0);
-    fwd.td = dnnl_time(b, &m, 1);
+    if (!train || td[0] < 0) td[0] = dnnl_time(b, &m, 0); /* the same GEMMs in either configuration: measured once */
+    if (!train || td[1] < 0) td[1] = dnnl_time(b, &m, 1);
+    bwd.td = td[0];
+    fwd.td = td[1];
+    const char *cfg = train ? "training" : "bf16";
     say_row(b, name, &m, &bwd);
     cJSON *j = json_row(b, &m, &bwd);
+    cJSON_AddStringToObject(j, "configuration", cfg);
     mem_say_json(b, j, &mm, bwd.it.t.median > 0);
     cJSON_AddItemToArray(jb, j);
     say_row(b, name, &m, &fwd);
-    cJSON_AddItemToArray(jf, json_row(b, &m, &fwd));
+    j = json_row(b, &m, &fwd);
+    cJSON_AddStringToObject(j, "configuration", cfg);
+    cJSON_AddItemToArray(jf, j);
     moe_free(&m);
 }
 
@@ -257,6 +266,14 @@ void bench_moe(bench_ctx *b) {
               "scaling = time on 1 thread / on %d\n", nt, nt);
     bench_say(b, "  %-3s %-26s %6s %9s %8s %8s %7s %7s | %10s %8s %8s\n", "op", "(H,T,E,B,TopK,I)", "blocks",
               "time ms", "TF real", "TF all", "% peak", "scaling", "oneDNN ms", "TF all", "speed-up");
-    for (int pi = 0; pi < nprob; pi++) problem(b, jb, jf, probs[pi], rate);
+    double td[5][2];
+    for (int pi = 0; pi < nprob; pi++) {
+        td[pi][0] = td[pi][1] = -1;
+        problem(b, jb, jf, probs[pi], 0, rate, td[pi]);
+    }
+    bench_say(b, "  the training step's layers in mxfp8.torch's configuration (BlockwiseMoE under BF16 autocast): FP32 "
+              "weights, affinities and their gradients, BF16 X, dY, dX; fwd also writes the FP32 gate/up checkpoint, "
+              "bwd is given it and recomputes the other three (oneDNN column: the same GEMMs as above)\n");
+    for (int pi = 2; pi < 4; pi++) problem(b, jb, jf, probs[pi], 1, rate, td[pi]);
     bench_say(b, "  * = one cold run (longer than %.0f s: no warm-up, no repeat)\n", b->o.cold);
 }

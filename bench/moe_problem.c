@@ -59,13 +59,14 @@ done:
 
 size_t moe_io_bytes(const moe_problem *m) {
     moe_prob p = m->p;
+    const size_t w = m->train ? 4 : 2; /* bytes of a weight, weight gradient, affinity, its gradient */
     size_t n = 0;
     n += 2 * (size_t)(p.T * p.H) * 2;                 /* X, dY */
-    n += (size_t)(p.T * p.E) * 2 * 2;                 /* affinities, their grad */
-    n += 2 * (size_t)(p.E * p.H * 2 * p.I) * 2;       /* W1, dW1 */
-    n += 2 * (size_t)(p.E * p.I * p.H) * 2;           /* W2, dW2 */
-    n += (size_t)(m->N * 2 * p.I * p.B) * 2;          /* gate/up checkpoint */
-    n += 3 * (size_t)(m->N * p.I * p.B) * 2;          /* gate act, intermediate, scaled intermediate */
+    n += (size_t)(p.T * p.E) * 2 * w;                 /* affinities, their grad */
+    n += 2 * (size_t)(p.E * p.H * 2 * p.I) * w;       /* W1, dW1 */
+    n += 2 * (size_t)(p.E * p.I * p.H) * w;           /* W2, dW2 */
+    n += (size_t)(m->N * 2 * p.I * p.B) * w;          /* gate/up checkpoint */
+    if (!m->train) n += 3 * (size_t)(m->N * p.I * p.B) * 2; /* gate act, intermediate, scaled intermediate */
     n += (size_t)(m->N * p.B) * 4 + (size_t)m->N * 4; /* routing */
     n += (size_t)(p.T * p.H) * 2;                     /* dX */
     return n;
@@ -89,6 +90,33 @@ static void fill_checkpoints(moe_problem *m) {
             }
 }
 
+/* uniform FP32 values in [lo, hi) */
+static void fill_f32(float *q, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) q[i] = (float)bench_urand(lo, hi);
+}
+
+/* The training configuration's FP32 tensors (the gate/up checkpoint is written by the forward before the first
+ * backward: moe_tensors runs one). */
+static int train_tensors(moe_problem *m) {
+    moe_prob p = m->p;
+    size_t w1 = (size_t)(p.E * p.H * 2 * p.I), w2 = (size_t)(p.E * p.I * p.H), te = (size_t)(p.T * p.E);
+    m->w1f = bench_alloc(w1 * 4);
+    m->dw1f = bench_alloc(w1 * 4);
+    m->w2f = bench_alloc(w2 * 4);
+    m->dw2f = bench_alloc(w2 * 4);
+    m->ckp_guf = bench_alloc((size_t)(m->N * 2 * p.I * p.B) * 4);
+    m->afff = bench_alloc(te * 4);
+    m->dafff = bench_alloc(te * 4);
+    if (!m->w1f || !m->dw1f || !m->w2f || !m->dw2f || !m->ckp_guf || !m->afff || !m->dafff) return -1;
+    fill_f32(m->w1f, w1, -0.1, 0.1);
+    fill_f32(m->w2f, w2, -0.1, 0.1);
+    for (size_t i = 0; i < te; i++) m->afff[i] = mxfp8_bf16_to_fp32(m->aff[i]);
+    memset(m->dw1f, 0, w1 * 4);
+    memset(m->dw2f, 0, w2 * 4);
+    memset(m->dafff, 0, te * 4);
+    return moe_run_forward(m); /* the FP32 gate/up checkpoint of these inputs */
+}
+
 int moe_tensors(moe_problem *m) {
     moe_prob p = m->p;
     size_t th = (size_t)(p.T * p.H), w1 = (size_t)(p.E * p.H * 2 * p.I), w2 = (size_t)(p.E * p.I * p.H);
@@ -97,6 +125,12 @@ int moe_tensors(moe_problem *m) {
     m->dy = bench_alloc(th * 2);
     m->dx = bench_alloc(th * 2);
     m->y = bench_alloc(th * 2);
+    if (!m->x || !m->dy || !m->dx || !m->y) return -1;
+    bench_fill_bf16(m->x, th, 0, 1);
+    bench_fill_bf16(m->dy, th, -1, 1);
+    memset(m->dx, 0, th * 2);
+    memset(m->y, 0, th * 2);
+    if (m->train) return train_tensors(m);
     m->w1 = bench_alloc(w1 * 2);
     m->dw1 = bench_alloc(w1 * 2);
     m->w2 = bench_alloc(w2 * 2);
@@ -106,16 +140,11 @@ int moe_tensors(moe_problem *m) {
     m->ckp_in = bench_alloc(ib * 2);
     m->ckp_si = bench_alloc(ib * 2);
     m->daff = bench_alloc((size_t)(p.T * p.E) * 2);
-    if (!m->x || !m->dy || !m->dx || !m->y || !m->w1 || !m->dw1 || !m->w2 || !m->dw2 || !m->ckp_gu || !m->ckp_ga ||
-        !m->ckp_in || !m->ckp_si || !m->daff)
+    if (!m->w1 || !m->dw1 || !m->w2 || !m->dw2 || !m->ckp_gu || !m->ckp_ga || !m->ckp_in || !m->ckp_si || !m->daff)
         return -1;
-    bench_fill_bf16(m->x, th, 0, 1);
-    bench_fill_bf16(m->dy, th, -1, 1);
     bench_fill_bf16(m->w1, w1, -0.1, 0.1);
     bench_fill_bf16(m->w2, w2, -0.1, 0.1);
     fill_checkpoints(m);
-    memset(m->dx, 0, th * 2);
-    memset(m->y, 0, th * 2);
     memset(m->dw1, 0, w1 * 2);
     memset(m->dw2, 0, w2 * 2);
     memset(m->daff, 0, (size_t)(p.T * p.E) * 2);
@@ -128,6 +157,11 @@ void moe_free_tensors(moe_problem *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         free(*bufs[i]);
         *bufs[i] = NULL;
+    }
+    float **fbufs[] = {&m->w1f, &m->w2f, &m->dw1f, &m->dw2f, &m->ckp_guf, &m->afff, &m->dafff};
+    for (size_t i = 0; i < sizeof fbufs / sizeof fbufs[0]; i++) {
+        free(*fbufs[i]);
+        *fbufs[i] = NULL;
     }
 }
 
@@ -173,6 +207,18 @@ int moe_run_backward(void *pv) {
     g.expert_affinities_masked_grad = mxfp8_tensor_make(m->daff, MXFP8_DTYPE_BF16, 2, s_aff);
     g.gate_up_proj_weight_grad = mxfp8_tensor_make(m->dw1, MXFP8_DTYPE_BF16, 4, s_w1);
     g.down_proj_weight_grad = mxfp8_tensor_make(m->dw2, MXFP8_DTYPE_BF16, 3, s_w2);
+    if (m->train) { /* FP32 weights, affinities, their gradients and the gate/up checkpoint; the rest recomputed */
+        a.expert_affinities_masked = mxfp8_tensor_make(m->afff, MXFP8_DTYPE_F32, 2, s_aff);
+        a.gate_up_proj_weight = mxfp8_tensor_make(m->w1f, MXFP8_DTYPE_F32, 4, s_w1);
+        a.down_proj_weight = mxfp8_tensor_make(m->w2f, MXFP8_DTYPE_F32, 3, s_w2);
+        a.gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(m->ckp_guf, MXFP8_DTYPE_F32, 4, s_gu);
+        memset(&a.gate_act_checkpoint_T, 0, sizeof a.gate_act_checkpoint_T);
+        memset(&a.intermediate_checkpoint_T, 0, sizeof a.intermediate_checkpoint_T);
+        memset(&a.scaled_intermediate_checkpoint_T, 0, sizeof a.scaled_intermediate_checkpoint_T);
+        g.expert_affinities_masked_grad = mxfp8_tensor_make(m->dafff, MXFP8_DTYPE_F32, 2, s_aff);
+        g.gate_up_proj_weight_grad = mxfp8_tensor_make(m->dw1f, MXFP8_DTYPE_F32, 4, s_w1);
+        g.down_proj_weight_grad = mxfp8_tensor_make(m->dw2f, MXFP8_DTYPE_F32, 3, s_w2);
+    }
     a.workspace = m->ws;
     m->st = mxfp8_moe_backward(&a, &g);
     return m->st == MXFP8_OK ? 0 : -1;
@@ -195,6 +241,13 @@ int moe_run_forward(void *pv) {
     mxfp8_moe_fwd_outputs o;
     memset(&o, 0, sizeof o);
     o.output = mxfp8_tensor_make(m->y, MXFP8_DTYPE_BF16, 2, s_th);
+    if (m->train) { /* FP32 weights and affinities; the FP32 gate/up checkpoint for the backward */
+        int64_t s_gu[4] = {m->N, 2, p.I, p.B};
+        a.expert_affinities_masked = mxfp8_tensor_make(m->afff, MXFP8_DTYPE_F32, 2, s_aff);
+        a.gate_up_proj_weight = mxfp8_tensor_make(m->w1f, MXFP8_DTYPE_F32, 4, s_w1);
+        a.down_proj_weight = mxfp8_tensor_make(m->w2f, MXFP8_DTYPE_F32, 3, s_w2);
+        o.gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(m->ckp_guf, MXFP8_DTYPE_F32, 4, s_gu);
+    }
     a.workspace = m->ws;
     m->st = mxfp8_moe_forward(&a, &o);
     return m->st == MXFP8_OK ? 0 : -1;

@@ -18,6 +18,11 @@ typedef struct moe_problem {
     /* tensors (moe_tensors): inputs, checkpoints, gradients, forward output; BF16 */
     uint16_t *x, *w1, *w2, *dy, *ckp_gu, *ckp_ga, *ckp_in, *ckp_si;
     uint16_t *dx, *daff, *dw1, *dw2, *y;
+    /* train = 1 (set before moe_tensors): mxfp8.torch's training configuration instead -- FP32 weights (master
+     * weights), affinities and their gradients, BF16 X, dY, dX and output; the forward also writes the FP32 gate/up
+     * checkpoint, the backward is given it and recomputes the other three; these F32 buffers replace the BF16 ones */
+    int train;
+    float *w1f, *w2f, *dw1f, *dw2f, *ckp_guf, *afff, *dafff;
     mxfp8_workspace *ws; /**< reused by every call of the problem (mxfp8_workspace_create); NULL = per call */
     mxfp8_status st; /**< of the last library call */
 } moe_problem;
@@ -37,9 +42,11 @@ size_t moe_io_bytes(const moe_problem *m);
 /** "(H,T,E,B,TopK,I)" into buf. */
 const char *moe_name(const moe_prob *p, char *buf, size_t len);
 
-/** One mxfp8_moe_backward with all four forward checkpoints given (no recompute); 0 on success. */
+/** One mxfp8_moe_backward with all four forward checkpoints given (no recompute; train: the gate/up checkpoint
+ *  only); 0 on success. */
 int moe_run_backward(void *m);
-/** One mxfp8_moe_forward writing only the output (no checkpoints); 0 on success. */
+/** One mxfp8_moe_forward writing only the output (no checkpoints; train: also the FP32 gate/up checkpoint); 0 on
+ *  success. */
 int moe_run_forward(void *m);
 
 /** Resident set now and its high-water mark (bytes, /proc/self/status); -1 when unreadable. */

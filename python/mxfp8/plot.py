@@ -42,7 +42,8 @@ def _bench_rows(doc):
                      r.get("onednn_fraction_of_peak")))
     for key, op in (("moe", "bwd"), ("moe_forward", "fwd")):
         for r in doc.get(key, []):
-            label = f"moe {op}\n({r['H']},{r['T']},{r['E']},\n{r['B']},{r['TopK']},{r['I']})"
+            cfg = "\ntraining" if r.get("configuration") == "training" else ""
+            label = f"moe {op}\n({r['H']},{r['T']},{r['E']},\n{r['B']},{r['TopK']},{r['I']}){cfg}"
             rows.append((label, r.get("fraction_of_peak_all_blocks"), r.get("onednn_fraction_of_peak_all_blocks")))
     return [r for r in rows if r[1] is not None]
 

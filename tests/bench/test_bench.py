@@ -71,9 +71,13 @@ def test_matmul_rows(doc):
 @pytest.mark.parametrize("key", ["moe", "moe_forward"])
 def test_moe_rows(doc, key):
     rows = doc[key]
-    probs = [(r["H"], r["T"], r["E"], r["B"], r["TopK"], r["I"]) for r in rows]
-    assert probs == [(1024, 1024, 4, 512, 4, 256), (1024, 2048, 64, 128, 8, 256), (1024, 2048, 8, 128, 2, 1024),
-                     (256, 2048, 8, 128, 2, 512)]  # --quick: not the larger one
+    probs = [(r["H"], r["T"], r["E"], r["B"], r["TopK"], r["I"], r["configuration"]) for r in rows]
+    train = [(1024, 2048, 8, 128, 2, 1024), (256, 2048, 8, 128, 2, 512)]  # a training step's two MoE layers
+    assert probs == [(*p, "bf16") for p in [(1024, 1024, 4, 512, 4, 256), (1024, 2048, 64, 128, 8, 256), *train]] + \
+        [(*p, "training") for p in train]  # --quick: not the larger one; then mxfp8.torch's configuration
+    for t in rows[-2:]:  # the same GEMMs: the oneDNN baseline is the BF16 row's
+        same = [r for r in rows if r["configuration"] == "bf16" and (r["H"], r["I"]) == (t["H"], t["I"])][0]
+        assert t["onednn_ms"] == same["onednn_ms"]
     for r in rows:
         for k in ("blocks", "ms", "fraction_of_peak_real_rows", "fraction_of_peak_all_blocks", "speedup_vs_onednn",
                   "thread_scaling", "gflop_real_rows", "gflop_all_blocks"):
