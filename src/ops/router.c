@@ -133,6 +133,25 @@ static float *ws_floats(int slot, int64_t n) {
     return (float *)mxfp8i_ws_get(slot, (size_t)bytes);
 }
 
+/* A call's scratch: opens *scope on the caller's workspace and takes the packed operand (n[0] floats), the threads'
+ * scratch (n[1]) and, with n[2] > 0, the bias (n[2]) from the router's slots, before the first store. On
+ * OUT_OF_MEMORY the scope is closed again. */
+static mxfp8_status take_scratch(const char *fn, mxfp8_workspace *workspace, mxfp8i_scope *scope,
+                                 const int64_t n[3], float *buf[3]) {
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(scope, workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate a workspace", fn);
+    static const int slots[3] = {MXFP8I_WS_ROUTER_PANELS, MXFP8I_WS_ROUTER_SCRATCH, MXFP8I_WS_ROUTER_BIAS};
+    int ok = 1;
+    for (int i = 0; i < 3; i++) {
+        buf[i] = n[i] > 0 ? ws_floats(slots[i], n[i]) : NULL;
+        ok = ok && (n[i] <= 0 || buf[i]);
+    }
+    if (ok) return MXFP8_OK;
+    mxfp8i_scope_end(scope);
+    return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
+                        (long long)(n[0] + n[1]));
+}
+
 /* Threads for `work` multiply-adds split over `tiles` units (the bits do not depend on it). */
 static int threads_for(double work, int64_t tiles) {
     if (work < 262144.0 || tiles < 2) return 1;
@@ -197,15 +216,9 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
                            "%s: the packed weight of [%lld, %lld] does not fit in memory", fn, (long long)E,
                            (long long)H);
     mxfp8i_scope scope;
-    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, workspace), MXFP8_ERR_OUT_OF_MEMORY,
-                           "%s: cannot allocate a workspace", fn);
-    float *wp = ws_floats(MXFP8I_WS_ROUTER_PANELS, wn), *scratch = ws_floats(MXFP8I_WS_ROUTER_SCRATCH, sn);
-    float *bv = ws_floats(MXFP8I_WS_ROUTER_BIAS, EP * MR);
-    if (!wp || !scratch || !bv) {
-        mxfp8i_scope_end(&scope);
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
-                            (long long)(wn + sn));
-    }
+    float *buf[3];
+    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, (const int64_t[3]){wn, sn, EP * MR}, buf));
+    float *wp = buf[0], *scratch = buf[1], *bv = buf[2];
     const mat x = mat_of(input), w = mat_of(weight);
     for (int64_t e = 0; e < EP * MR; ++e)
         bv[e] = has_bias && e < E ? mxfp8i_load_f32(bias->data, bias->dtype, e * bias->strides[0]) : 0.0f;
@@ -297,14 +310,9 @@ mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, con
                            MXFP8_ERR_SIZE_OVERFLOW, "%s: the packed weight of [%lld, %lld] does not fit in memory", fn,
                            (long long)E, (long long)H);
     mxfp8i_scope scope;
-    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, workspace), MXFP8_ERR_OUT_OF_MEMORY,
-                           "%s: cannot allocate a workspace", fn);
-    float *wp = ws_floats(MXFP8I_WS_ROUTER_PANELS, wn), *scratch = ws_floats(MXFP8I_WS_ROUTER_SCRATCH, sn);
-    if (!wp || !scratch) {
-        mxfp8i_scope_end(&scope);
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
-                            (long long)(wn + sn));
-    }
+    float *buf[3];
+    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, (const int64_t[3]){wn, sn, 0}, buf));
+    float *wp = buf[0], *scratch = buf[1];
     const mat dl = mat_of(logits_grad), w = mat_of(weight);
     for (int64_t p = 0; p < HP; ++p) pack_cols(&w, p * NR, imin(H - p * NR, NR), 0, E, NR, wp + p * wlen);
     /* FP32 rows with unit column stride, no accumulation: the kernel writes input_grad itself; BF16 rows likewise:
@@ -370,14 +378,9 @@ mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, co
                            "%s: the packed logits_grad of [%lld, %lld] does not fit in memory", fn, (long long)T,
                            (long long)E);
     mxfp8i_scope scope;
-    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, workspace), MXFP8_ERR_OUT_OF_MEMORY,
-                           "%s: cannot allocate a workspace", fn);
-    float *ap = ws_floats(MXFP8I_WS_ROUTER_PANELS, an), *scratch = ws_floats(MXFP8I_WS_ROUTER_SCRATCH, sn);
-    if (!ap || !scratch) {
-        mxfp8i_scope_end(&scope);
-        return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
-                            (long long)(an + sn));
-    }
+    float *buf[3];
+    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, (const int64_t[3]){an, sn, 0}, buf));
+    float *ap = buf[0], *scratch = buf[1];
     const mat dl = mat_of(logits_grad), x = mat_of(input);
     for (int64_t p = 0; p < EP; ++p) pack_cols(&dl, p * MR, imin(E - p * MR, MR), 0, T, MR, ap + p * alen);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)

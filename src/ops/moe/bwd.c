@@ -17,8 +17,8 @@
  * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...). Phases 3 and 4 add
  * each block's sum (a chain over its positions from +0) to the expert's FP32 pair in block order, either block by
  * block or, segmented, all of an expert's blocks in one mxfp8i_gemm_segments per weight gradient after its last
- * block (the same additions; use_segmented picks by size; for contiguous BF16 or F32 weight gradients with no given values
- * the segmented GEMMs round each expert straight into the output: direct). Accumulators:
+ * block (the same additions; use_segmented picks by size; for contiguous BF16 or F32 weight gradients with no given
+ * values the segmented GEMMs write each expert straight into the output: direct). Accumulators:
  * hidden_states_grad in an FP32 [T, H] workspace (rounded once at the end); dW1, dW2 of the current expert in one FP32
  * pair, rounded into the outputs when the expert is done (every buffer of the call is reserved before the first GEMM,
  * so no allocation can fail once an output is written); affinity and bias
