@@ -207,8 +207,9 @@ static void measure_backward(const bench_ctx *b, moe_problem *m, moe_op *r, doub
     mm->ws = (double)mxfp8_workspace_bytes(m->ws);
 }
 
-/* One problem: a backward row (into jb) and a forward row (into jf). rate[0/1]: FLOP/s (all blocks) of the last
- * backward / forward run, to estimate the next problem. */
+/* One problem: a backward row (into jb) and a forward row (into jf), in the BF16 or (train) the training
+ * configuration. rate[0/1]: FLOP/s (all blocks) of the last backward / forward run, to estimate the next problem;
+ * td[0/1]: the oneDNN baselines, measured by the BF16 row (-1 until then, or when absent). */
 static void problem(bench_ctx *b, cJSON *jb, cJSON *jf, moe_prob pr, int train, double rate[2], double td[2]) {
     moe_problem m;
     memset(&m, 0, sizeof m);
@@ -230,8 +231,10 @@ static void problem(bench_ctx *b, cJSON *jb, cJSON *jf, moe_prob pr, int train, 
     moe_free_tensors(&m); /* the baselines need only the routing */
     mxfp8_workspace_destroy(m.ws);
     m.ws = NULL;
-    if (!train || td[0] < 0) td[0] = dnnl_time(b, &m, 0); /* the same GEMMs in either configuration: measured once */
-    if (!train || td[1] < 0) td[1] = dnnl_time(b, &m, 1);
+    if (!train) { /* the same GEMMs in either configuration: measured with the BF16 row, kept for the training one */
+        td[0] = dnnl_time(b, &m, 0);
+        td[1] = dnnl_time(b, &m, 1);
+    }
     bwd.td = td[0];
     fwd.td = td[1];
     const char *cfg = train ? "training" : "bf16";

@@ -182,43 +182,55 @@ const char *moe_name(const moe_prob *p, char *buf, size_t len) {
     return buf;
 }
 
+/* The tensors whose dtype the configuration chooses (BF16, or F32 with train): affinities, weights and their
+ * gradients, and the gate/up checkpoint. */
+typedef struct moe_views {
+    mxfp8_tensor aff, w1, w2, daff, dw1, dw2, gu;
+} moe_views;
+static moe_views views(const moe_problem *m) {
+    moe_prob p = m->p;
+    const mxfp8_dtype dt = m->train ? MXFP8_DTYPE_F32 : MXFP8_DTYPE_BF16;
+    const int64_t s_aff[2] = {p.T * p.E, 1}, s_w1[4] = {p.E, p.H, 2, p.I}, s_w2[3] = {p.E, p.I, p.H};
+    const int64_t s_gu[4] = {m->N, 2, p.I, p.B};
+    const int f = m->train;
+    moe_views v;
+    v.aff = mxfp8_tensor_make(f ? (void *)m->afff : (void *)m->aff, dt, 2, s_aff);
+    v.w1 = mxfp8_tensor_make(f ? (void *)m->w1f : (void *)m->w1, dt, 4, s_w1);
+    v.w2 = mxfp8_tensor_make(f ? (void *)m->w2f : (void *)m->w2, dt, 3, s_w2);
+    v.daff = mxfp8_tensor_make(f ? (void *)m->dafff : (void *)m->daff, dt, 2, s_aff);
+    v.dw1 = mxfp8_tensor_make(f ? (void *)m->dw1f : (void *)m->dw1, dt, 4, s_w1);
+    v.dw2 = mxfp8_tensor_make(f ? (void *)m->dw2f : (void *)m->dw2, dt, 3, s_w2);
+    v.gu = mxfp8_tensor_make(f ? (void *)m->ckp_guf : (void *)m->ckp_gu, dt, 4, s_gu);
+    return v;
+}
+
 int moe_run_backward(void *pv) {
     moe_problem *m = pv;
     moe_prob p = m->p;
+    const moe_views v = views(m);
     mxfp8_moe_bwd_args a;
     mxfp8_moe_bwd_args_init(&a);
-    int64_t s_th[2] = {p.T, p.H}, s_aff[2] = {p.T * p.E, 1}, s_w1[4] = {p.E, p.H, 2, p.I}, s_w2[3] = {p.E, p.I, p.H};
-    int64_t s_tok[1] = {m->N * p.B}, s_b2e[2] = {m->N, 1}, s_gu[4] = {m->N, 2, p.I, p.B}, s_ib[3] = {m->N, p.I, p.B};
+    int64_t s_th[2] = {p.T, p.H}, s_tok[1] = {m->N * p.B}, s_b2e[2] = {m->N, 1}, s_ib[3] = {m->N, p.I, p.B};
     a.hidden_states = mxfp8_tensor_make(m->x, MXFP8_DTYPE_BF16, 2, s_th);
-    a.expert_affinities_masked = mxfp8_tensor_make(m->aff, MXFP8_DTYPE_BF16, 2, s_aff);
-    a.gate_up_proj_weight = mxfp8_tensor_make(m->w1, MXFP8_DTYPE_BF16, 4, s_w1);
-    a.down_proj_weight = mxfp8_tensor_make(m->w2, MXFP8_DTYPE_BF16, 3, s_w2);
+    a.expert_affinities_masked = v.aff;
+    a.gate_up_proj_weight = v.w1;
+    a.down_proj_weight = v.w2;
     a.token_position_to_id = mxfp8_tensor_make(m->tok, MXFP8_DTYPE_I32, 1, s_tok);
     a.block_to_expert = mxfp8_tensor_make(m->b2e, MXFP8_DTYPE_I32, 2, s_b2e);
     a.output_hidden_states_grad = mxfp8_tensor_make(m->dy, MXFP8_DTYPE_BF16, 2, s_th);
     a.block_size = p.B;
-    a.gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(m->ckp_gu, MXFP8_DTYPE_BF16, 4, s_gu);
-    a.gate_act_checkpoint_T = mxfp8_tensor_make(m->ckp_ga, MXFP8_DTYPE_BF16, 3, s_ib);
-    a.intermediate_checkpoint_T = mxfp8_tensor_make(m->ckp_in, MXFP8_DTYPE_BF16, 3, s_ib);
-    a.scaled_intermediate_checkpoint_T = mxfp8_tensor_make(m->ckp_si, MXFP8_DTYPE_BF16, 3, s_ib);
+    a.gate_up_proj_act_checkpoint_T = v.gu;
+    if (!m->train) { /* train: the other three are recomputed */
+        a.gate_act_checkpoint_T = mxfp8_tensor_make(m->ckp_ga, MXFP8_DTYPE_BF16, 3, s_ib);
+        a.intermediate_checkpoint_T = mxfp8_tensor_make(m->ckp_in, MXFP8_DTYPE_BF16, 3, s_ib);
+        a.scaled_intermediate_checkpoint_T = mxfp8_tensor_make(m->ckp_si, MXFP8_DTYPE_BF16, 3, s_ib);
+    }
     mxfp8_moe_bwd_grads g;
     memset(&g, 0, sizeof g);
     g.hidden_states_grad = mxfp8_tensor_make(m->dx, MXFP8_DTYPE_BF16, 2, s_th);
-    g.expert_affinities_masked_grad = mxfp8_tensor_make(m->daff, MXFP8_DTYPE_BF16, 2, s_aff);
-    g.gate_up_proj_weight_grad = mxfp8_tensor_make(m->dw1, MXFP8_DTYPE_BF16, 4, s_w1);
-    g.down_proj_weight_grad = mxfp8_tensor_make(m->dw2, MXFP8_DTYPE_BF16, 3, s_w2);
-    if (m->train) { /* FP32 weights, affinities, their gradients and the gate/up checkpoint; the rest recomputed */
-        a.expert_affinities_masked = mxfp8_tensor_make(m->afff, MXFP8_DTYPE_F32, 2, s_aff);
-        a.gate_up_proj_weight = mxfp8_tensor_make(m->w1f, MXFP8_DTYPE_F32, 4, s_w1);
-        a.down_proj_weight = mxfp8_tensor_make(m->w2f, MXFP8_DTYPE_F32, 3, s_w2);
-        a.gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(m->ckp_guf, MXFP8_DTYPE_F32, 4, s_gu);
-        memset(&a.gate_act_checkpoint_T, 0, sizeof a.gate_act_checkpoint_T);
-        memset(&a.intermediate_checkpoint_T, 0, sizeof a.intermediate_checkpoint_T);
-        memset(&a.scaled_intermediate_checkpoint_T, 0, sizeof a.scaled_intermediate_checkpoint_T);
-        g.expert_affinities_masked_grad = mxfp8_tensor_make(m->dafff, MXFP8_DTYPE_F32, 2, s_aff);
-        g.gate_up_proj_weight_grad = mxfp8_tensor_make(m->dw1f, MXFP8_DTYPE_F32, 4, s_w1);
-        g.down_proj_weight_grad = mxfp8_tensor_make(m->dw2f, MXFP8_DTYPE_F32, 3, s_w2);
-    }
+    g.expert_affinities_masked_grad = v.daff;
+    g.gate_up_proj_weight_grad = v.dw1;
+    g.down_proj_weight_grad = v.dw2;
     a.workspace = m->ws;
     m->st = mxfp8_moe_backward(&a, &g);
     return m->st == MXFP8_OK ? 0 : -1;
@@ -227,27 +239,21 @@ int moe_run_backward(void *pv) {
 int moe_run_forward(void *pv) {
     moe_problem *m = pv;
     moe_prob p = m->p;
+    const moe_views v = views(m);
     mxfp8_moe_fwd_args a;
     mxfp8_moe_fwd_args_init(&a);
-    int64_t s_th[2] = {p.T, p.H}, s_aff[2] = {p.T * p.E, 1}, s_w1[4] = {p.E, p.H, 2, p.I}, s_w2[3] = {p.E, p.I, p.H};
-    int64_t s_tok[1] = {m->N * p.B}, s_b2e[2] = {m->N, 1};
+    int64_t s_th[2] = {p.T, p.H}, s_tok[1] = {m->N * p.B}, s_b2e[2] = {m->N, 1};
     a.hidden_states = mxfp8_tensor_make(m->x, MXFP8_DTYPE_BF16, 2, s_th);
-    a.expert_affinities_masked = mxfp8_tensor_make(m->aff, MXFP8_DTYPE_BF16, 2, s_aff);
-    a.gate_up_proj_weight = mxfp8_tensor_make(m->w1, MXFP8_DTYPE_BF16, 4, s_w1);
-    a.down_proj_weight = mxfp8_tensor_make(m->w2, MXFP8_DTYPE_BF16, 3, s_w2);
+    a.expert_affinities_masked = v.aff;
+    a.gate_up_proj_weight = v.w1;
+    a.down_proj_weight = v.w2;
     a.token_position_to_id = mxfp8_tensor_make(m->tok, MXFP8_DTYPE_I32, 1, s_tok);
     a.block_to_expert = mxfp8_tensor_make(m->b2e, MXFP8_DTYPE_I32, 2, s_b2e);
     a.block_size = p.B;
     mxfp8_moe_fwd_outputs o;
     memset(&o, 0, sizeof o);
     o.output = mxfp8_tensor_make(m->y, MXFP8_DTYPE_BF16, 2, s_th);
-    if (m->train) { /* FP32 weights and affinities; the FP32 gate/up checkpoint for the backward */
-        int64_t s_gu[4] = {m->N, 2, p.I, p.B};
-        a.expert_affinities_masked = mxfp8_tensor_make(m->afff, MXFP8_DTYPE_F32, 2, s_aff);
-        a.gate_up_proj_weight = mxfp8_tensor_make(m->w1f, MXFP8_DTYPE_F32, 4, s_w1);
-        a.down_proj_weight = mxfp8_tensor_make(m->w2f, MXFP8_DTYPE_F32, 3, s_w2);
-        o.gate_up_proj_act_checkpoint_T = mxfp8_tensor_make(m->ckp_guf, MXFP8_DTYPE_F32, 4, s_gu);
-    }
+    if (m->train) o.gate_up_proj_act_checkpoint_T = v.gu; /* the FP32 checkpoint the backward is given */
     a.workspace = m->ws;
     m->st = mxfp8_moe_forward(&a, &o);
     return m->st == MXFP8_OK ? 0 : -1;
