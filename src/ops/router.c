@@ -133,19 +133,17 @@ static float *ws_floats(int slot, int64_t n) {
     return (float *)mxfp8i_ws_get(slot, (size_t)bytes);
 }
 
-/* A call's scratch: opens *scope on the caller's workspace and takes the packed operand (n[0] floats), the threads'
- * scratch (n[1]) and, with n[2] > 0, the bias (n[2]) from the router's slots, before the first store. On
- * OUT_OF_MEMORY the scope is closed again. */
-static mxfp8_status take_scratch(const char *fn, mxfp8_workspace *workspace, mxfp8i_scope *scope,
+/* A call's scratch: opens *scope on the caller's workspace and takes nbuf buffers from the router's slots before the
+ * first store: the packed operand (n[0] floats), the threads' scratch (n[1]) and, with nbuf = 3, the bias (n[2]);
+ * each at least 16 floats, so that an empty operand still has a valid pointer. On OUT_OF_MEMORY the scope is closed
+ * again. */
+static mxfp8_status take_scratch(const char *fn, mxfp8_workspace *workspace, mxfp8i_scope *scope, int nbuf,
                                  const int64_t n[3], float *buf[3]) {
     MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(scope, workspace), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate a workspace", fn);
     static const int slots[3] = {MXFP8I_WS_ROUTER_PANELS, MXFP8I_WS_ROUTER_SCRATCH, MXFP8I_WS_ROUTER_BIAS};
     int ok = 1;
-    for (int i = 0; i < 3; i++) {
-        buf[i] = n[i] > 0 ? ws_floats(slots[i], n[i]) : NULL;
-        ok = ok && (n[i] <= 0 || buf[i]);
-    }
+    for (int i = 0; i < nbuf; i++) ok = (buf[i] = ws_floats(slots[i], n[i])) != NULL && ok;
     if (ok) return MXFP8_OK;
     mxfp8i_scope_end(scope);
     return mxfp8i_error(MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld floats of packed operands", fn,
@@ -217,7 +215,7 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
                            (long long)H);
     mxfp8i_scope scope;
     float *buf[3];
-    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, (const int64_t[3]){wn, sn, EP * MR}, buf));
+    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, 3, (const int64_t[3]){wn, sn, EP * MR}, buf));
     float *wp = buf[0], *scratch = buf[1], *bv = buf[2];
     const mat x = mat_of(input), w = mat_of(weight);
     for (int64_t e = 0; e < EP * MR; ++e)
@@ -311,7 +309,7 @@ mxfp8_status mxfp8_router_linear_input_grad(const mxfp8_tensor *logits_grad, con
                            (long long)E, (long long)H);
     mxfp8i_scope scope;
     float *buf[3];
-    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, (const int64_t[3]){wn, sn, 0}, buf));
+    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, 2, (const int64_t[3]){wn, sn, 0}, buf));
     float *wp = buf[0], *scratch = buf[1];
     const mat dl = mat_of(logits_grad), w = mat_of(weight);
     for (int64_t p = 0; p < HP; ++p) pack_cols(&w, p * NR, imin(H - p * NR, NR), 0, E, NR, wp + p * wlen);
@@ -379,7 +377,7 @@ mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logits_grad, co
                            (long long)E);
     mxfp8i_scope scope;
     float *buf[3];
-    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, (const int64_t[3]){an, sn, 0}, buf));
+    MXFP8I_FORWARD_IF_ERROR(take_scratch(fn, workspace, &scope, 2, (const int64_t[3]){an, sn, 0}, buf));
     float *ap = buf[0], *scratch = buf[1];
     const mat dl = mat_of(logits_grad), x = mat_of(input);
     for (int64_t p = 0; p < EP; ++p) pack_cols(&dl, p * MR, imin(E - p * MR, MR), 0, T, MR, ap + p * alen);
