@@ -100,9 +100,30 @@ typedef void (*mxfp8i_add_f32_fn)(const float *src, int64_t ld_src, float *dst, 
  *  same array. */
 typedef void (*mxfp8i_exp_f32_fn)(const float *x, float *y, int64_t n);
 
+/** An activation of the MoE layer as the elementwise rows see it (src/kernels/act_rows.h): squared_relu = 0 for
+ *  the sigmoid-gated kinds act(g) = g * sigmoid(beta g), 1 for max(g, 0)^2; up_plus_one: inter = act(g) * (u + 1);
+ *  the clamp limits of g = gate and u = up (absent: -INFINITY / +INFINITY). */
+typedef struct mxfp8i_act_params {
+    int squared_relu, up_plus_one;
+    float beta;
+    float gate_lo, gate_hi, up_lo, up_hi;
+} mxfp8i_act_params;
+
+/** The forward's elementwise work of one real position of a MoE block, I elements (FP32; the expressions of
+ *  src/kernels/act_rows.h). With gu (GEMM 1's row [2I]) g = clamp(gu[:I] + b1[:I]), u = clamp(gu[I:] + b1[I:])
+ *  (else g, u are given); act = act(g) unless act_given; inter = act * up(u) unless inter_given; S = aq * inter when
+ *  S is not NULL; sg, when not NULL, receives sigmoid(beta g) of a sigmoid-gated activation (untouched otherwise). */
+typedef void (*mxfp8i_act_fwd_fn)(const mxfp8i_act_params *ap, int64_t I, const float *gu, const float *b1, float *g,
+                                  float *u, float *act, int act_given, float *inter, int inter_given, float *S,
+                                  float aq, float *sg);
+/** The backward's: dgu [2I] = [dIv * up(u) * act'(g) * pass(g) | dIv * act * pass(u)] with dIv = aq * dI (scale)
+ *  or dI; act'(g) from sg (the forward row's sigmoid) when not NULL, else recomputed. */
+typedef void (*mxfp8i_act_bwd_fn)(const mxfp8i_act_params *ap, int64_t I, const float *dI, float aq, int scale,
+                                  const float *g, const float *u, const float *act, const float *sg, float *dgu);
+
 /** The quantization kernels of one ISA (the registry's quantize and dequantize slots; the FP32 -> BF16 rounding of
- *  the GEMM epilogue, the transposing BF16 load and FP32 copy of the MoE checkpoints and the exponential of the MoE
- *  activations come with them). */
+ *  the GEMM epilogue, the transposing BF16 load and FP32 copy of the MoE checkpoints, the exponential of the MoE
+ *  activations and their elementwise rows come with them). */
 typedef struct mxfp8i_qkernel {
     const char *name;          /**< e.g. "mx_quantize_panel__avx512" */
     const char *isa_name;      /**< "scalar", "avx512" */
@@ -115,6 +136,8 @@ typedef struct mxfp8i_qkernel {
     mxfp8i_f32_t_fn f32_t;
     mxfp8i_add_f32_fn add_f32;
     mxfp8i_exp_f32_fn exp_f32;
+    mxfp8i_act_fwd_fn act_fwd;
+    mxfp8i_act_bwd_fn act_bwd;
 } mxfp8i_qkernel;
 
 /* ---- the per-group reference (src/kernels/ref/quant_ref.c) ----

@@ -12,7 +12,9 @@
  * each kernel; the transposing BF16 load and FP32 copy of the MoE checkpoints; the exponential of the MoE activations: every 251st FP32 bit pattern and the special values against
  * exp in double precision (within 0.502 ULP of its float format: the rule's accuracy), against glibc's expf bit
  * for bit where the C library is glibc 2.28 or later and the CPU has FMA (the rule is that expf's algorithm), and
- * every kernel against the first, in place and out of place, every tail length.
+ * every kernel against the first, in place and out of place, every tail length; the MoE activations' elementwise
+ * rows (every activation kind, clamps present and absent, given and computed values, NaN / Inf / signed zeros, tail
+ * lengths) against their FP32 expressions, bit for bit, nothing written past a row.
  */
 #include <float.h>
 #include <math.h>
@@ -392,6 +394,118 @@ static void check_exp_f32(void) {
     free(x), free(y0), free(y);
 }
 
+/* ---- the MoE's elementwise rows (act_fwd / act_bwd) against the FP32 expressions of include/mxfp8.h's activations,
+ * element by element (the exponential taken from the kernel's own exp_f32, checked above; this file is built for the
+ * baseline ISA, which has no FMA to contract the products into) ---- */
+static float t_clamp(float x, float lo, float hi) {
+    if (x < lo) return lo;
+    if (x > hi) return hi;
+    return x; /* NaN stays NaN */
+}
+static int t_pass(float x, float lo, float hi) { /* strict inside a present limit; NaN counts as inside */
+    return (lo == -INFINITY || !(x <= lo)) && (hi == INFINITY || !(x >= hi));
+}
+static float t_sigmoid(const mxfp8i_qkernel *qk, float b, float g) {
+    float e = -b * g;
+    qk->exp_f32(&e, &e, 1);
+    return 1.0f / (1.0f + e);
+}
+static float t_act(const mxfp8i_qkernel *qk, const mxfp8i_act_params *ap, float g) {
+    if (ap->squared_relu) {
+        const float r = g > 0.0f || isnan(g) ? g : 0.0f;
+        return r * r;
+    }
+    return g * t_sigmoid(qk, ap->beta, g);
+}
+static float t_dact(const mxfp8i_qkernel *qk, const mxfp8i_act_params *ap, float g, const float *sg) {
+    if (sg || !ap->squared_relu) {
+        const float s = sg ? *sg : t_sigmoid(qk, ap->beta, g);
+        return s * (1.0f + ap->beta * g * (1.0f - s));
+    }
+    return g > 0.0f || isnan(g) ? 2.0f * g : 0.0f;
+}
+/* Equal bits, or both NaN: where two NaN operands meet, IEEE 754 leaves open which one the result carries (x86 takes
+ * the first source operand, and a compiler may order the operands of a product either way). */
+static int same_f32(float a, float b) { return memcmp(&a, &b, 4) == 0 || (isnan(a) && isnan(b)); }
+
+/* A value for the rows: random across binades near the activations' interesting range, the clamp limits themselves,
+ * and specials (NaN, +-Inf, +-0, subnormals). */
+static float act_value(tu_rng *r) {
+    static const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN,     2.0f,
+                               -2.0f, 3.0f, 1e-40f,    -1e-40f,  88.5f,   -104.0f};
+    const uint64_t k = tu_next(r);
+    if (k % 9 == 0) return sp[(k >> 8) % (sizeof sp / sizeof sp[0])];
+    return (float)((tu_uniform(r) * 2.0 - 1.0) * ldexp(1.0, (int)((k >> 16) % 12) - 6));
+}
+
+static void check_act_rows(tu_rng *rng) {
+    enum { IMAX = 1024, PAD = 8 };
+    static const int64_t lens[] = {1, 2, 15, 16, 17, 31, 33, 100, IMAX};
+    static const float betas[] = {1.0f, 1.702f, 1.5f};
+    float *in = tu_alloc(sizeof(float) * 8 * (IMAX + PAD)), *out = tu_alloc(sizeof(float) * 8 * (IMAX + PAD));
+    int64_t cases = 0;
+    for (int q = 0; q < g_nk; q++) {
+        const mxfp8i_qkernel *qk = g_kernels[q];
+        int64_t bad = 0;
+        for (int mode = 0; mode < 48; mode++) {
+            mxfp8i_act_params ap = {mode % 4 == 3, mode % 2, betas[mode % 3], -INFINITY, INFINITY, -INFINITY, INFINITY};
+            if (ap.squared_relu) ap.beta = 0.0f;
+            if (mode / 4 % 3 == 1) ap.gate_hi = 2.0f, ap.up_lo = -2.0f, ap.up_hi = 3.0f;
+            if (mode / 4 % 3 == 2) ap.gate_lo = -1.0f, ap.up_hi = 0.5f;
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                const int64_t I = lens[li];
+                const int given = mode / 12; /* 0: from gu; 1: g, u given; 2: act given too; 3: act and inter given */
+                float *gu = in, *b1 = in + 2 * (IMAX + PAD), *dI = in + 4 * (IMAX + PAD);
+                float *g = out, *u = out + (IMAX + PAD), *act = out + 2 * (IMAX + PAD), *inter = out + 3 * (IMAX + PAD);
+                float *S = out + 4 * (IMAX + PAD), *sg = out + 5 * (IMAX + PAD), *dgu = out + 6 * (IMAX + PAD);
+                for (int64_t i = 0; i < 8 * (IMAX + PAD); i++) in[i] = act_value(rng), out[i] = -7.25f;
+                for (int64_t i = 0; i < I; i++) { /* given rows hold their values; the rest sentinels */
+                    if (given >= 1) g[i] = act_value(rng), u[i] = act_value(rng);
+                    if (given >= 2) act[i] = act_value(rng);
+                    if (given >= 3) inter[i] = act_value(rng);
+                }
+                float eg[IMAX], eu[IMAX], ea[IMAX], ei[IMAX], es[IMAX], esg[IMAX], edg[2 * IMAX];
+                const float aq = act_value(rng);
+                const int want_sg = mode % 5 != 0 && !ap.squared_relu, want_S = mode % 3 != 0;
+                for (int64_t i = 0; i < I; i++) {
+                    eg[i] = given ? g[i] : t_clamp(gu[i] + b1[i], ap.gate_lo, ap.gate_hi);
+                    eu[i] = given ? u[i] : t_clamp(gu[I + i] + b1[I + i], ap.up_lo, ap.up_hi);
+                    esg[i] = ap.squared_relu ? 0.0f : t_sigmoid(qk, ap.beta, eg[i]);
+                    ea[i] = given >= 2 ? act[i] : t_act(qk, &ap, eg[i]);
+                    ei[i] = given >= 3 ? inter[i] : ap.up_plus_one ? ea[i] * (eu[i] + 1.0f) : ea[i] * eu[i];
+                    es[i] = aq * ei[i];
+                }
+                qk->act_fwd(&ap, I, given ? NULL : gu, b1, g, u, act, given >= 2, inter, given >= 3, want_S ? S : NULL,
+                            aq, want_sg ? sg : NULL);
+                for (int64_t i = 0; i < I + PAD; i++) {
+                    const int in_row = i < I;
+                    bad += !same_f32(g[i], in_row ? eg[i] : -7.25f) + !same_f32(u[i], in_row ? eu[i] : -7.25f);
+                    bad += !same_f32(act[i], in_row ? ea[i] : -7.25f) + !same_f32(inter[i], in_row ? ei[i] : -7.25f);
+                    bad += !same_f32(S[i], in_row && want_S ? es[i] : -7.25f);
+                    if (want_sg && given < 2) bad += !same_f32(sg[i], in_row ? esg[i] : -7.25f);
+                    else bad += !same_f32(sg[i], -7.25f); /* untouched */
+                }
+                /* the backward row on the forward's values (sg from the forward when it was asked for) */
+                const int scale = mode % 2 == 0, use_sg = want_sg && given < 2;
+                for (int64_t i = 0; i < I; i++) {
+                    const float dIv = scale ? aq * dI[i] : dI[i];
+                    const float d = t_dact(qk, &ap, eg[i], use_sg ? &esg[i] : NULL);
+                    const float v = ap.up_plus_one ? dIv * (eu[i] + 1.0f) * d : dIv * eu[i] * d;
+                    edg[i] = t_pass(eg[i], ap.gate_lo, ap.gate_hi) ? v : 0.0f;
+                    edg[I + i] = t_pass(eu[i], ap.up_lo, ap.up_hi) ? dIv * ea[i] : 0.0f;
+                }
+                qk->act_bwd(&ap, I, dI, aq, scale, g, u, act, use_sg ? sg : NULL, dgu);
+                for (int64_t i = 0; i < 2 * I + PAD; i++) bad += !same_f32(dgu[i], i < 2 * I ? edg[i] : -7.25f);
+                cases++;
+            }
+        }
+        TU_CHECK(bad == 0, "%s act_fwd / act_bwd: %lld values differ from the FP32 expressions or were written past "
+                 "the row", qk->name, (long long)bad);
+    }
+    printf("test_qkernels: activation rows, %lld cases per kernel\n", (long long)(cases / (g_nk ? g_nk : 1)));
+    free(in), free(out);
+}
+
 /* Boundary groups: amax with a fraction at the RCEIL boundary (1.75 = 0x600000 and its neighbours) or other edges,
  * exponents across the whole FP32 range (the clamps at -127/+127 included, subnormal amax), and elements with few
  * significant bits placed 0..14 binades below amax, which lands them on exact ties of the FP8 grid. */
@@ -464,6 +578,7 @@ static void test_all_kernels(void) {
     check_to_bf16(&rng);
     check_transposes(&rng);
     check_exp_f32();
+    check_act_rows(&rng);
     free(xf), free(xe), free(all), free(shuf);
 }
 

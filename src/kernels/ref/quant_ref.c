@@ -18,6 +18,7 @@
 #include "../../format/groups.h"
 #include "../../format/philox.h"
 #include "../../runtime/tensor.h"
+#include "../act_rows.h"
 #include "../expf.h"
 #include "ref.h"
 
@@ -156,6 +157,17 @@ void mxfp8i_exp_f32__ref(const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = mxfp8i_expf1(x[i]);
 }
 
+/* The MoE's elementwise rows (act_rows.h) compiled for the baseline ISA. */
+static void act_fwd__ref(const mxfp8i_act_params *ap, int64_t I, const float *gu, const float *b1, float *g, float *u,
+                         float *act, int act_given, float *inter, int inter_given, float *S, float aq, float *sg) {
+    mxfp8i_act_fwd_impl(mxfp8i_exp_f32__ref, ap, I, gu, b1, g, u, act, act_given, inter, inter_given, S, aq, sg);
+}
+static void act_bwd__ref(const mxfp8i_act_params *ap, int64_t I, const float *dI, float aq, int scale, const float *g,
+                         const float *u, const float *act, const float *sg, float *dgu) {
+    mxfp8i_act_bwd_impl(mxfp8i_exp_f32__ref, ap, I, dI, aq, scale, g, u, act, sg, dgu);
+}
+
 const mxfp8i_qkernel mxfp8i_mx_quant__ref = {"mx_quant_panel__ref", "scalar", 0, 0, mxfp8i_quantize_panel__ref,
                                              mxfp8i_dequantize_panel__ref, mxfp8i_to_bf16__ref, mxfp8i_bf16_t__ref,
-                                             mxfp8i_f32_t__ref, mxfp8i_add_f32__ref, mxfp8i_exp_f32__ref};
+                                             mxfp8i_f32_t__ref, mxfp8i_add_f32__ref, mxfp8i_exp_f32__ref,
+                                             act_fwd__ref, act_bwd__ref};

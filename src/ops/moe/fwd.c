@@ -93,6 +93,7 @@ typedef struct fwd_ws {
     mxfp8i_moe_wcopy wc;
     float *acc;                                        /* the output accumulator [T*H] */
     float *xb, *gu, *g, *u, *act, *inter, *down, *b1, *b2, *aq; /* per-block buffers, rows [0, Bw) */
+    float *rows; /* per thread: one position's g, u, act(g) when no checkpoint needs the block's ([nt][3][I]) */
 } fwd_ws;
 
 /* The call's state for its reservation function: the problem, its statistics request, the buffers to fill. */
@@ -115,10 +116,12 @@ static mxfp8_status moe_fwd_reserve_job(const void *ctx) {
     const size_t f = sizeof(float);
     int k = MXFP8I_WS_MOE_BUF0;
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table_reserve(p));
-    float **bufs[] = {&w->acc, &w->xb, &w->gu, &w->g, &w->u, &w->act, &w->inter, &w->down, &w->b1, &w->b2, &w->aq};
-    const int64_t len[] = {p->T * H, Bw * H, Bw * I2, Bw * I, Bw * I, Bw * I, Bw * I, Bw * H, I2, H, Bw};
+    float **bufs[] = {&w->acc, &w->xb, &w->gu, &w->g, &w->u, &w->act, &w->inter, &w->down, &w->b1, &w->b2, &w->aq,
+                      &w->rows};
+    const int64_t len[] = {p->T * H, Bw * H, Bw * I2, Bw * I, Bw * I, Bw * I, Bw * I, Bw * H, I2, H, Bw,
+                           (int64_t)mxfp8i_num_threads() * 3 * I};
     int ok = 1;
-    for (int i = 0; i < 11 && ok; i++)
+    for (int i = 0; i < 12 && ok; i++)
         ok = (*bufs[i] = (float *)mxfp8i_ws_get(k++, (size_t)(len[i] > 0 ? len[i] : 1) * f)) != NULL;
     ok = ok && !mxfp8i_moe_wcopy_alloc(p, 1u << MXFP8I_W1_H | 1u << MXFP8I_W2_I, &w->wc);
     ok = ok && !mxfp8i_moe_gemm_reserve(p, Bw, I2, H, 0);
@@ -154,14 +157,20 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
     mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, gu, I2));
+    /* g, u and act(g) of the block only where a checkpoint takes them, else one position at a time in the thread's
+     * rows (in L1); inter always (GEMM 2's operand) */
+    const int keep_gu = o->gate_up_proj_act_checkpoint_T.data != NULL, keep_act = o->gate_act_checkpoint_T.data != NULL;
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q = 0; q < L; q++) {
-        float *rows[4] = {g + q * I, u + q * I, act + q * I, inter + q * I};
-        if (tok[q] < 0)
-            for (int k = 0; k < 4; k++) memset(rows[k], 0, (size_t)I * sizeof(float));
-        else
-            mxfp8i_moe_fwd_row(c, I, gu + q * I2, b1, rows[0], rows[1], rows[2], 0, rows[3], 0, NULL, 0.0f, NULL);
-    }
+    for (int t = 0; t < nt; t++)
+        for (int64_t q = L * t / nt; q < L * (t + 1) / nt; q++) {
+            float *own = w->rows + (int64_t)t * 3 * I;
+            float *rows[4] = {keep_gu ? g + q * I : own, keep_gu ? u + q * I : own + I,
+                              keep_act ? act + q * I : own + 2 * I, inter + q * I};
+            if (tok[q] < 0)
+                for (int k = 0; k < 4; k++) memset(rows[k], 0, (size_t)I * sizeof(float));
+            else
+                mxfp8i_moe_fwd_row(c, I, gu + q * I2, b1, rows[0], rows[1], rows[2], 0, rows[3], 0, NULL, 0.0f, NULL);
+        }
     /* GEMM 2: down = inter @ W2[e] + b2, contraction I (keyed slot 1) */
     A = mxfp8i_gop_hp(inter, MXFP8_DTYPE_F32, L, I, I, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);

@@ -201,8 +201,7 @@ mxfp8_status mxfp8i_moe_stats_alloc(mxfp8i_moe *p, const mxfp8_quant_stats *stat
 /** Write the statistics into the caller's array (nothing when p->qst is NULL). */
 void mxfp8i_moe_stats_export(const mxfp8i_moe *p, mxfp8_quant_stats *stats);
 
-/** Clamp keeping NaN (absent limits are +-INFINITY). */
-static inline float mxfp8i_moe_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+/** Clamp keeping NaN (absent limits are +-INFINITY); the FP32 one is src/kernels/act_rows.h's. */
 static inline double mxfp8i_moe_clamp_d(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
 /** Gradient mask of a clamp (1 = the clamp passed the value through). An absent limit (-INFINITY lower,
  *  +INFINITY upper) masks nothing, so +-Inf and NaN pass; a present limit masks with strict comparisons where NaN
@@ -238,13 +237,6 @@ static inline double mxfp8i_moe_beta_d(const mxfp8_moe_config *c) {
     return a->beta_from_config ? (double)c->swiglu_alpha : a->beta_d;
 }
 
-/** The squared ReLU max(g, 0)^2 and its derivative 2 max(g, 0) in FP32 (NaN stays NaN); the sigmoid-gated
- *  activations are computed a row at a time by act.c with the registry's exponential. */
-static inline float mxfp8i_moe_relu2(float g) {
-    float r = !(g <= 0.0f) ? g : 0.0f;
-    return r * r;
-}
-static inline float mxfp8i_moe_drelu2(float g) { return !(g <= 0.0f) ? 2.0f * g : 0.0f; }
 /** 1 for the activations g * sigmoid(beta g), whose sigmoid act.c keeps for act'(g). */
 static inline int mxfp8i_moe_sigmoid_act(const mxfp8_moe_config *c) {
     return mxfp8i_moe_act_desc(c)->kind == MXFP8I_ACT_SIGMOID_GATED;
@@ -269,8 +261,8 @@ static inline double mxfp8i_moe_up_d(const mxfp8_moe_config *c, double u) {
     return mxfp8i_moe_act_desc(c)->up_plus_one ? u + 1.0 : u;
 }
 
-/** The elementwise work of one real position (act.c), the same FP32 expressions as mxfp8i_moe_act, _dact and
- *  _clamp_pass element by element (bitwise equal), in loops the compiler vectorizes.
+/** The elementwise work of one real position (act.c, through the registry's rows: src/kernels/act_rows.h), the FP32
+ *  counterparts of mxfp8i_moe_act_d, _dact_d and _clamp_pass element by element.
  *  Forward row: with gu (GEMM 1's row [2I]) g = clamp(gu[:I] + b1[:I]), u = clamp(gu[I:] + b1[I:]) (else g, u are
  *  given); act = act(g) unless act_given; inter = act * up(u) unless inter_given; S = aq * inter when S is not
  *  NULL; sg, when not NULL, receives sigmoid(c g) of the SiLU / Swish / gpt-oss activations (untouched otherwise).
