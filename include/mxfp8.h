@@ -1082,12 +1082,14 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     skip_grad_initialization each expert's GEMM writes into the output itself); FP64 sums 8 (T E + 2 E I + E H), at most one
  *     expert's weights in FP32 (<= 12 H I; only for pre-quantized weights contracted along an axis other than the
  *     one they were quantized along, or W1 views whose (2, I) axes are not one 2I axis: high-precision weights
- *     are read in place), per-block buffers 4 B' (8 H + 13 I), the routing table
- *     4 (N B + N), plus one per-block GEMM's workspace (above, with M = B', N and K <= max(H, 2 I)) and OMP;
+ *     are read in place), per-block buffers 4 R (8 H + 13 I) with R = B', or up to max(B', 512) where consecutive
+ *     full blocks of one expert run together (only when one block's B (H + 2 I) FP32 values pass 1 MiB: the same
+ *     bits, fewer parallel regions), the routing table 4 (N B + N), plus one block GEMM's workspace (above, with
+ *     M = R, N and K <= max(H, 2 I)) and OMP;
  *     the backward also keeps the current expert's packed weights for Phases 1 and 2 (the B operands above:
  *     4 H (I + 32) + 8 I (H + 32)), reused by all of the expert's blocks. When an expert's weight gradients
  *     pass 1 MiB of FP32 (3 H I > 262144) the backward adds all of an expert's blocks to them at once instead of
- *     block by block (the same bits), which takes 4 (Re - B') (2 H + 3 I) + 4 Se B' (H + 2 I + 64) + 8192 P +
+ *     block by block (the same bits), which takes 4 (Re - R) (2 H + 3 I) + 4 Se B' (H + 2 I + 64) + 8192 P +
  *     320 Se more, with Re the most positions of one expert's blocks (each block counted up to its last real
  *     position; <= T for mxfp8_moe_route's layout) and Se the most blocks of one expert.
  *     So the workspace stays below the bytes of the inputs and outputs themselves when those are F32 (and below
@@ -1167,8 +1169,8 @@ MXFP8_API mxfp8_status mxfp8_moe_route_validate(const mxfp8_tensor *topk_ids, co
  *  num_valid_tokens), the routing ids of token_position_to_id and block_to_expert (each read once, nothing
  *  stored), the outputs and their aliasing, in the call's order. *workspace_bytes: everything the call takes from
  *  args->workspace -- the routing table 4 (N B + N), the FP32 output accumulator 4 T H, the per-block buffers (their
- *  rows: the longest block prefix that ends with a real position, so it depends on the routing ids, not only on
- *  the shapes), FP32 weight copies where a GEMM needs one, both block GEMMs' buffers with the current expert's
+ *  rows: the longest block prefix that ends with a real position, or the longest run of full blocks of one expert
+ *  taken together, so it depends on the routing ids, not only on the shapes), FP32 weight copies where a GEMM needs one, both block GEMMs' buffers with the current expert's
  *  packed weights, and the statistics' slots when args->stats is set. Errors: those of mxfp8_moe_forward. */
 MXFP8_API mxfp8_status mxfp8_moe_forward_validate(const mxfp8_moe_fwd_args *args,
                                                   const mxfp8_moe_fwd_outputs *outputs, size_t *workspace_bytes);

@@ -10,13 +10,18 @@
  *      changes no bit of the backward;
  *   3. MXFP8_ISA=scalar gives the same bits as the default path (this test runs itself again under it);
  *   4. on a problem whose per-block elementwise work splits between threads: the forward's output and every
- *      checkpoint, and the backward from those checkpoints, are the same bits on 1 and 2 threads.
+ *      checkpoint, and the backward from those checkpoints, are the same bits on 1 and 2 threads;
+ *   5. runs of blocks (consecutive full blocks of one expert stacked; chosen by size, forced here) give the bits of
+ *      block by block: the forward's output, checkpoints and statistics (and the output when no checkpoint is
+ *      asked for), the backward's gradients and statistics from the checkpoints and recomputing them, on both
+ *      weight-gradient paths, with the oracle's values.
  */
 #include <unistd.h>
 
 #include "moe_util.h"
 
 int mxfp8i_moe_set_segmented_wgrad(int mode); /* src/ops/moe/bwd_state.h (test-only: -1 by size, 0, 1) */
+int mxfp8i_moe_set_block_runs(int mode);       /* src/ops/moe/moe.h (test-only: -1 by size, 0, 1) */
 
 #define NOPS MXFP8_MOE_NUM_OPERANDS
 
@@ -292,6 +297,120 @@ static void test_threads_split(void) {
     prob_free(&P);
 }
 
+/* One forward (runs forced on or off) on nt threads: output, and every checkpoint when ck (F32 views, allocated
+ * here into o[0..5]), with statistics into st when not NULL. */
+enum { NOUT = 6 };
+static void forward_runs(const prob *P, const mxfp8_moe_config *cfg, int runs, int nt, int ck, float *o[NOUT],
+                         mxfp8_quant_stats *st, size_t len[NOUT]) {
+    const int64_t N = P->N, B = P->B, I = P->I, H = P->H;
+    const size_t l[NOUT] = {(size_t)(P->T * H), (size_t)(N * 2 * I * B), (size_t)(N * I * B), (size_t)(N * I * B),
+                            (size_t)(N * I * B), (size_t)(N * B * H)};
+    for (int c = 0; c < NOUT; c++) len[c] = l[c], o[c] = xc(sizeof(float) * l[c]);
+    mxfp8_moe_fwd_args F;
+    fwd_args(P, cfg, &F);
+    F.stats = st;
+    mxfp8_moe_fwd_outputs O = {0};
+    O.output = v2(o[0], MXFP8_DTYPE_F32, P->T, H);
+    if (ck) {
+        O.gate_up_proj_act_checkpoint_T = v4(o[1], MXFP8_DTYPE_F32, N, 2, I, B);
+        O.gate_act_checkpoint_T = v3(o[2], MXFP8_DTYPE_F32, N, I, B);
+        O.intermediate_checkpoint_T = v3(o[3], MXFP8_DTYPE_F32, N, I, B);
+        O.scaled_intermediate_checkpoint_T = v3(o[4], MXFP8_DTYPE_F32, N, I, B);
+        O.down_proj_output_checkpoint = v3(o[5], MXFP8_DTYPE_F32, N, B, H);
+    }
+    mxfp8i_moe_set_block_runs(runs);
+    mxfp8_set_num_threads(nt);
+    CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
+    mxfp8_set_num_threads(0);
+    mxfp8i_moe_set_block_runs(-1);
+}
+
+/* Runs of blocks (consecutive full blocks of one expert stacked, chosen by size, forced here) against block by
+ * block: the forward's output, checkpoints and statistics, and the backward's gradients and statistics (from the
+ * checkpoints, and recomputing them; both weight-gradient paths) are the same bits, over activations, both
+ * affinity options, biases, stochastic rounding of every operand, an expert with no tokens; and the oracle's values. */
+static void test_runs_equal(void) {
+    int configs = 0;
+    for (int which = 0; which < 3; which++) {
+        prob P;
+        make_problem(&P, which);
+        for (int act = 0; act < 4; act++)
+            for (int aff = 0; aff < 2; aff++)
+                for (int bias = 0; bias < 2; bias++)
+                    for (int sr = 0; sr < 2; sr++) {
+                        if (which == 2 && (act != 0 || bias != sr)) continue; /* the large problem: fewer */
+                        mxfp8_moe_config cfg;
+                        mxfp8_moe_config_init(&cfg);
+                        cfg.activation = (mxfp8_activation)act;
+                        cfg.affinity_option = (mxfp8_affinity_option)aff;
+                        cfg.bias = bias;
+                        cfg.gate_clamp_upper = 0.5f;
+                        cfg.up_clamp_lower = -0.3f;
+                        if (sr) {
+                            cfg.stochastic_rounding = (1u << NOPS) - 1;
+                            cfg.rounding_seed = 777u + (unsigned)act;
+                        }
+                        char what[160];
+                        snprintf(what, sizeof what, "problem %d act %d aff %d bias %d sr %d: runs vs blocks", which,
+                                 act, aff, bias, sr);
+                        const size_t ns = (size_t)(P.E * NOPS);
+                        float *on[NOUT], *off[NOUT], *lean[NOUT];
+                        size_t len[NOUT];
+                        mxfp8_quant_stats *fs1 = xc(ns * sizeof *fs1), *fs0 = xc(ns * sizeof *fs0);
+                        forward_runs(&P, &cfg, 1, 2, 1, on, fs1, len);
+                        forward_runs(&P, &cfg, 0, 1, 1, off, fs0, len);
+                        forward_runs(&P, &cfg, 1, 2, 0, lean, NULL, len); /* output only: g, u, act not kept */
+                        int bad = 0;
+                        for (int c = 0; c < NOUT; c++) bad += memcmp(on[c], off[c], sizeof(float) * len[c]) != 0;
+                        bad += memcmp(lean[0], off[0], sizeof(float) * len[0]) != 0;
+                        for (size_t i = 0; i < ns; i++) bad += !stats_equal(&fs1[i], &fs0[i]);
+                        CHECK(bad == 0, "%s: %d forward outputs / checkpoints / statistics differ", what, bad);
+                        for (int ck = 0; ck < 2; ck++)
+                            for (int seg = 0; seg < 2; seg++) {
+                                mxfp8_moe_bwd_args A[2];
+                                grads g[2];
+                                mxfp8_quant_stats *bs[2] = {xc(ns * sizeof *bs[0]), xc(ns * sizeof *bs[1])};
+                                for (int r = 0; r < 2; r++) {
+                                    bwd_args(&P, &cfg, &A[r]);
+                                    A[r].stats = bs[r];
+                                    if (ck) {
+                                        const int64_t N = P.N, B = P.B, I = P.I, H = P.H;
+                                        A[r].gate_up_proj_act_checkpoint_T = v4(off[1], MXFP8_DTYPE_F32, N, 2, I, B);
+                                        A[r].gate_act_checkpoint_T = v3(off[2], MXFP8_DTYPE_F32, N, I, B);
+                                        A[r].intermediate_checkpoint_T = v3(off[3], MXFP8_DTYPE_F32, N, I, B);
+                                        A[r].scaled_intermediate_checkpoint_T = v3(off[4], MXFP8_DTYPE_F32, N, I, B);
+                                        A[r].down_proj_output_checkpoint = v3(off[5], MXFP8_DTYPE_F32, N, B, H);
+                                    }
+                                    grads_make(&g[r], &P, MXFP8_DTYPE_F32, bias);
+                                    mxfp8i_moe_set_block_runs(r == 0);
+                                    mxfp8i_moe_set_segmented_wgrad(seg);
+                                    mxfp8_set_num_threads(r == 0 ? 2 : 1);
+                                    CHECK(mxfp8_moe_backward(&A[r], &g[r].g) == MXFP8_OK, "backward: %s",
+                                          mxfp8_last_error_message());
+                                    mxfp8_set_num_threads(0);
+                                    mxfp8i_moe_set_segmented_wgrad(-1);
+                                    mxfp8i_moe_set_block_runs(-1);
+                                }
+                                char w2[256];
+                                snprintf(w2, sizeof w2, "%s, backward %s checkpoints, %s", what,
+                                         ck ? "from" : "without", seg ? "segmented" : "per block");
+                                grads_bitwise(&g[0], &g[1], bias, w2);
+                                int sb = 0;
+                                for (size_t i = 0; i < ns; i++) sb += !stats_equal(&bs[0][i], &bs[1][i]);
+                                CHECK(sb == 0, "%s: %d operand statistics differ", w2, sb);
+                                if (!sr && !ck && seg && act < 3) /* the oracle's activations: SiLU, Swish, ReLU^2 */
+                                    check_vs_oracle(&g[0], &P, &cfg, w2);
+                                for (int r = 0; r < 2; r++) grads_free(&g[r]), free(bs[r]);
+                            }
+                        for (int c = 0; c < NOUT; c++) free(on[c]), free(off[c]), free(lean[c]);
+                        free(fs1), free(fs0);
+                        configs++;
+                    }
+        prob_free(&P);
+    }
+    printf("runs of blocks vs block by block: %d configurations bitwise equal\n", configs);
+}
+
 /* The gradients of a fixed set of configurations (the segmented path, 2 threads), one after the other. */
 static size_t isa_grads(unsigned char **out) {
     size_t len = 0, cap = 0;
@@ -367,6 +486,7 @@ int main(int argc, char **argv) {
         return ok && !g_fail ? 0 : 1;
     }
     test_paths_equal();
+    test_runs_equal();
     test_nan_padding();
     test_threads_split();
     test_isa();

@@ -174,6 +174,7 @@ static int64_t bound_moe_segmented_extra(int64_t T, int64_t H, int64_t I, int64_
 }
 
 int mxfp8i_moe_set_segmented_wgrad(int mode); /* src/ops/moe/bwd_state.h (test-only: -1 by size, 0, 1) */
+int mxfp8i_moe_set_block_runs(int mode);       /* src/ops/moe/moe.h (test-only: -1 by size, 0, 1) */
 
 static float *frand(int64_t n, uint64_t seed) {
     tu_rng r = {seed};
@@ -343,6 +344,27 @@ static void test_moe_backward(void) {
            bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) + 8 * I * (H + 32) +
                bound_moe_segmented_extra(T, H, I, B, T, N, info.num_threads));
     mxfp8i_moe_set_segmented_wgrad(-1);
+    /* runs of full blocks of one expert (chosen by size for larger blocks; forced here): the per-block buffers and
+       the block GEMMs take R rows, R <= max(B', 512) and <= the rows of one expert (<= T here) */
+    {
+        const int64_t R = T < 512 ? T : 512, gr = bound_gemm(R, KM, KM, 0, info.num_threads);
+        const int64_t more = 4 * (R - (B < T ? B : T)) * (8 * H + 13 * I) + gr - gb;
+        mxfp8i_moe_set_block_runs(1);
+        float *y2 = tu_alloc(T * H * 4);
+        fo.output = mxfp8_tensor_make(y2, MXFP8_DTYPE_F32, 2, (const int64_t[]){T, H});
+        TU_CHECK(mxfp8_moe_forward(&fa, &fo) == MXFP8_OK, "moe_forward: %s", mxfp8_last_error_message());
+        mf = ws_begin();
+        mxfp8_moe_forward(&fa, &fo);
+        report("mxfp8_moe_forward, runs of blocks", ws_end(mf, "moe_forward"), bfwd + more);
+        TU_CHECK(mxfp8_moe_backward(&args, &g) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
+        m = ws_begin();
+        mxfp8_moe_backward(&args, &g);
+        report("mxfp8_moe_backward, runs of blocks", ws_end(m, "moe_backward"),
+               bound_moe(T, H, I, E, B, N, info.num_threads, gb) - 4 * 3 * H * I + 4 * H * (I + 32) +
+                   8 * I * (H + 32) + more);
+        mxfp8i_moe_set_block_runs(-1);
+        free(y2);
+    }
 
     /* Every allocation of the call, failed in turn (its workspace scope, the routing table, every layer buffer and
        every block GEMM's, all obtained by its reservation before the first block runs): OUT_OF_MEMORY, no output

@@ -14,7 +14,8 @@
  *   Phase 3             dW1[e] += X_blk^T @ dGU; along the block's positions
  *   Phase 4             dW2[e] += S^T @ dY_blk (S = a*inter, ON_I) or inter^T @ D (ON_H); along the positions
  *   bias grads          db1[e] += sum_p dGU ; db2[e] += sum_p a*dY   (FP64 sums)
- * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...). Phases 3 and 4 add
+ * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...), consecutive full
+ * blocks of an expert stacked into runs for the phases up to Phase 2 (mxfp8i_moe_run_joins: the same bits). Phases 3 and 4 add
  * each block's sum (a chain over its positions from +0) to the expert's FP32 pair in block order, either block by
  * block or, segmented, all of an expert's blocks in one mxfp8i_gemm_segments per weight gradient after its last
  * block (the same additions; use_segmented picks by size; for contiguous BF16 or F32 weight gradients with no given
@@ -90,7 +91,7 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     const mxfp8i_moe *p = j->p;
     const mxfp8_moe_bwd_grads *grads = j->grads;
     mxfp8i_moe_bwd *w = j->w;
-    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Bw;
+    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Rw; /* rows of a run of blocks */
     bool ok = !mxfp8i_moe_table_reserve(p);
     int64_t Re = 0, Se = 0;
     if (w->seg) Re = p->Re, Se = p->Se; /* found by the checks' routing walk (the table is filled after this) */
@@ -130,10 +131,11 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     if (re_gu) uses |= 1u << MXFP8I_W1_H;
     if (re_down) uses |= 1u << MXFP8I_W2_I;
     ok = ok && !mxfp8i_moe_wcopy_alloc(p, uses, &w->wc);
-    /* the block GEMMs (at most Bw positions): the Phase 1 and 2 weights in keyed slots 0 and 1, the recomputations'
-       in 2 and 3; Phases 3 and 4 per block unless segmented */
+    /* the run GEMMs (at most Rw positions): the Phase 1 and 2 weights in keyed slots 0 and 1, the recomputations'
+       in 2 and 3; Phases 3 and 4 per block (at most Bw positions) unless segmented */
     ok = ok && !(mxfp8i_moe_gemm_reserve(p, Bw, I, H, 0) || mxfp8i_moe_gemm_reserve(p, Bw, H, I2, 1) ||
-                 (!w->seg && (mxfp8i_moe_gemm_reserve(p, H, I2, Bw, -1) || mxfp8i_moe_gemm_reserve(p, I, H, Bw, -1))) ||
+                 (!w->seg && (mxfp8i_moe_gemm_reserve(p, H, I2, p->Bw, -1) ||
+                              mxfp8i_moe_gemm_reserve(p, I, H, p->Bw, -1))) ||
                  (re_gu && mxfp8i_moe_gemm_reserve(p, Bw, I2, H, 2)) ||
                  (re_down && mxfp8i_moe_gemm_reserve(p, Bw, H, I, 3)));
     ok = ok && !mxfp8i_moe_stats_reserve(p, j->stats);
@@ -152,8 +154,8 @@ static void zero_accumulators(mxfp8i_moe_bwd *w) {
 }
 
 /* The segmented path: point the Phase 3 / 4 operand buffers at the next rows of their expert-sized buffers for
- * block n (length L) and record it. */
-static void seg_next_block(mxfp8i_moe_bwd *w, int64_t n, int64_t L) {
+ * the run of `blocks` blocks from n (its blocks' lengths B, ..., B, the last one's `last`) and record each block. */
+static void seg_next_run(mxfp8i_moe_bwd *w, int64_t n, int64_t blocks, int64_t last) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, r = w->rows;
     const size_t xes = mxfp8_dtype_size(mxfp8i_moe_xb_dtype(&p->X));
@@ -161,9 +163,12 @@ static void seg_next_block(mxfp8i_moe_bwd *w, int64_t n, int64_t L) {
     w->dgu = w->dgu0 + r * 2 * I;
     if (w->onH) w->inter = w->inter0 + r * I, w->D = w->D0 + r * H;
     else w->S = w->S0 + r * I, w->dyb = w->dyb0 + r * H;
-    w->sn[w->nseg] = n, w->sL[w->nseg] = L, w->so[w->nseg] = r;
-    w->nseg++;
-    w->rows += L;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t L = b + 1 < blocks ? p->B : last;
+        w->sn[w->nseg] = n + b, w->sL[w->nseg] = L, w->so[w->nseg] = w->rows;
+        w->nseg++;
+        w->rows += L;
+    }
 }
 
 /* Round once into the outputs: dX, the affinity and bias gradients (no allocation happens from here on). */
@@ -193,11 +198,17 @@ static mxfp8_status run_experts(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
     memset(w->dw2, 0, sizeof(float) * (size_t)(I * H));
     for (int64_t e = 0; e < p->E; e++) {
         w->nseg = 0, w->rows = 0;
-        for (int64_t n = 0; n < p->N; n++) {
-            const int64_t L = p->expert[n] == e ? mxfp8i_moe_block_len(p, n) : 0;
-            if (L <= 0) continue;
-            if (w->seg) seg_next_block(w, n, L);
-            MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_bwd_block(w, n, e, L));
+        for (int64_t n = 0, blocks; n < p->N; n += blocks) {
+            int64_t last = p->expert[n] == e ? mxfp8i_moe_block_len(p, n) : 0; /* the run's last block's length */
+            blocks = 1;
+            if (last <= 0) continue;
+            for (; n + blocks < p->N; blocks++) { /* the run of blocks (mxfp8i_moe_run_joins) */
+                const int64_t Ln = mxfp8i_moe_block_len(p, n + blocks);
+                if (!mxfp8i_moe_run_joins(p, blocks, e, last, p->expert[n + blocks], Ln)) break;
+                last = Ln;
+            }
+            if (w->seg) seg_next_run(w, n, blocks, last);
+            MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_bwd_run(w, n, blocks, e, (blocks - 1) * p->B + last));
         }
         if (w->seg) MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_wgrad_segments(w, e));
         const int skip = p->cfg.skip_grad_initialization;

@@ -64,9 +64,11 @@ static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq,
     }
 }
 
-/* Positions [q0, q1) of every given checkpoint ([n, (j,) i, q]) into the [q][i] buffers g, u, act, inter, S. */
+/* Positions [q0, q1) of the run starting at block n (position q: position q % B of block n + q / B) of every given
+ * checkpoint ([n, (j,) i, q]) into the [q][i] buffers g, u, act, inter, S, block by block. */
 static void read_checkpoints(mxfp8i_moe_bwd *w, int64_t n, int64_t q0, int64_t q1) {
     const mxfp8_moe_bwd_args *a = w->args;
+    const int64_t B = w->p->B, I = w->p->I;
     const mxfp8_tensor *ckt[5] = {&a->gate_up_proj_act_checkpoint_T, &a->gate_up_proj_act_checkpoint_T,
                                   &a->gate_act_checkpoint_T, &a->intermediate_checkpoint_T,
                                   &a->scaled_intermediate_checkpoint_T};
@@ -75,8 +77,13 @@ static void read_checkpoints(mxfp8i_moe_bwd *w, int64_t n, int64_t q0, int64_t q
         const mxfp8_tensor *t = ckt[k];
         if (!t->data || (k == 4 && w->onH)) continue;
         const int four = t->ndim == 4;
-        const int64_t base = n * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
-        read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], w->p->I, q0, q1, dst[k]);
+        for (int64_t q = q0; q < q1;) {
+            const int64_t b = q / B, qe = q1 < (b + 1) * B ? q1 : (b + 1) * B;
+            const int64_t base = (n + b) * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
+            read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], I, q - b * B, qe - b * B,
+                    dst[k] + b * B * I);
+            q = qe;
+        }
     }
 }
 
@@ -106,7 +113,7 @@ static void forward_rows(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t 
         if (w->onH) {
             float *D = w->D + q * H;
             if (ck_D->data)
-                for (int64_t h = 0; h < H; h++) D[h] = ck3(ck_D, n, q, h);
+                for (int64_t h = 0; h < H; h++) D[h] = ck3(ck_D, n + q / p->B, q % p->B, h);
             else
                 for (int64_t h = 0; h < H; h++) D[h] = aq * w->dyb[q * H + h];
         }
@@ -203,7 +210,7 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
                 const int64_t q = q0 + r;
                 double t = 0.0;
                 for (int64_t h = 0; h < H; h++) {
-                    float dn = ck_down->data ? ck3(ck_down, n, q, h) : w->down[q * H + h] + w->b2[h];
+                    float dn = ck_down->data ? ck3(ck_down, n + q / p->B, q % p->B, h) : w->down[q * H + h] + w->b2[h];
                     t += (double)w->dyb[q * H + h] * (double)dn;
                 }
                 da[r] = t;
@@ -269,16 +276,17 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_
 /* Phase 3: dW1[e] [H, 2I] += X_blk^T @ dGU; Phase 4: dW2[e] [I, H] += S^T @ dY_blk (ON_I) or inter^T @ D (ON_H). The
  * operands are transposed views ([H, L] with strides (1, H), ...) that the GEMM quantizes down their columns, along
  * the block's positions. */
-static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
+static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L, int64_t r) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
-    mxfp8i_gop A = mxfp8i_gop_hp(w->xb, mxfp8i_moe_xb_dtype(&p->X), H, L, 1, H);
-    mxfp8i_gop B = mxfp8i_gop_hp(w->dgu, MXFP8_DTYPE_F32, I2, L, 1, I2);
+    const mxfp8_dtype xdt = mxfp8i_moe_xb_dtype(&p->X);
+    mxfp8i_gop A = mxfp8i_gop_hp((const char *)w->xb + (size_t)(r * H) * mxfp8_dtype_size(xdt), xdt, H, L, 1, H);
+    mxfp8i_gop B = mxfp8i_gop_hp(w->dgu + r * I2, MXFP8_DTYPE_F32, I2, L, 1, I2);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P3_X, n, H, 1, H);
     mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P3_DGU, n, I2, 1, I2);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P3_X, &B, MXFP8_MOE_P3_DGU, 1, w->dw1, I2));
-    A = mxfp8i_gop_hp(w->onH ? w->inter : w->S, MXFP8_DTYPE_F32, I, L, 1, I);
-    B = mxfp8i_gop_hp(w->onH ? w->D : w->dyb, MXFP8_DTYPE_F32, H, L, 1, H);
+    A = mxfp8i_gop_hp((w->onH ? w->inter : w->S) + r * I, MXFP8_DTYPE_F32, I, L, 1, I);
+    B = mxfp8i_gop_hp((w->onH ? w->D : w->dyb) + r * H, MXFP8_DTYPE_F32, H, L, 1, H);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P4_S, n, I, 1, I);
     mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P4_DY, n, H, 1, H);
     return mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P4_S, &B, MXFP8_MOE_P4_DY, 1, w->dw2, H);
@@ -324,7 +332,7 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
     return mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P4_S, B, MXFP8_MOE_P4_DY, 1, c2, d2, H);
 }
 
-mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
+mxfp8_status mxfp8i_moe_bwd_run(mxfp8i_moe_bwd *w, int64_t n, int64_t blocks, int64_t e, int64_t L) {
     const mxfp8i_moe *p = w->p;
     const int32_t *tok = p->tok + n * p->B;
     const int nt = mxfp8i_moe_nt((double)L * (double)(p->H + 2 * p->I)); /* elementwise work of this block */
@@ -334,7 +342,8 @@ mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64
     MXFP8I_FORWARD_IF_ERROR(phase1(w, n, e, L));
     activation_backward(w, n, e, tok, L, nt);
     MXFP8I_FORWARD_IF_ERROR(phase2(w, n, e, tok, L, nt));
-    if (!w->seg) MXFP8I_FORWARD_IF_ERROR(phases34(w, n, e, L)); /* else at the end of the expert */
+    for (int64_t b = 0; !w->seg && b < blocks; b++) /* block by block (else at the end of the expert) */
+        MXFP8I_FORWARD_IF_ERROR(phases34(w, n + b, e, b + 1 < blocks ? p->B : L - b * p->B, b * p->B));
     for (int64_t q = 0; q < L; q++)
         if (tok[q] >= 0) w->da[tok[q] * p->E + e] += w->dablk[q];
     return MXFP8_OK;

@@ -15,7 +15,7 @@ typedef struct mxfp8i_moe_bwd {
     float *dx;                       /**< hidden_states_grad accumulator [T*H] */
     float *dw1, *dw2;                /**< the current expert's weight-gradient accumulators [H*2I], [I*H] */
     double *da, *db1, *db2;          /**< affinity [T*E] and bias [E*2I], [E*H] gradients */
-    /* per-block buffers, rows [0, Bw) */
+    /* a run's buffers, rows [0, Rw) */
     float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
     float *sg;                       /**< sigmoid(c g) of the forward, for act'(g) (valid when have_sg) */
     int have_sg;
@@ -25,7 +25,7 @@ typedef struct mxfp8i_moe_bwd {
      * (xb, dgu, and S, dyb for AFFINITY_ON_I or inter, D for ON_H) in expert-sized buffers, block s at row so[s]
      * (the *0 pointers; the per-block pointers above are moved to each block's rows), and one segmented GEMM per
      * weight gradient adds the blocks' sums at the end of the expert (mxfp8i_gemm_segments). seg = 0: Phases 3
-     * and 4 run per block (mxfp8i_moe_bwd_block), the same bits. */
+     * and 4 run per block (mxfp8i_moe_bwd_run), the same bits. */
     int seg;
     float *xb0, *dgu0, *S0, *dyb0, *inter0, *D0;
     int64_t *sn, *sL, *so;           /**< [Se]: the current expert's blocks (block id, length, first row) */
@@ -46,9 +46,10 @@ int mxfp8i_moe_set_segmented_wgrad(int mode);
 /** Phases 3 and 4 of expert e over its blocks recorded in w (the segmented path). OUT_OF_MEMORY or OK. */
 mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e);
 
-/** Block n (expert e, L = its length > 0): every phase, accumulating into dx, dw1/dw2, da and the bias sums.
- *  MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (a GEMM's workspace). */
-mxfp8_status mxfp8i_moe_bwd_block(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L);
+/** The run of `blocks` blocks n, n + 1, ... of expert e (mxfp8i_moe_run_joins; L = its stacked length > 0): every
+ *  phase, accumulating into dx, dw1/dw2, da and the bias sums exactly as block by block (Phases 3 and 4 per
+ *  block). MXFP8_OK or MXFP8_ERR_OUT_OF_MEMORY (a GEMM's workspace). */
+mxfp8_status mxfp8i_moe_bwd_run(mxfp8i_moe_bwd *w, int64_t n, int64_t blocks, int64_t e, int64_t L);
 
 /* store.c */
 /** Round expert e's FP32 accumulator (per = elements of one expert, row-major) into expert e of a weight-gradient

@@ -1,4 +1,5 @@
-/* config.c -- defaults of MXFP8MOEBwdConfig and of the forward / backward argument structs [NKI-E]. */
+/* config.c -- defaults of MXFP8MOEBwdConfig and of the forward / backward argument structs [NKI-E]; the test-only
+ * switch of the runs of blocks (moe.h). */
 #include "moe.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -41,4 +42,12 @@ void mxfp8_moe_fwd_args_init(mxfp8_moe_fwd_args *args) {
     if (!args) return;
     memset(args, 0, sizeof *args);
     args->block_size = 4096;
+}
+
+int mxfp8i_moe_runs_mode = -1;
+
+int mxfp8i_moe_set_block_runs(int mode) {
+    const int prev = mxfp8i_moe_runs_mode;
+    mxfp8i_moe_runs_mode = mode < 0 ? -1 : mode != 0;
+    return prev;
 }

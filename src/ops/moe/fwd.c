@@ -7,7 +7,8 @@
  *   g, u  = clamp(GU + b1[e]) ; inter = act(g) * u           (FP32; zero at padding positions)
  *   down  = inter [L, I] @ W2[e] [I, H] + b2[e]              (GEMM, both quantized along I)
  *   out[t] += a[t*E+e] * down                                (FP32 accumulator, rounded once to output's dtype)
- * Checkpoints are written for every position (0 at padding). Blocks run in order; threads split GEMM tiles, rows of
+ * Checkpoints are written for every position (0 at padding). Blocks run in order (consecutive full blocks of one
+ * expert stacked into runs where that pays: mxfp8i_moe_run_joins, the same bits); threads split GEMM tiles, rows of
  * the elementwise work and columns of the scatter, so the result is independent of the thread count. Consecutive
  * blocks of one expert reuse its packed weights (the GEMM workspace's keyed slots).
  */
@@ -92,7 +93,7 @@ static int any_checkpoint(const mxfp8_moe_fwd_outputs *o) {
 typedef struct fwd_ws {
     mxfp8i_moe_wcopy wc;
     float *acc;                                        /* the output accumulator [T*H] */
-    float *xb, *gu, *g, *u, *act, *inter, *down, *b1, *b2, *aq; /* per-block buffers, rows [0, Bw) */
+    float *xb, *gu, *g, *u, *act, *inter, *down, *b1, *b2, *aq; /* a run's buffers, rows [0, Rw) */
     float *rows; /* per thread: one position's g, u, act(g) when no checkpoint needs the block's ([nt][3][I]) */
 } fwd_ws;
 
@@ -111,7 +112,7 @@ static mxfp8_status moe_fwd_reserve_job(const void *ctx) {
     const fwd_job *j = (const fwd_job *)ctx;
     const mxfp8i_moe *p = j->p;
     fwd_ws *w = j->w;
-    const int64_t H = p->H, I = p->I, I2 = 2 * I, Bw = p->Bw;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I, Bw = p->Rw; /* rows of the longest run of blocks */
     memset(w, 0, sizeof *w);
     const size_t f = sizeof(float);
     int k = MXFP8I_WS_MOE_BUF0;
@@ -131,13 +132,15 @@ static mxfp8_status moe_fwd_reserve_job(const void *ctx) {
     return MXFP8_OK;
 }
 
-/* Block n of expert e, positions [0, L), L > 0: both GEMMs, the elementwise work, the weighted scatter into acc and
- * the block's checkpoints (in the scatter's parallel region). */
-static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t e, int64_t L,
-                              const mxfp8_moe_fwd_outputs *o) {
-    const int64_t H = p->H, I = p->I, I2 = 2 * I;
+/* The run of `blocks` blocks n, n + 1, ... of expert e (mxfp8i_moe_run_joins), positions [0, L) of the stacked
+ * blocks (L = (blocks - 1) B + the last block's length, > 0): both GEMMs, the elementwise work, the weighted
+ * scatter into acc and the blocks' checkpoints (in the scatter's parallel region). Position q is position q % B of
+ * block n + q / B, so the stochastic-rounding indices of block n's rows run on through the others'. */
+static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t blocks, int64_t e, int64_t L,
+                            const mxfp8_moe_fwd_outputs *o) {
+    const int64_t H = p->H, I = p->I, I2 = 2 * I, B = p->B;
     const mxfp8_moe_config *c = &p->cfg;
-    const int32_t *tok = p->tok + n * p->B;
+    const int32_t *tok = p->tok + n * B;
     float *xb = w->xb, *gu = w->gu, *g = w->g, *u = w->u, *act = w->act, *inter = w->inter, *down = w->down;
     const float *b1 = w->b1, *b2 = w->b2;
     float *aq = w->aq;
@@ -197,7 +200,9 @@ static mxfp8_status fwd_block(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t
                 dst[h] += a * d;
             }
         }
-        if (ckp) write_checkpoints(p, n, L, o, g, u, act, inter, down, aq, t, nt);
+        for (int64_t b = 0; ckp && b < blocks; b++) /* each block's checkpoints from its rows of the run */
+            write_checkpoints(p, n + b, b + 1 < blocks ? B : L - b * B, o, g + b * B * I, u + b * B * I,
+                              act + b * B * I, inter + b * B * I, down + b * B * H, aq + b * B, t, nt);
     }
     return MXFP8_OK;
 }
@@ -226,9 +231,16 @@ static mxfp8_status forward_scoped(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd
     MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate workspaces", fn);
     memset(w.acc, 0, (size_t)(p->T * p->H) * sizeof(float));
-    for (int64_t n = 0; n < p->N; n++) {
-        const int64_t e = p->expert[n], L = mxfp8i_moe_block_len(p, n);
-        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_block(p, &w, n, e, L, outputs), MXFP8_ERR_INTERNAL,
+    for (int64_t n = 0, blocks; n < p->N; n += blocks) {
+        const int64_t e = p->expert[n];
+        int64_t last = mxfp8i_moe_block_len(p, n); /* the run's last block's length */
+        for (blocks = 1; n + blocks < p->N; blocks++) {
+            const int64_t Ln = mxfp8i_moe_block_len(p, n + blocks);
+            if (!mxfp8i_moe_run_joins(p, blocks, e, last, p->expert[n + blocks], Ln)) break;
+            last = Ln;
+        }
+        const int64_t L = (blocks - 1) * p->B + last; /* the stacked positions */
+        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_run(p, &w, n, blocks, e, L, outputs), MXFP8_ERR_INTERNAL,
                                "%s: a block GEMM failed after its reservation", fn);
         if (L == 0 && any_checkpoint(outputs)) { /* a padding-only block: zero checkpoints */
             const int nt = mxfp8i_moe_nt((double)p->B * (double)(5 * p->I + p->H));

@@ -168,11 +168,12 @@ static mxfp8_status check_dims(const char *fn, const char *name, const mxfp8_ten
 /* Setup                                                                                                      */
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Rows of the per-block workspaces: the longest prefix of a block that ends with a real position (at least 1, found
- * by the routing walk), so a block size far above the token count costs nothing. */
+ * by the routing walk), so a block size far above the token count costs nothing; the forward's runs (p->Rw, set
+ * before) are checked with them. */
 static mxfp8_status set_workspace_rows(mxfp8i_moe *p, int64_t rows) {
     int64_t w;
     p->Bw = rows;
-    if (!mxfp8i_mul_size(rows, p->H + 2 * p->I, &w) || w > INT64_MAX / 64) {
+    if (!mxfp8i_mul_size(rows > p->Rw ? rows : p->Rw, p->H + 2 * p->I, &w) || w > INT64_MAX / 64) {
         return mxfp8i_error(MXFP8_ERR_SIZE_OVERFLOW, "%s: block workspace L*(H + 2I) overflows", p->fn);
     }
     return MXFP8_OK;
@@ -345,10 +346,25 @@ static int64_t input_block_len(const mxfp8i_moe_in *in, const mxfp8i_moe *p, int
     return 0;
 }
 
+/* p->Rw: the forward's longest run of blocks (mxfp8i_moe_run_joins; a block alone is a run, so Rw >= Bw). */
+static void run_rows(const mxfp8i_moe_in *in, mxfp8i_moe *p, int32_t pad) {
+    const int32_t *be = p->cfg.single_expert_dense ? NULL : (const int32_t *)in->b2e->data;
+    p->Rw = 1;
+    int64_t blocks = 0, rows = 0, e = -1, L = 0;
+    for (int64_t n = 0; n < p->N; n++) {
+        const int64_t en = be ? be[n * in->b2e->strides[0]] : 0, Ln = input_block_len(in, p, n, pad);
+        if (blocks > 0 && mxfp8i_moe_run_joins(p, blocks, e, L, en, Ln)) blocks++, rows += Ln;
+        else blocks = 1, rows = Ln;
+        e = en, L = Ln;
+        if (rows > p->Rw) p->Rw = rows;
+    }
+}
+
 /* p->Re, p->Se from the checked routing, nothing stored: per-expert sums on the stack for E <= 1024, else one pass
- * over the blocks per expert. */
+ * over the blocks per expert; then p->Rw. */
 enum { EXTENT_STACK = 1024 };
 static void expert_extents(const mxfp8i_moe_in *in, mxfp8i_moe *p, int32_t pad) {
+    run_rows(in, p, pad);
     const int64_t N = p->N, E = p->cfg.single_expert_dense ? 1 : p->E;
     const int32_t *be = p->cfg.single_expert_dense ? NULL : (const int32_t *)in->b2e->data;
     p->Re = p->Se = 0;
@@ -458,7 +474,7 @@ mxfp8_status mxfp8i_moe_check(const char *fn, const mxfp8i_moe_in *in, int bwd, 
     MXFP8I_FORWARD_IF_ERROR(check_hidden_and_weights(fn, in, p));
     MXFP8I_FORWARD_IF_ERROR(check_side_inputs(fn, in, p));
     MXFP8I_FORWARD_IF_ERROR(check_routing_shapes(fn, in, p));
-    p->Bw = 1; /* set by the routing walk below: the longest block prefix that holds a real position */
+    p->Bw = p->Rw = 1; /* set by the routing walk below: the longest block prefix that holds a real position */
     p->X = *in->X;
     p->a = *in->a;
     p->W1 = *in->W1;
