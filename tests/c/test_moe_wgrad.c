@@ -14,7 +14,8 @@
  *   5. runs of blocks (consecutive full blocks of one expert stacked; chosen by size, forced here) give the bits of
  *      block by block: the forward's output, checkpoints and statistics (and the output when no checkpoint is
  *      asked for), the backward's gradients and statistics from the checkpoints and recomputing them, on both
- *      weight-gradient paths, with the oracle's values.
+ *      weight-gradient paths, with the oracle's values; also where a partial block precedes a full one of its
+ *      expert (a run must end there) and a full block holds padding.
  */
 #include <unistd.h>
 
@@ -329,16 +330,30 @@ static void forward_runs(const prob *P, const mxfp8_moe_config *cfg, int runs, i
  * block: the forward's output, checkpoints and statistics, and the backward's gradients and statistics (from the
  * checkpoints, and recomputing them; both weight-gradient paths) are the same bits, over activations, both
  * affinity options, biases, stochastic rounding of every operand, an expert with no tokens; and the oracle's values. */
+/* Padding inside an expert's blocks: the last position of its first full block that a full block of the same
+ * expert follows (so that block is partial and a run must end with it) and one position in the middle of the next. */
+static void punch_padding(prob *P) {
+    for (int64_t n = 0; n + 1 < P->N; n++)
+        if (P->b2e[n] == P->b2e[n + 1] && P->tok[n * P->B + P->B - 1] != P->pad &&
+            P->tok[(n + 1) * P->B + P->B - 1] != P->pad) {
+            P->tok[n * P->B + P->B - 1] = P->pad;
+            P->tok[(n + 1) * P->B + P->B / 2] = P->pad;
+            return;
+        }
+    CHECK(0, "no expert with two full blocks to punch");
+}
+
 static void test_runs_equal(void) {
     int configs = 0;
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 4; which++) {
         prob P;
-        make_problem(&P, which);
+        make_problem(&P, which == 3 ? 0 : which);
+        if (which == 3) punch_padding(&P); /* a partial block before a full one of its expert */
         for (int act = 0; act < 4; act++)
             for (int aff = 0; aff < 2; aff++)
                 for (int bias = 0; bias < 2; bias++)
                     for (int sr = 0; sr < 2; sr++) {
-                        if (which == 2 && (act != 0 || bias != sr)) continue; /* the large problem: fewer */
+                        if (which >= 2 && (act != 0 || bias != sr)) continue; /* fewer for these two */
                         mxfp8_moe_config cfg;
                         mxfp8_moe_config_init(&cfg);
                         cfg.activation = (mxfp8_activation)act;

@@ -353,8 +353,9 @@ static void run_rows(const mxfp8i_moe_in *in, mxfp8i_moe *p, int32_t pad) {
     int64_t blocks = 0, rows = 0, e = -1, L = 0;
     for (int64_t n = 0; n < p->N; n++) {
         const int64_t en = be ? be[n * in->b2e->strides[0]] : 0, Ln = input_block_len(in, p, n, pad);
-        if (blocks > 0 && mxfp8i_moe_run_joins(p, blocks, e, L, en, Ln)) blocks++, rows += Ln;
-        else blocks = 1, rows = Ln;
+        if (blocks > 0 && mxfp8i_moe_run_joins(p, blocks, e, L, en, Ln)) blocks++;
+        else blocks = 1;
+        rows = (blocks - 1) * p->B + Ln; /* the stacked positions, as the drivers count them */
         e = en, L = Ln;
         if (rows > p->Rw) p->Rw = rows;
     }
