@@ -65,6 +65,23 @@ static void make_problem(prob *P, int which) {
     else prob_make(P, 300, 128, 128, 4, 2, 32, 1, NULL);
 }
 
+/* The layer's config of the equality tests: activation, affinity option, biases, clamps on both projections, and
+ * stochastic rounding of every operand with `seed` when sr. */
+static mxfp8_moe_config layer_config(int act, int aff, int bias, int sr, unsigned seed) {
+    mxfp8_moe_config cfg;
+    mxfp8_moe_config_init(&cfg);
+    cfg.activation = (mxfp8_activation)act;
+    cfg.affinity_option = (mxfp8_affinity_option)aff;
+    cfg.bias = bias;
+    cfg.gate_clamp_upper = 0.5f;
+    cfg.up_clamp_lower = -0.3f;
+    if (sr) {
+        cfg.stochastic_rounding = (1u << NOPS) - 1; /* every operand */
+        cfg.rounding_seed = seed;
+    }
+    return cfg;
+}
+
 static void test_paths_equal(void) {
     int configs = 0;
     for (int which = 0; which < 3; which++) {
@@ -75,20 +92,10 @@ static void test_paths_equal(void) {
                 for (int bias = 0; bias < 2; bias++)
                     for (int sr = 0; sr < 2; sr++) {
                         if (which == 2 && act != 0) continue; /* the large problem: one activation */
-                        mxfp8_moe_config cfg;
-                        mxfp8_moe_config_init(&cfg);
-                        cfg.activation = (mxfp8_activation)act;
-                        cfg.affinity_option = (mxfp8_affinity_option)aff;
-                        cfg.bias = bias;
-                        cfg.gate_clamp_upper = 0.5f;
-                        cfg.up_clamp_lower = -0.3f;
+                        mxfp8_moe_config cfg = layer_config(act, aff, bias, sr, 12345u + (unsigned)act);
                         /* every format and scale rule (each operand carries its recipe, on either path) */
                         cfg.quant_dtype = (act + aff) % 2 ? MXFP8_FMT_E5M2 : MXFP8_FMT_E4M3;
                         cfg.scale_rule = (mxfp8_scale_rule)((act + aff + bias) % 3);
-                        if (sr) {
-                            cfg.stochastic_rounding = (1u << NOPS) - 1; /* every operand */
-                            cfg.rounding_seed = 12345u + (unsigned)act;
-                        }
                         const size_t ns = (size_t)(P.E * NOPS);
                         mxfp8_quant_stats *s1 = xc(ns * sizeof *s1), *s0 = xc(ns * sizeof *s0);
                         grads seg, blk;
@@ -354,17 +361,7 @@ static void test_runs_equal(void) {
                 for (int bias = 0; bias < 2; bias++)
                     for (int sr = 0; sr < 2; sr++) {
                         if (which >= 2 && (act != 0 || bias != sr)) continue; /* fewer for these two */
-                        mxfp8_moe_config cfg;
-                        mxfp8_moe_config_init(&cfg);
-                        cfg.activation = (mxfp8_activation)act;
-                        cfg.affinity_option = (mxfp8_affinity_option)aff;
-                        cfg.bias = bias;
-                        cfg.gate_clamp_upper = 0.5f;
-                        cfg.up_clamp_lower = -0.3f;
-                        if (sr) {
-                            cfg.stochastic_rounding = (1u << NOPS) - 1;
-                            cfg.rounding_seed = 777u + (unsigned)act;
-                        }
+                        const mxfp8_moe_config cfg = layer_config(act, aff, bias, sr, 777u + (unsigned)act);
                         char what[160];
                         snprintf(what, sizeof what, "problem %d act %d aff %d bias %d sr %d: runs vs blocks", which,
                                  act, aff, bias, sr);
