@@ -36,6 +36,7 @@ struct gemm_ctx {
     const mxfp8i_ukernel *uk;
     mxfp8i_to_bf16_fn to_bf16;    /* the registry's FP32 -> BF16 rounding (epilogue) */
     mxfp8i_add_f32_fn add_f32;    /* and its FP32 accumulation (epilogue with accumulate) */
+    mxfp8i_copy_f32_fn copy_f32;  /* and its FP32 copy into an output written once (segmented, stream) */
     int accumulate;
     const mxfp8_tensor *c;
     int64_t M, N, K, MCb, NCb, MB, NB, ldcb;
@@ -520,6 +521,7 @@ typedef struct seg_call {
     gemm_ctx *segs; /* [nseg] */
     int nseg;
     int c_zero;     /* C holds +0 everywhere: not read, the running values start at +0 */
+    int stream;     /* C is an output written once: F32 tiles stored past the caches (the registry's copy_f32) */
 } seg_call;
 
 static void seg_thread(const seg_call *sc, int tid, int nt) {
@@ -588,6 +590,10 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
                         for (int j = 0; j < nr; j++) d16[i * cs0 + j * cs1] = mxfp8i_fp32_to_bf16(acc[i * ld + j]);
                 continue;
             }
+            if (sc->stream && cs1 == 1) {
+                x->copy_f32(acc, ld, dst, cs0, mr, nr);
+                continue;
+            }
             for (int i = 0; i < mr; i++)
                 if (cs1 == 1)
                     for (int j = 0; j < nr; j++) dst[i * cs0 + j] = acc[i * ld + j];
@@ -618,7 +624,7 @@ static bool seg_bytes(const gemm_ctx *x, const mxfp8i_gop *a, int nseg, int64_t 
     return true;
 }
 
-mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg, int c_zero,
+mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg, int c_zero, int stream,
                                   const mxfp8_matmul_config *config, const mxfp8_tensor *c, int num_threads) {
     if (nseg <= 0 || a[0].R == 0 || b[0].R == 0) return MXFP8_OK;
     int64_t Kmax = 0;
@@ -636,6 +642,7 @@ mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int 
         goto done;
     x.to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
     x.add_f32 = mxfp8i_kernels_get()->quant->add_f32;
+    x.copy_f32 = mxfp8i_kernels_get()->quant->copy_f32;
     x.accumulate = 1;
     x.c = c;
     x.coop = 0;
@@ -649,7 +656,7 @@ mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int 
         Ap += mxfp8i_ceil_div(x.M, x.uk->mr) * segs[s].pa_stride;
         Bp += mxfp8i_ceil_div(x.N, x.uk->nr) * segs[s].pb_stride;
     }
-    seg_call sc = {&x, segs, nseg, c_zero};
+    seg_call sc = {&x, segs, nseg, c_zero, stream};
     unsigned csr = mxfp8i_fenv_enter();
     if (x.nt == 1) {
         seg_thread(&sc, 0, 1);

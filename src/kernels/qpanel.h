@@ -86,14 +86,24 @@ typedef void (*mxfp8i_bf16_t_fn)(const uint16_t *src, int64_t ld_src, float *dst
                                  int64_t cols);
 
 /** Transposing FP32 copy (the MoE's FP32 checkpoints, positions innermost, read and written): dst[c*ld_dst + r] =
- *  src[r*ld_src + c] for r < rows, c < cols (the bits moved, nothing rounded). */
+ *  src[r*ld_src + c] for r < rows, c < cols (the bits moved, nothing rounded). stream != 0: dst is an output written
+ *  once and not read again soon (the forward's checkpoints): a kernel may store it past the caches (non-temporal
+ *  stores, which skip reading each line before it is written), every store visible to the other threads when the
+ *  call returns. */
 typedef void (*mxfp8i_f32_t_fn)(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
-                                int64_t cols);
+                                int64_t cols, int stream);
 
 /** FP32 accumulation rows (the GEMM epilogue with accumulate): dst[r*ld_dst + j] = dst[r*ld_dst + j] +
  *  src[r*ld_src + j] for r < rows, j < n, one IEEE FP32 addition (RNE, no FTZ/DAZ under the GEMM's MXCSR) each. */
 typedef void (*mxfp8i_add_f32_fn)(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
                                   int64_t n);
+
+/** FP32 rows into an output written once and not read again soon (the segmented GEMM's weight gradients written
+ *  straight into the caller's tensor): dst[r*ld_dst + j] = src[r*ld_src + j] for r < rows, j < n (the bits). A
+ *  kernel may store past the caches (non-temporal stores); every store is visible to the other threads when the
+ *  call returns. */
+typedef void (*mxfp8i_copy_f32_fn)(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
+                                   int64_t n);
 
 /** The library's FP32 exponential (the MoE activations' sigmoid): y[i] = exp(x[i]) for i < n by the rule of
  *  src/kernels/expf.h (glibc's expf algorithm with its fused operations, bit for bit; no errno); x and y may be the
@@ -135,6 +145,7 @@ typedef struct mxfp8i_qkernel {
     mxfp8i_bf16_t_fn bf16_t;
     mxfp8i_f32_t_fn f32_t;
     mxfp8i_add_f32_fn add_f32;
+    mxfp8i_copy_f32_fn copy_f32;
     mxfp8i_exp_f32_fn exp_f32;
     mxfp8i_act_fwd_fn act_fwd;
     mxfp8i_act_bwd_fn act_bwd;

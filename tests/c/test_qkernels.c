@@ -9,7 +9,8 @@
  * 31, 32, 33, 127, 129, 2432, rows and columns with odd leading dimensions, both formats, all three rules, 1x32 and
  * wrapX; a strided panel that a SIMD kernel may decline (then it must write nothing); dequantization of random codes
  * and scales (NaN codes, scale 0 and 255 included); the FP32 -> BF16 rounding of the GEMM epilogue that comes with
- * each kernel; the transposing BF16 load and FP32 copy of the MoE checkpoints; the exponential of the MoE activations: every 251st FP32 bit pattern and the special values against
+ * each kernel; the transposing BF16 load and FP32 copy of the MoE checkpoints (plain and streaming stores); the FP32
+ * copy of the segmented GEMM's outputs (every offset in a cache line); the exponential of the MoE activations: every 251st FP32 bit pattern and the special values against
  * exp in double precision (within 0.502 ULP of its float format: the rule's accuracy), against glibc's expf bit
  * for bit where the C library is glibc 2.28 or later and the CPU has FMA (the rule is that expf's algorithm), and
  * every kernel against the first, in place and out of place, every tail length; the MoE activations' elementwise
@@ -294,12 +295,13 @@ static void check_to_bf16(tu_rng *rng) {
 }
 
 /* The transposing loads of the MoE checkpoints: dst[c*ld_dst + r] = src[r*ld_src + c], bit for bit (BF16 widened
- * to FP32 by its bits << 16; FP32 copied, NaN payloads included), for tile-sized and ragged shapes, nothing written
- * outside the block. */
+ * to FP32 by its bits << 16; FP32 copied, NaN payloads included, with plain and streaming stores: the streaming
+ * copy also into a 64-byte aligned destination with a 64-float leading dimension, where a kernel's non-temporal
+ * stores apply), for tile-sized and ragged shapes, nothing written outside the block. */
 static void check_transposes(tu_rng *rng) {
-    enum { R = 53, C = 47, LDS = 59, LDD = 61 };
+    enum { R = 53, C = 47, LDS = 59, LDD_MAX = 64 };
     uint16_t *s16 = tu_alloc(2 * R * LDS);
-    float *s32 = tu_alloc(4 * R * LDS), *got = tu_alloc(4 * C * LDD);
+    float *s32 = tu_alloc(4 * R * LDS), *got = tu_alloc_aligned(4 * C * LDD_MAX);
     for (int i = 0; i < R * LDS; i++) {
         const uint32_t u = (uint32_t)tu_next(rng);
         s16[i] = (uint16_t)u;
@@ -309,11 +311,11 @@ static void check_transposes(tu_rng *rng) {
     for (int q = 0; q < g_nk; q++) {
         const mxfp8i_qkernel *qk = g_kernels[q];
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-            for (int kind = 0; kind < 2; kind++) {
-                const int64_t rows = shapes[si][0], cols = shapes[si][1];
-                memset(got, 0xA5, 4 * C * LDD);
+            for (int kind = 0; kind < 4; kind++) { /* bf16_t; f32_t plain; streaming (odd ld); streaming (aligned) */
+                const int64_t rows = shapes[si][0], cols = shapes[si][1], LDD = kind == 3 ? 64 : 61;
+                memset(got, 0xA5, 4 * C * LDD_MAX);
                 if (kind == 0) qk->bf16_t(s16, LDS, got, LDD, rows, cols);
-                else qk->f32_t(s32, LDS, got, LDD, rows, cols);
+                else qk->f32_t(s32, LDS, got, LDD, rows, cols, kind >= 2);
                 int64_t bad = 0;
                 for (int64_t c = 0; c < C; c++)
                     for (int64_t r = 0; r < LDD; r++) {
@@ -324,11 +326,45 @@ static void check_transposes(tu_rng *rng) {
                                                   : 0xA5A5A5A5u;
                         bad += g != want;
                     }
+                static const char *kname[4] = {"bf16_t", "f32_t", "f32_t streaming", "f32_t streaming, aligned"};
                 TU_CHECK(bad == 0, "%s %s [%lld x %lld]: %lld values wrong or written outside the block", qk->name,
-                         kind == 0 ? "bf16_t" : "f32_t", (long long)rows, (long long)cols, (long long)bad);
+                         kname[kind], (long long)rows, (long long)cols, (long long)bad);
             }
     }
     free(s16), free(s32), free(got);
+}
+
+/* The FP32 copy into an output written once (the segmented GEMM's weight gradients): dst[r*ld_dst + j] =
+ * src[r*ld_src + j], bit for bit (NaN payloads included), for destinations at every float offset within a 64-byte
+ * line, row lengths around the 16-float vector and the line, odd and line-multiple leading dimensions; nothing
+ * written outside the rows. */
+static void check_copy_f32(tu_rng *rng) {
+    enum { ROWS = 5, LDS = 83, LDD_MAX = 96, SPAN = ROWS * LDD_MAX + 16 };
+    float *src = tu_alloc(4 * ROWS * LDS), *buf = tu_alloc_aligned(4 * SPAN);
+    for (int i = 0; i < ROWS * LDS; i++) src[i] = tu_bits_f32((uint32_t)tu_next(rng));
+    static const int64_t ns[] = {1, 3, 15, 16, 17, 31, 32, 33, 47, 64, 80};
+    static const int64_t lds[] = {80, 83, 96};
+    for (int q = 0; q < g_nk; q++) {
+        const mxfp8i_qkernel *qk = g_kernels[q];
+        for (int off = 0; off < 16; off++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                for (size_t li = 0; li < sizeof lds / sizeof lds[0]; li++) {
+                    const int64_t n = ns[ni], ldd = lds[li];
+                    memset(buf, 0xA5, 4 * SPAN);
+                    qk->copy_f32(src, LDS, buf + off, ldd, ROWS, n);
+                    int64_t bad = 0;
+                    for (int64_t i = 0; i < SPAN; i++) {
+                        const int64_t k = i - off, r = k >= 0 ? k / ldd : -1, j = k >= 0 ? k % ldd : -1;
+                        const uint32_t want = r >= 0 && r < ROWS && j < n ? tu_f32_bits(src[r * LDS + j]) : 0xA5A5A5A5u;
+                        bad += tu_f32_bits(buf[i]) != want;
+                    }
+                    TU_CHECK(bad == 0,
+                             "%s copy_f32 (offset %d floats, n = %lld, ld %lld): %lld values wrong or written "
+                             "outside the rows",
+                             qk->name, off, (long long)n, (long long)ldd, (long long)bad);
+                }
+    }
+    free(src), free(buf);
 }
 
 /* The error of y as an approximation of e (double, exp of a float) in ULPs of y's float format (subnormal spacing
@@ -577,6 +613,7 @@ static void test_all_kernels(void) {
         for (int cols = 0; cols < 2; cols++) check_dequant(41, Kw[ki], cols, MXFP8_GROUP_WRAPX, &rng);
     check_to_bf16(&rng);
     check_transposes(&rng);
+    check_copy_f32(&rng);
     check_exp_f32();
     check_act_rows(&rng);
     free(xf), free(xe), free(all), free(shuf);

@@ -118,6 +118,16 @@ static inline void *tu_alloc(size_t n) {
     return p;
 }
 
+/** tu_alloc with 64-byte alignment (a cache line: where the kernels' non-temporal stores apply); free() it. */
+static inline void *tu_alloc_aligned(size_t n) {
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "test: out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
 /** mxfp8_quantize of a row-major [R, C] tensor of dtype dt along axis (0 or 1) into codes [R, C] (E4M3 or E5M2 as
  *  p.fmt says) and compact scales (the axis' length rounded up to 32-groups); a failure is a test failure. */
 static inline void tu_quantize_2d(const void *x, mxfp8_dtype dt, int64_t R, int64_t C, int axis, mxfp8_quant_params p,

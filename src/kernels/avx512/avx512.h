@@ -12,8 +12,8 @@
  *  and the "cols" geometry (unit stride across lines for src, out and scales); -1 for any other (quant_avx512.c). */
 int64_t mxfp8i_quantize_panel__avx512(const mxfp8i_qpanel *p);
 int64_t mxfp8i_dequantize_panel__avx512(const mxfp8i_dqpanel *p);
-void mxfp8i_f32_t__avx512(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows,
-                           int64_t cols);
+void mxfp8i_f32_t__avx512(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols,
+                          int stream);
 void mxfp8i_exp_f32__avx512(const float *x, float *y, int64_t n);
 void mxfp8i_add_f32__avx512(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t n);
 void mxfp8i_to_bf16__avx512(const float *src, int64_t ld_src, uint16_t *dst, int64_t ld_dst, int64_t rows,

@@ -354,6 +354,23 @@ void mxfp8i_add_f32__avx512(const float *src, int64_t ld_src, float *dst, int64_
     }
 }
 
+/* FP32 rows into an output written once: non-temporal 64-byte stores for every line a row fills (its floats up to
+ * the first line boundary and its tail stored as usual), then a store fence. */
+static void copy_f32__avx512(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = src + r * ld_src;
+        float *d = dst + r * ld_dst;
+        int64_t j = 0;
+        if (((uintptr_t)d & 3) == 0) { /* float-aligned: the floats to the next line boundary, then whole lines */
+            const int64_t head = (int64_t)(((64 - ((uintptr_t)d & 63)) & 63) / sizeof(float));
+            for (; j < n && j < head; j++) d[j] = s[j];
+            for (; j + 16 <= n; j += 16) _mm512_stream_ps(d + j, _mm512_loadu_ps(s + j));
+        }
+        for (; j < n; j++) d[j] = s[j];
+    }
+    _mm_sfence(); /* the non-temporal stores ordered before every later store of this thread */
+}
+
 /* The MoE's elementwise rows (act_rows.h): the same loops, which the compiler vectorizes with this folder's
  * AVX-512 flags (16 lanes instead of the baseline's 4), and the 16-lane exponential. */
 static void act_fwd__avx512(const mxfp8i_act_params *ap, int64_t I, const float *gu, const float *b1, float *g,
@@ -369,5 +386,5 @@ static void act_bwd__avx512(const mxfp8i_act_params *ap, int64_t I, const float 
 const mxfp8i_qkernel mxfp8i_mx_quant__avx512 = {"mx_quant_panel__avx512", "avx512", 1, MXFP8I_NEEDS_AVX512,
                                                 mxfp8i_quantize_panel__avx512, mxfp8i_dequantize_panel__avx512,
                                                 mxfp8i_to_bf16__avx512, mxfp8i_bf16_t__avx512, mxfp8i_f32_t__avx512,
-                                                mxfp8i_add_f32__avx512, mxfp8i_exp_f32__avx512, act_fwd__avx512,
-                                                act_bwd__avx512};
+                                                mxfp8i_add_f32__avx512, copy_f32__avx512, mxfp8i_exp_f32__avx512,
+                                                act_fwd__avx512, act_bwd__avx512};

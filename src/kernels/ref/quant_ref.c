@@ -143,7 +143,9 @@ void mxfp8i_bf16_t__ref(const uint16_t *src, int64_t ld_src, float *dst, int64_t
         for (int64_t r = 0; r < rows; r++) dst[c * ld_dst + r] = mxfp8i_bf16_to_fp32(src[r * ld_src + c]);
 }
 
-void mxfp8i_f32_t__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols) {
+void mxfp8i_f32_t__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols,
+                       int stream) {
+    (void)stream; /* plain stores */
     for (int64_t c = 0; c < cols; c++)
         for (int64_t r = 0; r < rows; r++) dst[c * ld_dst + r] = src[r * ld_src + c];
 }
@@ -151,6 +153,11 @@ void mxfp8i_f32_t__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_
 void mxfp8i_add_f32__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < n; j++) dst[r * ld_dst + j] = dst[r * ld_dst + j] + src[r * ld_src + j];
+}
+
+static void copy_f32__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) dst[r * ld_dst + j] = src[r * ld_src + j];
 }
 
 void mxfp8i_exp_f32__ref(const float *x, float *y, int64_t n) {
@@ -169,5 +176,5 @@ static void act_bwd__ref(const mxfp8i_act_params *ap, int64_t I, const float *dI
 
 const mxfp8i_qkernel mxfp8i_mx_quant__ref = {"mx_quant_panel__ref", "scalar", 0, 0, mxfp8i_quantize_panel__ref,
                                              mxfp8i_dequantize_panel__ref, mxfp8i_to_bf16__ref, mxfp8i_bf16_t__ref,
-                                             mxfp8i_f32_t__ref, mxfp8i_add_f32__ref, mxfp8i_exp_f32__ref,
-                                             act_fwd__ref, act_bwd__ref};
+                                             mxfp8i_f32_t__ref, mxfp8i_add_f32__ref, copy_f32__ref,
+                                             mxfp8i_exp_f32__ref, act_fwd__ref, act_bwd__ref};

@@ -12,7 +12,8 @@
 int64_t mxfp8i_quantize_panel__ref(const mxfp8i_qpanel *p);
 int64_t mxfp8i_dequantize_panel__ref(const mxfp8i_dqpanel *p);
 void mxfp8i_to_bf16__ref(const float *src, int64_t ld_src, uint16_t *dst, int64_t ld_dst, int64_t rows, int64_t n);
-void mxfp8i_f32_t__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols);
+void mxfp8i_f32_t__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols,
+                       int stream);
 void mxfp8i_exp_f32__ref(const float *x, float *y, int64_t n);
 void mxfp8i_add_f32__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t n);
 void mxfp8i_bf16_t__ref(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols);

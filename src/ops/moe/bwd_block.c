@@ -44,7 +44,7 @@ static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq,
         return;
     }
     if (t->dtype == MXFP8_DTYPE_F32 && sq == 1) { /* and its transposing FP32 copy */
-        mxfp8i_kernels_get()->quant->f32_t((const float *)t->data + base + q0, si, d + q0 * I, I, I, q1 - q0);
+        mxfp8i_kernels_get()->quant->f32_t((const float *)t->data + base + q0, si, d + q0 * I, I, I, q1 - q0, 0);
         return;
     }
     for (int64_t i0 = 0; i0 < I; i0 += 16) {
@@ -321,7 +321,8 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
         mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P3_X, n, H, 1, H);
         mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P3_DGU, n, I2, 1, I2);
     }
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, 1, c1, d1, I2));
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, 1, w->direct[0], c1, d1, I2));
     for (int s = 0; s < ns; s++) {
         const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
         A[s] = mxfp8i_gop_hp(w->onH ? w->inter0 + r * I : w->S0 + r * I, MXFP8_DTYPE_F32, I, L, 1, I);
@@ -329,7 +330,7 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
         mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P4_S, n, I, 1, I);
         mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P4_DY, n, H, 1, H);
     }
-    return mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P4_S, B, MXFP8_MOE_P4_DY, 1, c2, d2, H);
+    return mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P4_S, B, MXFP8_MOE_P4_DY, 1, w->direct[1], c2, d2, H);
 }
 
 mxfp8_status mxfp8i_moe_bwd_run(mxfp8i_moe_bwd *w, int64_t n, int64_t blocks, int64_t e, int64_t L) {

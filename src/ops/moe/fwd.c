@@ -32,10 +32,11 @@ static inline void st_ck(const mxfp8_tensor *t, int64_t off, float v) {
 /* rows [i0, i1) x positions [0, B) of one [.., i, q] checkpoint from src[q][i] (scale: times aq[q]) */
 static void ck_block(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq, int64_t i0, int64_t i1, int64_t B,
                      int64_t L, const int32_t *tok, const float *src, int64_t I, const float *aq) {
-    if (t->dtype == MXFP8_DTYPE_F32 && sq == 1 && !aq) { /* the registry's transposing copy (src rows of padding
-                                                            positions are zeros), then 0 past L */
+    if (t->dtype == MXFP8_DTYPE_F32 && sq == 1 && !aq) { /* the registry's transposing copy, streamed past the
+                                                            caches (src rows of padding positions are zeros),
+                                                            then 0 past L */
         float *d = (float *)t->data + base;
-        mxfp8i_kernels_get()->quant->f32_t(src + i0, I, d + i0 * si, si, L, i1 - i0);
+        mxfp8i_kernels_get()->quant->f32_t(src + i0, I, d + i0 * si, si, L, i1 - i0, 1);
         for (int64_t i = i0; i < i1 && L < B; i++) memset(d + i * si + L, 0, (size_t)(B - L) * sizeof(float));
         return;
     }

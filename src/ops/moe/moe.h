@@ -179,9 +179,10 @@ mxfp8_status mxfp8i_moe_gemm(const mxfp8i_moe *p, int64_t e, const mxfp8i_gop *A
 /** Segmented weight gradients: C [M, N] += the GEMM of A[s], B[s] for each of the nseg segments in order (the
  *  blocks of one expert along their positions), bitwise what nseg mxfp8i_moe_gemm calls with accumulate give, the
  *  operands' statistics taken segment by segment likewise (mxfp8i_gemm_segments; c_zero: C is known to hold +0
- *  and is not read; cdt F32, or BF16 with c_zero: the FP32 sums rounded once). OK or OUT_OF_MEMORY. */
+ *  and is not read; cdt F32, or BF16 with c_zero: the FP32 sums rounded once; stream: C is the caller's output,
+ *  written once, its F32 stores past the caches). OK or OUT_OF_MEMORY. */
 mxfp8_status mxfp8i_moe_gemm_segments(const mxfp8i_moe *p, int64_t e, int nseg, const mxfp8i_gop *A, int ida,
-                                      const mxfp8i_gop *B, int idb, int c_zero, void *C, mxfp8_dtype cdt,
+                                      const mxfp8i_gop *B, int idb, int c_zero, int stream, void *C, mxfp8_dtype cdt,
                                       int64_t ldc);
 /** Reserve what every later mxfp8i_moe_gemm_segments of C [M, N] with at most nseg segments of at most Kmax
  *  positions takes, for either of its thread counts. */

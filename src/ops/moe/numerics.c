@@ -136,7 +136,7 @@ mxfp8_status mxfp8i_moe_gemm_segments_reserve(const mxfp8i_moe *p, int64_t M, in
 /* The segmented GEMM (mxfp8i_gemm_segments) after each segment's operand statistics, segment by segment in the
  * order the separate GEMMs of mxfp8i_moe_gemm would take them. */
 mxfp8_status mxfp8i_moe_gemm_segments(const mxfp8i_moe *p, int64_t e, int nseg, const mxfp8i_gop *A, int ida,
-                                      const mxfp8i_gop *B, int idb, int c_zero, void *C, mxfp8_dtype cdt,
+                                      const mxfp8i_gop *B, int idb, int c_zero, int stream, void *C, mxfp8_dtype cdt,
                                       int64_t ldc) {
     if (nseg <= 0 || A[0].R <= 0 || B[0].R <= 0) return MXFP8_OK;
     const int64_t M = A[0].R, N = B[0].R;
@@ -161,6 +161,6 @@ mxfp8_status mxfp8i_moe_gemm_segments(const mxfp8i_moe *p, int64_t e, int nseg, 
     c.shape[1] = N;
     c.strides[0] = ldc;
     c.strides[1] = 1;
-    mxfp8_status st = mxfp8i_gemm_segments(A, B, nseg, c_zero, &cfg, &c, nt);
+    mxfp8_status st = mxfp8i_gemm_segments(A, B, nseg, c_zero, stream, &cfg, &c, nt);
     return st == MXFP8_OK ? MXFP8_OK : MXFP8_ERR_OUT_OF_MEMORY;
 }
