@@ -26,6 +26,11 @@
  *  - All functions are thread-safe: any number of threads may call the library at once on separate buffers.
  *  - Results never depend on the thread count, the ISA path chosen for quantization, or any speed-only knob
  *    (tile sizes, loop orders, sharding, spill/reload): they are bitwise reproducible.
+ *  - Nor on the caller's MXCSR (x86's floating-point control: flush-to-zero, denormals-are-zero, rounding mode, as
+ *    torch.set_flush_denormal or fast-math start-up code set them, on the calling thread or on OpenMP's): the
+ *    quantizers, the GEMMs of every layer, the router, the bias gradient and the MoE forward, backward and goldens
+ *    run under IEEE defaults (round to nearest even, subnormals kept) on every thread, and restore the caller's
+ *    control bits on return.
  *  - Threads: OpenMP. MXFP8_NUM_THREADS, else OMP_NUM_THREADS, else all cores; clamped to MXFP8_MAX_THREADS (4096).
  *    An MXFP8_NUM_THREADS that is not a whole positive decimal integer ("abc", "-2", "0") is ignored, as if unset
  *    (`mxfp8 info` says so). MXFP8_ISA=scalar|avx512|amx forces

@@ -15,11 +15,11 @@
  *   Phase 4             dW2[e] += S^T @ dY_blk (S = a*inter, ON_I) or inter^T @ D (ON_H); along the positions
  *   bias grads          db1[e] += sum_p dGU ; db2[e] += sum_p a*dY   (FP64 sums)
  * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...), consecutive full
- * blocks of an expert stacked into runs for the phases up to Phase 2 (mxfp8i_moe_run_joins: the same bits). Phases 3 and 4 add
- * each block's sum (a chain over its positions from +0) to the expert's FP32 pair in block order, either block by
- * block or, segmented, all of an expert's blocks in one mxfp8i_gemm_segments per weight gradient after its last
- * block (the same additions; use_segmented picks by size; for contiguous BF16 or F32 weight gradients with no given
- * values the segmented GEMMs write each expert straight into the output: direct). Accumulators:
+ * blocks of an expert stacked into runs for the phases up to Phase 2 (mxfp8i_moe_run_joins: the same bits). Phases 3
+ * and 4 add each block's sum (a chain over its positions from +0) to the expert's FP32 pair in block order, either
+ * block by block or, segmented, all of an expert's blocks in one mxfp8i_gemm_segments per weight gradient after its
+ * last block (the same additions; use_segmented picks by size; for contiguous BF16 or F32 weight gradients with no
+ * given values the segmented GEMMs write each expert straight into the output: direct). Accumulators:
  * hidden_states_grad in an FP32 [T, H] workspace (rounded once at the end); dW1, dW2 of the current expert in one FP32
  * pair, rounded into the outputs when the expert is done (every buffer of the call is reserved before the first GEMM,
  * so no allocation can fail once an output is written); affinity and bias
@@ -272,7 +272,9 @@ mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_moe_bwd_gr
     mxfp8i_scope scope;
     MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, args->workspace), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate a workspace", fn);
+    const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults here; each parallel region enters them on its threads */
     mxfp8_status st = backward_scoped(args, grads, &in, &p);
+    mxfp8i_fenv_leave(csr);
     mxfp8i_scope_end(&scope);
     return st;
 }

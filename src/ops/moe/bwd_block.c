@@ -59,7 +59,8 @@ static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq,
                 for (int64_t i = i0; i < i1; i++) d[q * I + i] = mxfp8i_bf16_to_fp32(src[i * si + q * sq]);
         } else {
             for (int64_t q = q0; q < q1; q++)
-                for (int64_t i = i0; i < i1; i++) d[q * I + i] = mxfp8i_load_f32(t->data, t->dtype, base + i * si + q * sq);
+                for (int64_t i = i0; i < i1; i++)
+                    d[q * I + i] = mxfp8i_load_f32(t->data, t->dtype, base + i * si + q * sq);
         }
     }
 }
@@ -131,12 +132,17 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
     const int64_t H = p->H, I2 = 2 * p->I;
     const int re_gu = !a->gate_up_proj_act_checkpoint_T.data;
     w->have_sg = !a->gate_act_checkpoint_T.data && mxfp8i_moe_sigmoid_act(&p->cfg);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        const int64_t q0 = L * t / nt, q1 = L * (t + 1) / nt;
-        gather_rows(w, tok, q0, q1);
-        read_checkpoints(w, n, q0, q1);
-        if (!re_gu) forward_rows(w, n, e, tok, q0, q1);
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < nt; t++) {
+            const int64_t q0 = L * t / nt, q1 = L * (t + 1) / nt;
+            gather_rows(w, tok, q0, q1);
+            read_checkpoints(w, n, q0, q1);
+            if (!re_gu) forward_rows(w, n, e, tok, q0, q1);
+        }
+        mxfp8i_fenv_leave(csr);
     }
     if (!re_gu) return MXFP8_OK;
     mxfp8i_gop A = mxfp8i_gop_hp(w->xb, mxfp8i_moe_xb_dtype(&p->X), L, H, H, 1);
@@ -144,8 +150,13 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_H);
     mxfp8i_ws_bkey(2, (uint64_t)e + 1, W.data); /* W1[e] along H: packed once per expert (keyed slot 2) */
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM1_X, &W, MXFP8_MOE_GEMM1_W1, 0, w->gu, I2));
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) forward_rows(w, n, e, tok, L * t / nt, L * (t + 1) / nt);
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < nt; t++) forward_rows(w, n, e, tok, L * t / nt, L * (t + 1) / nt);
+        mxfp8i_fenv_leave(csr);
+    }
     return MXFP8_OK;
 }
 
@@ -192,41 +203,47 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
     const mxfp8_tensor *ck_down = &w->args->down_proj_output_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     /* affinity gradients, 8 positions at a time (padding positions' rows are zero and give 0) */
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q0 = 0; q0 < L; q0 += 8) {
-        const int rows = (int)(L - q0 < 8 ? L - q0 : 8);
-        double *da = w->dablk + q0;
-        for (int r = 0; r < rows; r++) da[r] = 0.0;
-        if (!w->onH) {
-            dot_rows(w->dI + q0 * I, w->inter + q0 * I, I, I, rows, da);
-            if (p->b2.data)
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int64_t q0 = 0; q0 < L; q0 += 8) {
+            const int rows = (int)(L - q0 < 8 ? L - q0 : 8);
+            double *da = w->dablk + q0;
+            for (int r = 0; r < rows; r++) da[r] = 0.0;
+            if (!w->onH) {
+                dot_rows(w->dI + q0 * I, w->inter + q0 * I, I, I, rows, da);
+                if (p->b2.data)
+                    for (int r = 0; r < rows; r++) {
+                        double t = da[r]; /* continues the same sequential sum */
+                        for (int64_t h = 0; h < H; h++) t += (double)w->dyb[(q0 + r) * H + h] * (double)w->b2[h];
+                        da[r] = t;
+                    }
+            } else {
                 for (int r = 0; r < rows; r++) {
-                    double t = da[r]; /* continues the same sequential sum */
-                    for (int64_t h = 0; h < H; h++) t += (double)w->dyb[(q0 + r) * H + h] * (double)w->b2[h];
+                    const int64_t q = q0 + r;
+                    double t = 0.0;
+                    for (int64_t h = 0; h < H; h++) {
+                        float dn =
+                            ck_down->data ? ck3(ck_down, n + q / p->B, q % p->B, h) : w->down[q * H + h] + w->b2[h];
+                        t += (double)w->dyb[q * H + h] * (double)dn;
+                    }
                     da[r] = t;
                 }
-        } else {
-            for (int r = 0; r < rows; r++) {
-                const int64_t q = q0 + r;
-                double t = 0.0;
-                for (int64_t h = 0; h < H; h++) {
-                    float dn = ck_down->data ? ck3(ck_down, n + q / p->B, q % p->B, h) : w->down[q * H + h] + w->b2[h];
-                    t += (double)w->dyb[q * H + h] * (double)dn;
+            }
+            for (int r = 0; r < rows; r++)
+                if (tok[q0 + r] < 0) da[r] = 0.0;
+            for (int64_t q = q0; q < q0 + rows; q++) { /* the same positions' dGU rows, in the same parallel region */
+                if (tok[q] < 0) {
+                    memset(w->dgu + q * I2, 0, (size_t)I2 * sizeof(float));
+                    continue;
                 }
-                da[r] = t;
+                const float aq = mxfp8i_moe_aff(p, tok[q], e);
+                mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->g + q * I, w->u + q * I, w->act + q * I,
+                                   w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
             }
         }
-        for (int r = 0; r < rows; r++)
-            if (tok[q0 + r] < 0) da[r] = 0.0;
-        for (int64_t q = q0; q < q0 + rows; q++) { /* the same positions' dGU rows, in the same parallel region */
-            if (tok[q] < 0) {
-                memset(w->dgu + q * I2, 0, (size_t)I2 * sizeof(float));
-                continue;
-            }
-            const float aq = mxfp8i_moe_aff(p, tok[q], e);
-            mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->g + q * I, w->u + q * I, w->act + q * I,
-                               w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
-        }
+        mxfp8i_fenv_leave(csr);
     }
 }
 
@@ -257,18 +274,23 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P2_DGU, &W, MXFP8_MOE_P2_W1, 0, w->dxb, H));
     const int bias = p->cfg.bias;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        if (bias) bias_grads(w, e, tok, L, t, nt);
-        const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
-        for (int64_t q = 0; q < L; q++) {
-            if (tok[q] < 0) continue;
-            float *dst = w->dx + tok[q] * H;
-            const float *src = w->dxb + q * H;
-            if (q + 1 < L && tok[q + 1] >= 0)
-                mxfp8i_moe_prefetch(w->dx + tok[q + 1] * H + h0, (size_t)(h1 - h0) * sizeof(float), 1);
-            for (int64_t h = h0; h < h1; h++) dst[h] += src[h];
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < nt; t++) {
+            if (bias) bias_grads(w, e, tok, L, t, nt);
+            const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
+            for (int64_t q = 0; q < L; q++) {
+                if (tok[q] < 0) continue;
+                float *dst = w->dx + tok[q] * H;
+                const float *src = w->dxb + q * H;
+                if (q + 1 < L && tok[q + 1] >= 0)
+                    mxfp8i_moe_prefetch(w->dx + tok[q + 1] * H + h0, (size_t)(h1 - h0) * sizeof(float), 1);
+                for (int64_t h = h0; h < h1; h++) dst[h] += src[h];
+            }
         }
+        mxfp8i_fenv_leave(csr);
     }
     return MXFP8_OK;
 }

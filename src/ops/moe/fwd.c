@@ -149,11 +149,16 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
     mxfp8i_moe_load_b1(p, e, w->b1);
     mxfp8i_moe_load_b2(p, e, w->b2);
     /* gather X rows (padding rows zero; BF16 kept as BF16) and the affinities of the positions */
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t q = 0; q < L; q++) {
-        aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
-        if (q + 1 < L && tok[q + 1] >= 0) mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
-        mxfp8i_moe_x_row(&p->X, tok[q], H, xb, q);
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int64_t q = 0; q < L; q++) {
+            aq[q] = tok[q] >= 0 ? mxfp8i_moe_aff(p, tok[q], e) : 0.0f;
+            if (q + 1 < L && tok[q + 1] >= 0) mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
+            mxfp8i_moe_x_row(&p->X, tok[q], H, xb, q);
+        }
+        mxfp8i_fenv_leave(csr);
     }
     /* GEMM 1: GU = X_blk @ W1[e], contraction H (W1[e]'s packed panels kept in keyed slot 0) */
     mxfp8i_gop A = mxfp8i_gop_hp(xb, mxfp8i_moe_xb_dtype(&p->X), L, H, H, 1);
@@ -164,17 +169,23 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
     /* g, u and act(g) of the block only where a checkpoint takes them, else one position at a time in the thread's
      * rows (in L1); inter always (GEMM 2's operand) */
     const int keep_gu = o->gate_up_proj_act_checkpoint_T.data != NULL, keep_act = o->gate_act_checkpoint_T.data != NULL;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++)
-        for (int64_t q = L * t / nt; q < L * (t + 1) / nt; q++) {
-            float *own = w->rows + (int64_t)t * 3 * I;
-            float *rows[4] = {keep_gu ? g + q * I : own, keep_gu ? u + q * I : own + I,
-                              keep_act ? act + q * I : own + 2 * I, inter + q * I};
-            if (tok[q] < 0)
-                for (int k = 0; k < 4; k++) memset(rows[k], 0, (size_t)I * sizeof(float));
-            else
-                mxfp8i_moe_fwd_row(c, I, gu + q * I2, b1, rows[0], rows[1], rows[2], 0, rows[3], 0, NULL, 0.0f, NULL);
-        }
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < nt; t++)
+            for (int64_t q = L * t / nt; q < L * (t + 1) / nt; q++) {
+                float *own = w->rows + (int64_t)t * 3 * I;
+                float *rows[4] = {keep_gu ? g + q * I : own, keep_gu ? u + q * I : own + I,
+                                  keep_act ? act + q * I : own + 2 * I, inter + q * I};
+                if (tok[q] < 0)
+                    for (int k = 0; k < 4; k++) memset(rows[k], 0, (size_t)I * sizeof(float));
+                else
+                    mxfp8i_moe_fwd_row(c, I, gu + q * I2, b1, rows[0], rows[1], rows[2], 0, rows[3], 0, NULL, 0.0f,
+                                       NULL);
+            }
+        mxfp8i_fenv_leave(csr);
+    }
     /* GEMM 2: down = inter @ W2[e] + b2, contraction I (keyed slot 1) */
     A = mxfp8i_gop_hp(inter, MXFP8_DTYPE_F32, L, I, I, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);
@@ -182,28 +193,33 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM2_INTER, &W, MXFP8_MOE_GEMM2_W2, 0, down, H));
     const int ckp = any_checkpoint(o);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
-        const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
-        for (int64_t q = 0; q < L; q++) {
-            float *dq = down + q * H;
-            if (tok[q] < 0) {
-                for (int64_t h = h0; h < h1; h++) dq[h] = 0.0f;
-                continue;
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
+            const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
+            for (int64_t q = 0; q < L; q++) {
+                float *dq = down + q * H;
+                if (tok[q] < 0) {
+                    for (int64_t h = h0; h < h1; h++) dq[h] = 0.0f;
+                    continue;
+                }
+                const float a = aq[q];
+                float *dst = w->acc + tok[q] * H;
+                if (q + 1 < L && tok[q + 1] >= 0)
+                    mxfp8i_moe_prefetch(w->acc + tok[q + 1] * H + h0, (size_t)(h1 - h0) * sizeof(float), 1);
+                for (int64_t h = h0; h < h1; h++) {
+                    float d = dq[h] + b2[h];
+                    dq[h] = d;
+                    dst[h] += a * d;
+                }
             }
-            const float a = aq[q];
-            float *dst = w->acc + tok[q] * H;
-            if (q + 1 < L && tok[q + 1] >= 0)
-                mxfp8i_moe_prefetch(w->acc + tok[q + 1] * H + h0, (size_t)(h1 - h0) * sizeof(float), 1);
-            for (int64_t h = h0; h < h1; h++) {
-                float d = dq[h] + b2[h];
-                dq[h] = d;
-                dst[h] += a * d;
-            }
+            for (int64_t b = 0; ckp && b < blocks; b++) /* each block's checkpoints from its rows of the run */
+                write_checkpoints(p, n + b, b + 1 < blocks ? B : L - b * B, o, g + b * B * I, u + b * B * I,
+                                  act + b * B * I, inter + b * B * I, down + b * B * H, aq + b * B, t, nt);
         }
-        for (int64_t b = 0; ckp && b < blocks; b++) /* each block's checkpoints from its rows of the run */
-            write_checkpoints(p, n + b, b + 1 < blocks ? B : L - b * B, o, g + b * B * I, u + b * B * I,
-                              act + b * B * I, inter + b * B * I, down + b * B * H, aq + b * B, t, nt);
+        mxfp8i_fenv_leave(csr);
     }
     return MXFP8_OK;
 }
@@ -245,9 +261,14 @@ static mxfp8_status forward_scoped(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd
                                "%s: a block GEMM failed after its reservation", fn);
         if (L == 0 && any_checkpoint(outputs)) { /* a padding-only block: zero checkpoints */
             const int nt = mxfp8i_moe_nt((double)p->B * (double)(5 * p->I + p->H));
-#pragma omp parallel for schedule(static) num_threads(nt)
-            for (int t = 0; t < nt; t++)
-                write_checkpoints(p, n, 0, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq, t, nt);
+#pragma omp parallel num_threads(nt)
+            {
+                const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+                for (int t = 0; t < nt; t++)
+                    write_checkpoints(p, n, 0, outputs, w.g, w.u, w.act, w.inter, w.down, w.aq, t, nt);
+                mxfp8i_fenv_leave(csr);
+            }
         }
     }
     mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
@@ -264,7 +285,9 @@ mxfp8_status mxfp8_moe_forward(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd_out
     mxfp8i_scope scope;
     MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, args->workspace), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate a workspace", fn);
+    const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults here; each parallel region enters them on its threads */
     mxfp8_status st = forward_scoped(args, outputs, &in, &p);
+    mxfp8i_fenv_leave(csr);
     mxfp8i_scope_end(&scope);
     return st;
 }

@@ -89,15 +89,20 @@ static bool gold_alloc(gold *G, const mxfp8i_moe *p, int quantized) {
 
 /* Quantize-dequantize in place `lines` lines of K values (element (l, k) at x[l*ls + k*ks]) along K. */
 static void qdq_lines(const mxfp8i_moe *p, double *x, int64_t lines, int64_t K, int64_t ls, int64_t ks) {
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)lines *(double)K))
-    for (int64_t l = 0; l < lines; l++)
-        for (int64_t k0 = 0; k0 < K; k0 += 32) {
-            float v[32], o[32];
-            int nk = (int)(K - k0 < 32 ? K - k0 : 32);
-            for (int i = 0; i < nk; i++) v[i] = (float)x[l * ls + (k0 + i) * ks];
-            mxfp8i_qdq_group_ref(v, nk, p->rc.fmt, p->rc.rule, o);
-            for (int i = 0; i < nk; i++) x[l * ls + (k0 + i) * ks] = (double)o[i];
-        }
+#pragma omp parallel num_threads(mxfp8i_moe_nt((double)lines *(double)K))
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int64_t l = 0; l < lines; l++)
+            for (int64_t k0 = 0; k0 < K; k0 += 32) {
+                float v[32], o[32];
+                int nk = (int)(K - k0 < 32 ? K - k0 : 32);
+                for (int i = 0; i < nk; i++) v[i] = (float)x[l * ls + (k0 + i) * ks];
+                mxfp8i_qdq_group_ref(v, nk, p->rc.fmt, p->rc.rule, o);
+                for (int i = 0; i < nk; i++) x[l * ls + (k0 + i) * ks] = (double)o[i];
+            }
+        mxfp8i_fenv_leave(csr);
+    }
 }
 
 static void gold_expert(gold *G, int64_t e) {
@@ -136,16 +141,21 @@ static void gold_gemm(gold *G, int64_t M, int64_t N, int64_t K, const double *a,
         if (!b_preq) qdq_lines(G->p, qb, N, K, 1, N);
     }
     /* rows of C split between threads; each element summed over k in ascending order */
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)M *(double)N *(double)K / 64.0))
-    for (int64_t m = 0; m < M; m++) {
-        double *c = C + m * ldc;
-        if (!accumulate)
-            for (int64_t n = 0; n < N; n++) c[n] = 0.0;
-        for (int64_t k = 0; k < K; k++) {
-            const double av = qa[m * K + k];
-            const double *br = qb + k * N;
-            for (int64_t n = 0; n < N; n++) c[n] += av * br[n];
+#pragma omp parallel num_threads(mxfp8i_moe_nt((double)M *(double)N *(double)K / 64.0))
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int64_t m = 0; m < M; m++) {
+            double *c = C + m * ldc;
+            if (!accumulate)
+                for (int64_t n = 0; n < N; n++) c[n] = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const double av = qa[m * K + k];
+                const double *br = qb + k * N;
+                for (int64_t n = 0; n < N; n++) c[n] += av * br[n];
+            }
         }
+        mxfp8i_fenv_leave(csr);
     }
 }
 
@@ -439,7 +449,9 @@ mxfp8_status mxfp8_moe_forward_golden(const mxfp8_moe_fwd_args *args, mxfp8_moe_
     mxfp8i_scope scope;
     MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, NULL), MXFP8_ERR_OUT_OF_MEMORY,
                            "mxfp8_moe_forward_golden: cannot allocate a workspace");
+    const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults here; each parallel region enters them on its threads */
     mxfp8_status st = forward_golden(args, outputs, quantized);
+    mxfp8i_fenv_leave(csr);
     mxfp8i_scope_end(&scope);
     return st;
 }
@@ -449,7 +461,9 @@ mxfp8_status mxfp8_moe_backward_golden(const mxfp8_moe_bwd_args *args, mxfp8_moe
     mxfp8i_scope scope;
     MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, NULL), MXFP8_ERR_OUT_OF_MEMORY,
                            "mxfp8_moe_backward_golden: cannot allocate a workspace");
+    const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults here; each parallel region enters them on its threads */
     mxfp8_status st = backward_golden(args, grads, quantized);
+    mxfp8i_fenv_leave(csr);
     mxfp8i_scope_end(&scope);
     return st;
 }

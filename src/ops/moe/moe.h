@@ -25,6 +25,7 @@
 
 #include "../../gemm/gemm.h"
 #include "../../quant/panel.h"
+#include "../../runtime/fenv.h"
 #include "../../runtime/threads.h"
 #include "../../runtime/tensor.h"
 

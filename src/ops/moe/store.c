@@ -12,22 +12,27 @@ void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add) {
     if (mxfp8i_is_contiguous(t) && t->dtype != MXFP8_DTYPE_F64) { /* fast path: one pass, threads split the range */
         const int nt = mxfp8i_moe_nt((double)n);
         mxfp8i_to_bf16_fn to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int c = 0; c < nt; c++) {
-            if (t->dtype == MXFP8_DTYPE_BF16 && !add) { /* the vectorized rounding of the GEMM epilogue */
-                to_bf16(src + n * c / nt, 0, (uint16_t *)t->data + n * c / nt, 0, 1, n * (c + 1) / nt - n * c / nt);
-                continue;
+#pragma omp parallel num_threads(nt)
+        {
+            const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+            for (int c = 0; c < nt; c++) {
+                if (t->dtype == MXFP8_DTYPE_BF16 && !add) { /* the vectorized rounding of the GEMM epilogue */
+                    to_bf16(src + n * c / nt, 0, (uint16_t *)t->data + n * c / nt, 0, 1, n * (c + 1) / nt - n * c / nt);
+                    continue;
+                }
+                if (t->dtype == MXFP8_DTYPE_BF16) {
+                    uint16_t *d = (uint16_t *)t->data;
+                    for (int64_t k = n * c / nt; k < n * (c + 1) / nt; k++)
+                        d[k] = mxfp8i_fp32_to_bf16(add ? mxfp8i_bf16_to_fp32(d[k]) + src[k] : src[k]);
+                    continue;
+                }
+                for (int64_t k = n * c / nt; k < n * (c + 1) / nt; k++) {
+                    float v = add ? mxfp8i_load_f32(t->data, t->dtype, k) + src[k] : src[k];
+                    mxfp8i_store_f32(t->data, t->dtype, k, v);
+                }
             }
-            if (t->dtype == MXFP8_DTYPE_BF16) {
-                uint16_t *d = (uint16_t *)t->data;
-                for (int64_t k = n * c / nt; k < n * (c + 1) / nt; k++)
-                    d[k] = mxfp8i_fp32_to_bf16(add ? mxfp8i_bf16_to_fp32(d[k]) + src[k] : src[k]);
-                continue;
-            }
-            for (int64_t k = n * c / nt; k < n * (c + 1) / nt; k++) {
-                float v = add ? mxfp8i_load_f32(t->data, t->dtype, k) + src[k] : src[k];
-                mxfp8i_store_f32(t->data, t->dtype, k, v);
-            }
+            mxfp8i_fenv_leave(csr);
         }
         return;
     }
@@ -78,25 +83,35 @@ void mxfp8i_moe_store_expert(const mxfp8_tensor *t, int64_t e, int64_t per, floa
     const int bf16 = cont && !add && t->dtype == MXFP8_DTYPE_BF16, f32 = cont && t->dtype == MXFP8_DTYPE_F32;
     if (bf16 || f32) {
         const mxfp8i_qkernel *qk = mxfp8i_kernels_get()->quant;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int c = 0; c < nt; c++)
-            for (int64_t k0 = per * c / nt, k1 = per * (c + 1) / nt; k0 < k1; k0 += PIECE) {
-                const int64_t n = k1 - k0 < PIECE ? k1 - k0 : PIECE;
-                if (bf16) qk->to_bf16(acc + k0, 0, (uint16_t *)t->data + e * per + k0, 0, 1, n);
-                else if (add) qk->add_f32(acc + k0, 0, (float *)t->data + e * per + k0, 0, 1, n); /* given + acc */
-                else memcpy((float *)t->data + e * per + k0, acc + k0, (size_t)n * sizeof(float));
-                if (clear) memset(acc + k0, 0, (size_t)n * sizeof(float));
-            }
+#pragma omp parallel num_threads(nt)
+        {
+            const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+            for (int c = 0; c < nt; c++)
+                for (int64_t k0 = per * c / nt, k1 = per * (c + 1) / nt; k0 < k1; k0 += PIECE) {
+                    const int64_t n = k1 - k0 < PIECE ? k1 - k0 : PIECE;
+                    if (bf16) qk->to_bf16(acc + k0, 0, (uint16_t *)t->data + e * per + k0, 0, 1, n);
+                    else if (add) qk->add_f32(acc + k0, 0, (float *)t->data + e * per + k0, 0, 1, n); /* given + acc */
+                    else memcpy((float *)t->data + e * per + k0, acc + k0, (size_t)n * sizeof(float));
+                    if (clear) memset(acc + k0, 0, (size_t)n * sizeof(float));
+                }
+            mxfp8i_fenv_leave(csr);
+        }
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int c = 0; c < nt; c++)
-        for (int64_t k = per * c / nt; k < per * (c + 1) / nt; k++) {
-            const int64_t off = cont ? e * per + k : sub_off(t, e, k);
-            float v = acc[k];
-            if (add) v = (float)mxfp8i_moe_ld(t, off) + v;
-            if (t->dtype == MXFP8_DTYPE_BF16) ((uint16_t *)t->data)[off] = mxfp8i_fp32_to_bf16(v);
-            else mxfp8i_moe_st(t, off, (double)v);
-            if (clear) acc[k] = 0.0f;
-        }
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int c = 0; c < nt; c++)
+            for (int64_t k = per * c / nt; k < per * (c + 1) / nt; k++) {
+                const int64_t off = cont ? e * per + k : sub_off(t, e, k);
+                float v = acc[k];
+                if (add) v = (float)mxfp8i_moe_ld(t, off) + v;
+                if (t->dtype == MXFP8_DTYPE_BF16) ((uint16_t *)t->data)[off] = mxfp8i_fp32_to_bf16(v);
+                else mxfp8i_moe_st(t, off, (double)v);
+                if (clear) acc[k] = 0.0f;
+            }
+        mxfp8i_fenv_leave(csr);
+    }
 }

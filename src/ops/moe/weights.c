@@ -27,40 +27,51 @@ static inline float deq_code(const mxfp8i_moe *p, const mxfp8_tensor *codes, int
 void mxfp8i_moe_load_w1(const mxfp8i_moe *p, int64_t e, float *w1f) {
     const int64_t H = p->H, I = p->I;
     const mxfp8_tensor *w = &p->W1, *s = &p->W1s;
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt(2.0 * (double)H * (double)I))
-    for (int64_t h = 0; h < H; h++)
-        for (int64_t j = 0; j < 2; j++)
-            for (int64_t i = 0; i < I; i++) {
-                int64_t off = e * w->strides[0] + h * w->strides[1] + j * w->strides[2] + i * w->strides[3];
-                float v;
-                if (!p->w1_prequant) {
-                    v = mxfp8i_load_f32(w->data, w->dtype, off);
-                } else if (p->bwd) { /* scales [E, H, G(2I)] */
-                    int64_t c = j * I + i;
-                    v = deq_code(p, w, off, s, e * s->strides[0] + h * s->strides[1] + (c / 32) * s->strides[2]);
-                } else { /* scales [E, G(H), 2, I] */
-                    v = deq_code(p, w, off, s,
-                                 e * s->strides[0] + (h / 32) * s->strides[1] + j * s->strides[2] + i * s->strides[3]);
+#pragma omp parallel num_threads(mxfp8i_moe_nt(2.0 * (double)H * (double)I))
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t j = 0; j < 2; j++)
+                for (int64_t i = 0; i < I; i++) {
+                    int64_t off = e * w->strides[0] + h * w->strides[1] + j * w->strides[2] + i * w->strides[3];
+                    float v;
+                    if (!p->w1_prequant) {
+                        v = mxfp8i_load_f32(w->data, w->dtype, off);
+                    } else if (p->bwd) { /* scales [E, H, G(2I)] */
+                        int64_t c = j * I + i;
+                        v = deq_code(p, w, off, s, e * s->strides[0] + h * s->strides[1] + (c / 32) * s->strides[2]);
+                    } else { /* scales [E, G(H), 2, I] */
+                        v = deq_code(p, w, off, s,
+                                     e * s->strides[0] + (h / 32) * s->strides[1] + j * s->strides[2] +
+                                         i * s->strides[3]);
+                    }
+                    w1f[h * 2 * I + j * I + i] = v;
                 }
-                w1f[h * 2 * I + j * I + i] = v;
-            }
+        mxfp8i_fenv_leave(csr);
+    }
 }
 
 void mxfp8i_moe_load_w2(const mxfp8i_moe *p, int64_t e, float *w2f) {
     const int64_t H = p->H, I = p->I;
     const mxfp8_tensor *w = &p->W2, *s = &p->W2s;
-#pragma omp parallel for schedule(static) num_threads(mxfp8i_moe_nt((double)H * (double)I))
-    for (int64_t i = 0; i < I; i++)
-        for (int64_t h = 0; h < H; h++) {
-            int64_t off = e * w->strides[0] + i * w->strides[1] + h * w->strides[2];
-            float v;
-            if (!p->w2_prequant) v = mxfp8i_load_f32(w->data, w->dtype, off);
-            else if (p->bwd) /* scales [E, I, G(H)] */
-                v = deq_code(p, w, off, s, e * s->strides[0] + i * s->strides[1] + (h / 32) * s->strides[2]);
-            else /* scales [E, G(I), H] */
-                v = deq_code(p, w, off, s, e * s->strides[0] + (i / 32) * s->strides[1] + h * s->strides[2]);
-            w2f[i * H + h] = v;
-        }
+#pragma omp parallel num_threads(mxfp8i_moe_nt((double)H *(double)I))
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < I; i++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t off = e * w->strides[0] + i * w->strides[1] + h * w->strides[2];
+                float v;
+                if (!p->w2_prequant) v = mxfp8i_load_f32(w->data, w->dtype, off);
+                else if (p->bwd) /* scales [E, I, G(H)] */
+                    v = deq_code(p, w, off, s, e * s->strides[0] + i * s->strides[1] + (h / 32) * s->strides[2]);
+                else /* scales [E, G(I), H] */
+                    v = deq_code(p, w, off, s, e * s->strides[0] + (i / 32) * s->strides[1] + h * s->strides[2]);
+                w2f[i * H + h] = v;
+            }
+        mxfp8i_fenv_leave(csr);
+    }
 }
 
 void mxfp8i_moe_load_b1(const mxfp8i_moe *p, int64_t e, float *b1) {
