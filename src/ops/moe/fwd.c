@@ -192,7 +192,7 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
     W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM2_INTER, &W, MXFP8_MOE_GEMM2_W2, 0, down, H));
-    const int ckp = any_checkpoint(o);
+    const int ckp = any_checkpoint(o), keep_down = o->down_proj_output_checkpoint.data != NULL;
 #pragma omp parallel num_threads(nt)
     {
         const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
@@ -200,20 +200,20 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
         for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
             const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
             for (int64_t q = 0; q < L; q++) {
+                if (tok[q] < 0) continue; /* padding: nothing to add (its checkpoint rows are written as zeros) */
                 float *dq = down + q * H;
-                if (tok[q] < 0) {
-                    for (int64_t h = h0; h < h1; h++) dq[h] = 0.0f;
-                    continue;
-                }
                 const float a = aq[q];
                 float *dst = w->acc + tok[q] * H;
                 if (q + 1 < L && tok[q + 1] >= 0)
                     mxfp8i_moe_prefetch(w->acc + tok[q + 1] * H + h0, (size_t)(h1 - h0) * sizeof(float), 1);
-                for (int64_t h = h0; h < h1; h++) {
-                    float d = dq[h] + b2[h];
-                    dq[h] = d;
-                    dst[h] += a * d;
-                }
+                if (keep_down) /* down + b2 kept for the down projection's checkpoint */
+                    for (int64_t h = h0; h < h1; h++) {
+                        float d = dq[h] + b2[h];
+                        dq[h] = d;
+                        dst[h] += a * d;
+                    }
+                else
+                    for (int64_t h = h0; h < h1; h++) dst[h] += a * (dq[h] + b2[h]);
             }
             for (int64_t b = 0; ckp && b < blocks; b++) /* each block's checkpoints from its rows of the run */
                 write_checkpoints(p, n + b, b + 1 < blocks ? B : L - b * B, o, g + b * B * I, u + b * B * I,
