@@ -566,8 +566,6 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
             const int nr = (int)(x->N - n0 < uk->nr ? x->N - n0 : uk->nr);
             const int bf16 = c->dtype == MXFP8_DTYPE_BF16; /* with c_zero: the sums rounded once at the end */
             float *dst = bf16 ? NULL : (float *)c->data + m0 * cs0 + n0 * cs1;
-            for (int i = 0; i < mr && sc->c_zero; i++)
-                for (int j = 0; j < nr; j++) acc[i * ld + j] = 0.0f;
             for (int i = 0; i < mr && !sc->c_zero; i++)
                 if (cs1 == 1) /* short rows: a loop, not a memcpy call */
                     for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j];
@@ -576,11 +574,15 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
             for (int sg = 0; sg < sc->nseg; sg++) { /* the segments in order */
                 const gemm_ctx *g = &sc->segs[sg];
                 const char *ap = g->Ap + pm * g->pa_stride, *bp = g->Bp + pn * g->pb_stride;
+                /* c_zero: the first segment's chain is the running value itself (+0 + chain is the chain bit for
+                   bit: a chain from +0 is never -0, and a NaN passes unchanged), so it is not added */
+                const int first = sg == 0 && sc->c_zero;
+                float *out = first ? acc : ct;
                 for (int64_t k0 = 0; k0 < g->K; k0 += tk) {
                     const int64_t kc = (k0 + tk < g->K ? k0 + tk : g->K) - k0;
-                    uk->run(k0, kc, ap, bp, ct, ld, mr, nr, k0 > 0);
+                    uk->run(k0, kc, ap, bp, out, ld, mr, nr, k0 > 0);
                 }
-                x->add_f32(ct, ld, acc, ld, mr, nr);
+                if (!first) x->add_f32(ct, ld, acc, ld, mr, nr);
             }
             if (bf16) {
                 uint16_t *d16 = (uint16_t *)c->data + m0 * cs0 + n0 * cs1;
