@@ -10,12 +10,13 @@
  * wrapX; a strided panel that a SIMD kernel may decline (then it must write nothing); dequantization of random codes
  * and scales (NaN codes, scale 0 and 255 included); the FP32 -> BF16 rounding of the GEMM epilogue that comes with
  * each kernel; the transposing BF16 load and FP32 copy of the MoE checkpoints (plain and streaming stores); the FP32
- * copy of the segmented GEMM's outputs (every offset in a cache line); the exponential of the MoE activations: every 251st FP32 bit pattern and the special values against
- * exp in double precision (within 0.502 ULP of its float format: the rule's accuracy), against glibc's expf bit
- * for bit where the C library is glibc 2.28 or later and the CPU has FMA (the rule is that expf's algorithm), and
- * every kernel against the first, in place and out of place, every tail length; the MoE activations' elementwise
- * rows (every activation kind, clamps present and absent, given and computed values, NaN / Inf / signed zeros, tail
- * lengths) against their FP32 expressions, bit for bit, nothing written past a row.
+ * copy of the segmented GEMM's outputs (every offset in a cache line); the exponential of the MoE activations:
+ * every 251st FP32 bit pattern and the special values against exp in double precision (within 0.502 ULP of its
+ * float format: the rule's accuracy), against glibc's expf bit for bit where the C library is glibc 2.28 or later
+ * and the CPU has FMA (the rule is that expf's algorithm), and every kernel against the first, in place and out of
+ * place, every tail length; the MoE activations' elementwise rows (every activation kind, clamps present and
+ * absent, given and computed values, NaN / Inf / signed zeros, tail lengths) against their FP32 expressions, bit for
+ * bit, nothing written past a row.
  */
 #include <float.h>
 #include <math.h>
@@ -312,7 +313,7 @@ static void check_transposes(tu_rng *rng) {
         const mxfp8i_qkernel *qk = g_kernels[q];
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
             for (int kind = 0; kind < 4; kind++) { /* bf16_t; f32_t plain; streaming (odd ld); streaming (aligned) */
-                const int64_t rows = shapes[si][0], cols = shapes[si][1], LDD = kind == 3 ? 64 : 61;
+                const int64_t rows = shapes[si][0], cols = shapes[si][1], LDD = kind == 3 ? LDD_MAX : 61;
                 memset(got, 0xA5, 4 * C * LDD_MAX);
                 if (kind == 0) qk->bf16_t(s16, LDS, got, LDD, rows, cols);
                 else qk->f32_t(s32, LDS, got, LDD, rows, cols, kind >= 2);

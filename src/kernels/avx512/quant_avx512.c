@@ -360,12 +360,10 @@ static void copy_f32__avx512(const float *src, int64_t ld_src, float *dst, int64
     for (int64_t r = 0; r < rows; r++) {
         const float *s = src + r * ld_src;
         float *d = dst + r * ld_dst;
+        const int64_t head = (int64_t)(((64 - ((uintptr_t)d & 63)) & 63) / sizeof(float)); /* floats to a line */
         int64_t j = 0;
-        if (((uintptr_t)d & 3) == 0) { /* float-aligned: the floats to the next line boundary, then whole lines */
-            const int64_t head = (int64_t)(((64 - ((uintptr_t)d & 63)) & 63) / sizeof(float));
-            for (; j < n && j < head; j++) d[j] = s[j];
-            for (; j + 16 <= n; j += 16) _mm512_stream_ps(d + j, _mm512_loadu_ps(s + j));
-        }
+        for (; j < n && j < head; j++) d[j] = s[j];
+        for (; j + 16 <= n; j += 16) _mm512_stream_ps(d + j, _mm512_loadu_ps(s + j));
         for (; j < n; j++) d[j] = s[j];
     }
     _mm_sfence(); /* the non-temporal stores ordered before every later store of this thread */
