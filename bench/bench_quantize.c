@@ -1,6 +1,7 @@
 /*
  * bench_quantize.c -- mxfp8_quantize of a BF16 4096x4096 matrix to E4M3 codes + E8M0 scales along rows (axis 1)
- * and along columns (axis 0), on 1 and N threads, beside a memcpy of the same input on the same threads.
+ * and along columns (axis 0), and of the same values as 65536 rows of 256 (the short rows of an MoE layer's tokens
+ * at width 256), on 1 and N threads, beside a memcpy of the same input on the same threads.
  * GB/s = (bytes read + bytes written) / time for both (memcpy: 2 x bytes / time); the ratio is quantize / memcpy,
  * each the median of at least 5 runs; scaling = the time on 1 thread / on N.
  */
@@ -49,10 +50,11 @@ static int run_copy(void *p) {
 
 typedef struct quant_bufs {
     int64_t R, C;
-    uint16_t *src;   /* [R, C] BF16 */
-    uint8_t *codes;  /* [R, C] E4M3 */
-    uint8_t *scales; /* R * C / 32 E8M0 */
-    char *copy_dst;  /* the memcpy's destination, 2 R C bytes */
+    uint16_t *src;     /* [R, C] BF16 */
+    uint8_t *codes;    /* [R, C] E4M3 */
+    uint8_t *scales;   /* R * C / 32 E8M0 */
+    char *copy_dst;    /* the memcpy's destination, 2 R C bytes */
+    const char *label; /* the row's name in the table */
 } quant_bufs;
 
 /* One row: quantize along `ax` (0 = rows, 1 = columns) on nt threads, and memcpy beside it. */
@@ -76,19 +78,21 @@ static void row(bench_ctx *b, cJSON *ja, const quant_bufs *qb, int ax, int nt, d
     double bytes = (double)in_bytes + (double)(R * C) + (double)(R * C / 32);
     double gbq = tq.median > 0 ? bytes / tq.median / 1e9 : -1;
     double gbc = tc.median > 0 ? 2.0 * (double)in_bytes / tc.median / 1e9 : -1;
-    const char *axname = ax == 0 ? "rows" : "columns";
+    const char *axname = ax == 0 ? "rows" : "columns", *label = qb->label;
     if (nt == 1) *t_1thread = tq.median;
     double sc = bench_scaling(*t_1thread, tq.median, nt);
     if (tq.median < 0) {
-        bench_say(b, "  %-8s %7d  failed: %s\n", axname, nt, bench_lib_error(q.st));
+        bench_say(b, "  %-12s %7d  failed: %s\n", label, nt, bench_lib_error(q.st));
     } else {
-        bench_say(b, "  %-8s %7d %10.2f %9.2f %12.2f %7.0f%%", axname, nt, tq.median * 1e3, gbq, gbc,
+        bench_say(b, "  %-12s %7d %10.2f %9.2f %12.2f %7.0f%%", label, nt, tq.median * 1e3, gbq, gbc,
                   100.0 * gbq / gbc);
         if (sc > 0) bench_say(b, " %7.2fx (%s)", sc, sc > 1.3 ? "multi-threaded" : "not multi-threaded, or memory-bound");
         bench_say(b, "\n");
     }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "axis", axname);
+    cJSON_AddNumberToObject(j, "rows", (double)R);
+    cJSON_AddNumberToObject(j, "cols", (double)C);
     cJSON_AddNumberToObject(j, "threads", nt);
     bench_json_num(j, "ms", tq.median > 0 ? tq.median * 1e3 : -1);
     bench_json_num(j, "best_ms", tq.best > 0 ? tq.best * 1e3 : -1);
@@ -112,7 +116,7 @@ void bench_quantize(bench_ctx *b) {
               mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, qd.group));
     size_t in_bytes = (size_t)(R * C * 2);
     quant_bufs qb = {R, C, bench_alloc(in_bytes), bench_alloc((size_t)(R * C)), bench_alloc((size_t)(R * C / 32)),
-                     bench_alloc(in_bytes)};
+                     bench_alloc(in_bytes), "rows"};
     uint16_t *src = qb.src;
     if (!qb.src || !qb.codes || !qb.scales || !qb.copy_dst) {
         bench_say(b, "  out of memory\n");
@@ -124,12 +128,15 @@ void bench_quantize(bench_ctx *b) {
     memset(qb.codes, 0, (size_t)(R * C));
     memset(qb.scales, 0, (size_t)(R * C / 32));
     memset(qb.copy_dst, 0, in_bytes);
-    bench_say(b, "  %-8s %7s %10s %9s %12s %8s %8s\n", "axis", "threads", "time ms", "GB/s", "memcpy GB/s", "ratio",
+    bench_say(b, "  %-12s %7s %10s %9s %12s %8s %8s\n", "axis", "threads", "time ms", "GB/s", "memcpy GB/s", "ratio",
               "scaling");
     int tlist[2] = {1, b->o.threads}, ntl = b->o.threads > 1 ? 2 : 1;
-    for (int ax = 0; ax < 2; ax++) {
+    for (int ax = 0; ax < 3; ax++) { /* rows, columns, then the same buffers as short rows */
+        quant_bufs q = qb;
+        q.label = ax == 0 ? "rows" : ax == 1 ? "columns" : "rows of 256";
+        if (ax == 2) q.R = R * C / 256, q.C = 256;
         double t1 = -1;
-        for (int ti = 0; ti < ntl; ti++) row(b, ja, &qb, ax, tlist[ti], &t1);
+        for (int ti = 0; ti < ntl; ti++) row(b, ja, &q, ax == 1, tlist[ti], &t1);
     }
 done:
     free(qb.src);

@@ -106,48 +106,57 @@ AI __m512i reduce16_w(const __m512i *m) {
     return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f);
 }
 
-/* Rows, BF16 -> codes (ok = OUT_CODES) or BF16 qdq values (OUT_BF16): 16 groups per batch (amax by a 16-bit max +
- * the transposing tree, then the 16-bit codes or values). */
+/* Rows, BF16 -> codes (ok = OUT_CODES) or BF16 qdq values (OUT_BF16): up to 16 whole groups per batch (amax by a
+ * 16-bit max + the transposing tree, then the 16-bit codes or values; a batch of ng < 16 groups, at the end of the
+ * row, gives the tree zero vectors for the missing ones and stores only its own); a last partial group through the
+ * FP32 path. */
 AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, int ok, qctx cx, void *out, uint8_t *sc, int64_t sc_gs) {
     const __m512i rcm = set1(cx.rceil);
     const int emin = fmt == MXFP8_FMT_E5M2 ? -14 : -6, os = ok == OUT_BF16 ? 2 : 1;
-    const int64_t nb = K / 512;
+    const int64_t G = K / 32; /* whole groups */
     int64_t inexact = 0;
-    for (int64_t b = 0; b < nb; b++) {
-        const char *s0 = (const char *)src + b * 1024;
-        uint8_t *o0 = (uint8_t *)out + b * 512 * os;
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        const int ng = G - g0 < 16 ? (int)(G - g0) : 16;
+        const char *s0 = (const char *)src + g0 * 64;
+        uint8_t *o0 = (uint8_t *)out + g0 * 32 * os;
         __m512i mm[16];
-        for (int j = 0; j < 16; j++) mm[j] = _mm512_and_si512(_mm512_loadu_si512(s0 + 64 * j), set1w(0x7FFF));
+        for (int j = 0; j < 16; j++)
+            mm[j] = j < ng ? _mm512_and_si512(_mm512_loadu_si512(s0 + 64 * j), set1w(0x7FFF)) : _mm512_setzero_si512();
         __m512i s = scale_codes(reduce16_w(mm), cx.d, rcm);
+        const __mmask16 live = (__mmask16)(ng == 16 ? 0xFFFFu : (1u << ng) - 1u);
         if (sc) {
             __m128i sb = _mm512_cvtepi32_epi8(s);
-            if (sc_gs == 1)
-                _mm_storeu_si128((__m128i *)(sc + b * 16), sb);
+            if (sc_gs == 1) _mm_mask_storeu_epi8(sc + g0, live, sb);
             else {
                 _Alignas(16) uint8_t t[16];
                 _mm_store_si128((__m128i *)t, sb);
-                for (int j = 0; j < 16; j++) sc[(b * 16 + j) * sc_gs] = t[j];
+                for (int j = 0; j < ng; j++) sc[(g0 + j) * sc_gs] = t[j];
             }
         }
-        __mmask16 slow = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(s, set1(Q16_SMIN)), set1(255 - Q16_SMIN));
+        __mmask16 slow = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(s, set1(Q16_SMIN)), set1(255 - Q16_SMIN)) & live;
         __m512i k2v = _mm512_add_epi32(s, set1((uint32_t)emin));
         _Alignas(64) int32_t k2[16]; /* K2 in both halves of each dword: broadcast by a plain load per group */
         _mm512_store_si512(k2, _mm512_or_si512(k2v, _mm512_slli_epi32(k2v, 16)));
         if (!slow && ok == OUT_BF16) {
-            for (int j = 0; j < 16; j++)
+            for (int j = 0; j < ng; j++)
                 _mm512_storeu_si512(o0 + 64 * j,
                                     bf16_qdq(_mm512_loadu_si512(s0 + 64 * j), _mm512_set1_epi32(k2[j]), fmt, cx.sat));
             continue;
         }
         if (!slow) {
-            for (int j = 0; j < 16; j += 2) {
+            int j = 0;
+            for (; j + 1 < ng; j += 2) {
                 __m512i c0 = bf16_codes(_mm512_loadu_si512(s0 + 64 * j), _mm512_set1_epi32(k2[j]), fmt, cx.sat);
                 __m512i c1 = bf16_codes(_mm512_loadu_si512(s0 + 64 * j + 64), _mm512_set1_epi32(k2[j + 1]), fmt, cx.sat);
                 _mm512_storeu_si512(o0 + 32 * j, pack_codes2(c0, c1));
             }
+            if (j < ng)
+                _mm256_storeu_si256((__m256i *)(o0 + 32 * j),
+                                    _mm512_cvtepi16_epi8(bf16_codes(_mm512_loadu_si512(s0 + 64 * j),
+                                                                    _mm512_set1_epi32(k2[j]), fmt, cx.sat)));
             continue;
         }
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < ng; j++) {
             if ((slow >> j) & 1) {
                 inexact += q_row_bf16c_fp32(s0 + 64 * j, 32, fmt, ok, cx, o0 + 32 * os * j, NULL, 1);
                 continue;
@@ -157,9 +166,9 @@ AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, int ok, qctx cx, voi
             else _mm256_storeu_si256((__m256i *)(o0 + 32 * j), _mm512_cvtepi16_epi8(bf16_codes(v, k, fmt, cx.sat)));
         }
     }
-    if (nb * 512 < K)
-        inexact += q_row_bf16c_fp32((const char *)src + nb * 1024, K - nb * 512, fmt, ok, cx,
-                                    (uint8_t *)out + nb * 512 * os, sc ? sc + nb * 16 * sc_gs : NULL, sc_gs);
+    if (G * 32 < K)
+        inexact += q_row_bf16c_fp32((const char *)src + G * 64, K - G * 32, fmt, ok, cx, (uint8_t *)out + G * 32 * os,
+                                    sc ? sc + G * sc_gs : NULL, sc_gs);
     return inexact;
 }
 
