@@ -36,6 +36,9 @@ def test_header_and_peaks(doc):
 def test_quantize_rows(doc):
     rows = doc["quantize"]
     assert {r["axis"] for r in rows} == {"rows", "columns"}
+    # the 4096 x 4096 matrix along both axes, then the same values as rows of 256
+    assert {(r["axis"], r["rows"], r["cols"]) for r in rows} == {("rows", 4096, 4096), ("columns", 4096, 4096),
+                                                                 ("rows", 65536, 256)}
     for r in rows:
         for k in ("threads", "ms", "best_ms", "gbps", "memcpy_gbps", "ratio_to_memcpy", "thread_scaling"):
             assert k in r, k
@@ -46,7 +49,10 @@ def test_quantize_rows(doc):
     nt = doc["threads"]
     for r in rows:
         if nt > 1 and r["threads"] == nt:
-            one = [q for q in rows if q["axis"] == r["axis"] and q["threads"] == 1][0]
+            one = [q for q in rows if (q["axis"], q["rows"], q["cols"]) == (r["axis"], r["rows"], r["cols"])
+                   and q["threads"] == 1]
+            assert len(one) == 1, r
+            one = one[0]
             assert r["thread_scaling"] == pytest.approx(one["ms"] / r["ms"])
         else:
             assert r["thread_scaling"] is None
