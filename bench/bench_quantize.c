@@ -50,15 +50,15 @@ static int run_copy(void *p) {
 
 typedef struct quant_bufs {
     int64_t R, C;
-    uint16_t *src;     /* [R, C] BF16 */
-    uint8_t *codes;    /* [R, C] E4M3 */
-    uint8_t *scales;   /* R * C / 32 E8M0 */
-    char *copy_dst;    /* the memcpy's destination, 2 R C bytes */
-    const char *label; /* the row's name in the table */
+    uint16_t *src;   /* [R, C] BF16 */
+    uint8_t *codes;  /* [R, C] E4M3 */
+    uint8_t *scales; /* R * C / 32 E8M0 */
+    char *copy_dst;  /* the memcpy's destination, 2 R C bytes */
 } quant_bufs;
 
-/* One row: quantize along `ax` (0 = rows, 1 = columns) on nt threads, and memcpy beside it. */
-static void row(bench_ctx *b, cJSON *ja, const quant_bufs *qb, int ax, int nt, double *t_1thread) {
+/* One row, named `label` in the table: quantize along `ax` (0 = rows, 1 = columns) on nt threads, and memcpy beside
+ * it. */
+static void row(bench_ctx *b, cJSON *ja, const quant_bufs *qb, const char *label, int ax, int nt, double *t_1thread) {
     int64_t R = qb->R, C = qb->C;
     uint16_t *src = qb->src;
     bench_set_threads(nt);
@@ -78,7 +78,7 @@ static void row(bench_ctx *b, cJSON *ja, const quant_bufs *qb, int ax, int nt, d
     double bytes = (double)in_bytes + (double)(R * C) + (double)(R * C / 32);
     double gbq = tq.median > 0 ? bytes / tq.median / 1e9 : -1;
     double gbc = tc.median > 0 ? 2.0 * (double)in_bytes / tc.median / 1e9 : -1;
-    const char *axname = ax == 0 ? "rows" : "columns", *label = qb->label;
+    const char *axname = ax == 0 ? "rows" : "columns";
     if (nt == 1) *t_1thread = tq.median;
     double sc = bench_scaling(*t_1thread, tq.median, nt);
     if (tq.median < 0) {
@@ -116,7 +116,7 @@ void bench_quantize(bench_ctx *b) {
               mxfp8_enum_name(MXFP8_ENUM_GROUP_SCHEME, qd.group));
     size_t in_bytes = (size_t)(R * C * 2);
     quant_bufs qb = {R, C, bench_alloc(in_bytes), bench_alloc((size_t)(R * C)), bench_alloc((size_t)(R * C / 32)),
-                     bench_alloc(in_bytes), "rows"};
+                     bench_alloc(in_bytes)};
     uint16_t *src = qb.src;
     if (!qb.src || !qb.codes || !qb.scales || !qb.copy_dst) {
         bench_say(b, "  out of memory\n");
@@ -131,12 +131,12 @@ void bench_quantize(bench_ctx *b) {
     bench_say(b, "  %-12s %7s %10s %9s %12s %8s %8s\n", "axis", "threads", "time ms", "GB/s", "memcpy GB/s", "ratio",
               "scaling");
     int tlist[2] = {1, b->o.threads}, ntl = b->o.threads > 1 ? 2 : 1;
-    for (int ax = 0; ax < 3; ax++) { /* rows, columns, then the same buffers as short rows */
+    static const char *const label[3] = {"rows", "columns", "rows of 256"};
+    for (int it = 0; it < 3; it++) { /* rows, columns, then the same buffers as short rows */
         quant_bufs q = qb;
-        q.label = ax == 0 ? "rows" : ax == 1 ? "columns" : "rows of 256";
-        if (ax == 2) q.R = R * C / 256, q.C = 256;
+        if (it == 2) q.R = R * C / 256, q.C = 256;
         double t1 = -1;
-        for (int ti = 0; ti < ntl; ti++) row(b, ja, &q, ax == 1, tlist[ti], &t1);
+        for (int ti = 0; ti < ntl; ti++) row(b, ja, &q, label[it], it == 1, tlist[ti], &t1);
     }
 done:
     free(qb.src);

@@ -12,7 +12,7 @@ static void help(void) {
            "TDPBF16PS when the CPU and OS allow it, else AVX512-BF16 / FP32 FMA), memcpy bandwidth, and oneDNN's\n"
            "bf16 matmul on the same GEMMs (when built with oneDNN). Every figure is the median of up to N timed runs\n"
            "after a warm-up, and every ratio compares figures of this run. Sections (default all):\n"
-           "  quantize  BF16 4096x4096 -> MXFP8 along rows and columns, and as rows of 256, vs memcpy\n"
+           "  quantize  BF16 4096x4096 -> MXFP8 along rows, columns and as rows of 256, 1 and N threads, vs memcpy\n"
            "  matmul    backward and forward at the upstream shapes and 4096^3, vs oneDNN\n"
            "  moe       backward and forward at the upstream, a fine-grained (64 experts), a training step's MoE\n"
            "            layers (width 1024 and 256) and a larger problem, vs oneDNN's GEMMs per block, with the\n"

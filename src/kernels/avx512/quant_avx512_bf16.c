@@ -123,7 +123,7 @@ AI int64_t q_row_bf16c(const void *src, int64_t K, int fmt, int ok, qctx cx, voi
         for (int j = 0; j < 16; j++)
             mm[j] = j < ng ? _mm512_and_si512(_mm512_loadu_si512(s0 + 64 * j), set1w(0x7FFF)) : _mm512_setzero_si512();
         __m512i s = scale_codes(reduce16_w(mm), cx.d, rcm);
-        const __mmask16 live = (__mmask16)(ng == 16 ? 0xFFFFu : (1u << ng) - 1u);
+        const __mmask16 live = (__mmask16)((1u << ng) - 1u); /* ng <= 16: 32-bit shift */
         if (sc) {
             __m128i sb = _mm512_cvtepi32_epi8(s);
             if (sc_gs == 1) _mm_mask_storeu_epi8(sc + g0, live, sb);
