@@ -110,6 +110,13 @@ typedef void (*mxfp8i_copy_f32_fn)(const float *src, int64_t ld_src, float *dst,
  *  same array. */
 typedef void (*mxfp8i_exp_f32_fn)(const float *x, float *y, int64_t n);
 
+/** Sequential FP64 dot products of `rows` rows (the MoE backward's affinity gradient): for r < rows,
+ *  out[r] = (((out[r] + x[r*ldx] y[r*ldy]) + x[r*ldx + 1] y[r*ldy + 1]) + ...) over i < n, each product
+ *  (double)x * (double)y (exact: two FP32 significands fit in FP64's) added in i ascending by one IEEE FP64
+ *  addition (RNE). ldy = 0 gives every row the same y. The order is the contract: any ISA gives the same bits. */
+typedef void (*mxfp8i_dot_f64_fn)(const float *x, int64_t ldx, const float *y, int64_t ldy, int64_t n, int64_t rows,
+                                  double *out);
+
 /** An activation of the MoE layer as the elementwise rows see it (src/kernels/act_rows.h): squared_relu = 0 for
  *  the sigmoid-gated kinds act(g) = g * sigmoid(beta g), 1 for max(g, 0)^2; up_plus_one: inter = act(g) * (u + 1);
  *  the clamp limits of g = gate and u = up (absent: -INFINITY / +INFINITY). */
@@ -133,7 +140,7 @@ typedef void (*mxfp8i_act_bwd_fn)(const mxfp8i_act_params *ap, int64_t I, const 
 
 /** The quantization kernels of one ISA (the registry's quantize and dequantize slots; the FP32 -> BF16 rounding of
  *  the GEMM epilogue, the transposing BF16 load and FP32 copy of the MoE checkpoints, the exponential of the MoE
- *  activations and their elementwise rows come with them). */
+ *  activations, their elementwise rows and the affinity gradient's FP64 dot products come with them). */
 typedef struct mxfp8i_qkernel {
     const char *name;          /**< e.g. "mx_quantize_panel__avx512" */
     const char *isa_name;      /**< "scalar", "avx512" */
@@ -149,6 +156,7 @@ typedef struct mxfp8i_qkernel {
     mxfp8i_exp_f32_fn exp_f32;
     mxfp8i_act_fwd_fn act_fwd;
     mxfp8i_act_bwd_fn act_bwd;
+    mxfp8i_dot_f64_fn dot_f64;
 } mxfp8i_qkernel;
 
 /* ---- the per-group reference (src/kernels/ref/quant_ref.c) ----

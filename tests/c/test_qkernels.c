@@ -475,6 +475,49 @@ static float act_value(tu_rng *r) {
     return (float)((tu_uniform(r) * 2.0 - 1.0) * ldexp(1.0, (int)((k >> 16) % 12) - 6));
 }
 
+/* ---- the affinity gradient's FP64 dot products (dot_f64) against their definition: each row's sum continued from
+ * out[r], the exact FP64 products added one by one in ascending i; equal bits (or both NaN), for row counts around
+ * the 8-lane vector, lengths around 8 (tails), separate and shared (ldy = 0) y rows, values with cancellation and
+ * specials; nothing written past the rows ---- */
+static void check_dot_f64(tu_rng *rng) {
+    enum { RMAX = 19, NMAX = 530, LD = NMAX + 3 };
+    static const int64_t lens[] = {0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 70, 512, NMAX};
+    float *x = tu_alloc(sizeof(float) * RMAX * LD), *y = tu_alloc(sizeof(float) * RMAX * LD);
+    double *got = tu_alloc(sizeof(double) * (RMAX + 4)), *want = tu_alloc(sizeof(double) * RMAX);
+    int64_t cases = 0;
+    for (int q = 0; q < g_nk; q++) {
+        const mxfp8i_qkernel *qk = g_kernels[q];
+        int64_t bad = 0;
+        for (int specials = 0; specials < 2; specials++)
+            for (int rows = 1; rows <= RMAX; rows++)
+                for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+                    for (int shared = 0; shared < 2; shared++) {
+                        const int64_t n = lens[li], ldy = shared ? 0 : LD;
+                        for (int64_t i = 0; i < RMAX * LD; i++) { /* products over 2^-60 .. 2^60, both signs */
+                            const double sx = ldexp(1.0, (int)(tu_next(rng) % 60) - 30);
+                            x[i] = specials ? act_value(rng) : (float)((tu_uniform(rng) - 0.5) * sx);
+                            y[i] = (float)((tu_uniform(rng) - 0.5) * ldexp(1.0, (int)(tu_next(rng) % 60) - 30));
+                        }
+                        for (int r = 0; r < RMAX + 4; r++) got[r] = r < rows ? tu_uniform(rng) - 0.5 : -3.5;
+                        for (int r = 0; r < rows; r++) {
+                            double sum = got[r];
+                            for (int64_t i = 0; i < n; i++) sum += (double)x[r * LD + i] * (double)y[r * ldy + i];
+                            want[r] = sum;
+                        }
+                        qk->dot_f64(x, LD, y, ldy, n, rows, got);
+                        for (int r = 0; r < RMAX + 4; r++) {
+                            const double w = r < rows ? want[r] : -3.5;
+                            bad += memcmp(&got[r], &w, sizeof w) != 0 && !(isnan(got[r]) && isnan(w));
+                        }
+                        cases++;
+                    }
+        TU_CHECK(bad == 0, "%s dot_f64: %lld sums differ from the sequential FP64 sums or were written past the rows",
+                 qk->name, (long long)bad);
+    }
+    TU_CHECK(cases > 0, "dot_f64: no case ran");
+    free(x), free(y), free(got), free(want);
+}
+
 static void check_act_rows(tu_rng *rng) {
     enum { IMAX = 1024, PAD = 8 };
     static const int64_t lens[] = {1, 2, 15, 16, 17, 31, 33, 100, IMAX};
@@ -617,6 +660,7 @@ static void test_all_kernels(void) {
     check_copy_f32(&rng);
     check_exp_f32();
     check_act_rows(&rng);
+    check_dot_f64(&rng);
     free(xf), free(xe), free(all), free(shuf);
 }
 

@@ -29,6 +29,7 @@
  */
 #include "../act_rows.h"
 #include "quant_lanes_avx512.h"
+#include "../ref/ref.h"
 
 /* Cols: for each group, column tiles of up to CT columns. Pass 1 sweeps each of the group's rows along the tile
  * (one sequential stream) folding |x| bits into per-column accumulators; the scales, multipliers and scale values
@@ -381,8 +382,50 @@ static void act_bwd__avx512(const mxfp8i_act_params *ap, int64_t I, const float 
     mxfp8i_act_bwd_impl(mxfp8i_exp_f32__avx512, ap, I, dI, aq, scale, g, u, act, sg, dgu);
 }
 
+/* Sequential FP64 dot products, 8 rows at a time in the 8 lanes of one vector: per 8 terms, each row's products
+ * (exact in FP64) in a vector, the 8 x 8 block transposed (unpack, then two 128-bit shuffles), then added column
+ * after column, so each lane adds its row's terms in i ascending, as the reference does. Rows past a multiple of 8
+ * go through the reference. */
+static void dot_f64__avx512(const float *x, int64_t ldx, const float *y, int64_t ldy, int64_t n, int64_t rows,
+                            double *out) {
+    int64_t r0 = 0;
+    for (; r0 + 8 <= rows; r0 += 8) {
+        __m512d acc = _mm512_loadu_pd(out + r0);
+        for (int64_t i = 0; i < n; i += 8) {
+            const int m = n - i < 8 ? (int)(n - i) : 8;
+            const __mmask8 k = (__mmask8)((1u << m) - 1);
+            __m512d p[8], t[8], u[8];
+            for (int r = 0; r < 8; r++) {
+                const __m512d xv = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, x + (r0 + r) * ldx + i));
+                const __m512d yv = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, y + (r0 + r) * ldy + i));
+                p[r] = _mm512_mul_pd(xv, yv);
+            }
+            for (int r = 0; r < 8; r += 2) { /* t[r]: the even terms of rows r, r + 1; t[r + 1]: the odd ones */
+                t[r] = _mm512_unpacklo_pd(p[r], p[r + 1]);
+                t[r + 1] = _mm512_unpackhi_pd(p[r], p[r + 1]);
+            }
+            for (int h = 0; h < 2; h++) { /* h = 0: terms 0, 4 and 2, 6; h = 1: 1, 5 and 3, 7 */
+                u[4 * h] = _mm512_shuffle_f64x2(t[h], t[2 + h], 0x88);
+                u[4 * h + 1] = _mm512_shuffle_f64x2(t[h], t[2 + h], 0xDD);
+                u[4 * h + 2] = _mm512_shuffle_f64x2(t[4 + h], t[6 + h], 0x88);
+                u[4 * h + 3] = _mm512_shuffle_f64x2(t[4 + h], t[6 + h], 0xDD);
+            }
+            __m512d col[8];
+            for (int h = 0; h < 2; h++) {
+                col[h] = _mm512_shuffle_f64x2(u[4 * h], u[4 * h + 2], 0x88);     /* term h */
+                col[4 + h] = _mm512_shuffle_f64x2(u[4 * h], u[4 * h + 2], 0xDD); /* term 4 + h */
+                col[2 + h] = _mm512_shuffle_f64x2(u[4 * h + 1], u[4 * h + 3], 0x88);
+                col[6 + h] = _mm512_shuffle_f64x2(u[4 * h + 1], u[4 * h + 3], 0xDD);
+            }
+            for (int j = 0; j < m; j++) acc = _mm512_add_pd(acc, col[j]);
+        }
+        _mm512_storeu_pd(out + r0, acc);
+    }
+    if (r0 < rows) mxfp8i_dot_f64__ref(x + r0 * ldx, ldx, y + r0 * ldy, ldy, n, rows - r0, out + r0);
+}
+
 const mxfp8i_qkernel mxfp8i_mx_quant__avx512 = {"mx_quant_panel__avx512", "avx512", 1, MXFP8I_NEEDS_AVX512,
                                                 mxfp8i_quantize_panel__avx512, mxfp8i_dequantize_panel__avx512,
                                                 mxfp8i_to_bf16__avx512, mxfp8i_bf16_t__avx512, mxfp8i_f32_t__avx512,
                                                 mxfp8i_add_f32__avx512, copy_f32__avx512, mxfp8i_exp_f32__avx512,
-                                                act_fwd__avx512, act_bwd__avx512};
+                                                act_fwd__avx512, act_bwd__avx512, dot_f64__avx512};

@@ -174,7 +174,17 @@ static void act_bwd__ref(const mxfp8i_act_params *ap, int64_t I, const float *dI
     mxfp8i_act_bwd_impl(mxfp8i_exp_f32__ref, ap, I, dI, aq, scale, g, u, act, sg, dgu);
 }
 
+void mxfp8i_dot_f64__ref(const float *x, int64_t ldx, const float *y, int64_t ldy, int64_t n, int64_t rows,
+                         double *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        double s = out[r];
+        for (int64_t i = 0; i < n; i++) s += (double)x[r * ldx + i] * (double)y[r * ldy + i];
+        out[r] = s;
+    }
+}
+
 const mxfp8i_qkernel mxfp8i_mx_quant__ref = {"mx_quant_panel__ref", "scalar", 0, 0, mxfp8i_quantize_panel__ref,
                                              mxfp8i_dequantize_panel__ref, mxfp8i_to_bf16__ref, mxfp8i_bf16_t__ref,
                                              mxfp8i_f32_t__ref, mxfp8i_add_f32__ref, copy_f32__ref,
-                                             mxfp8i_exp_f32__ref, act_fwd__ref, act_bwd__ref};
+                                             mxfp8i_exp_f32__ref, act_fwd__ref, act_bwd__ref,
+                                             mxfp8i_dot_f64__ref};

@@ -15,6 +15,8 @@ void mxfp8i_to_bf16__ref(const float *src, int64_t ld_src, uint16_t *dst, int64_
 void mxfp8i_f32_t__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols,
                        int stream);
 void mxfp8i_exp_f32__ref(const float *x, float *y, int64_t n);
+void mxfp8i_dot_f64__ref(const float *x, int64_t ldx, const float *y, int64_t ldy, int64_t n, int64_t rows,
+                         double *out);
 void mxfp8i_add_f32__ref(const float *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t n);
 void mxfp8i_bf16_t__ref(const uint16_t *src, int64_t ld_src, float *dst, int64_t ld_dst, int64_t rows, int64_t cols);
 extern const mxfp8i_qkernel mxfp8i_mx_quant__ref;

@@ -181,20 +181,6 @@ static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     return MXFP8_OK;
 }
 
-/* Sequential FP64 sums sum_i x[q][i] * y[q][i] (i ascending) of up to 8 rows at once: independent chains, the
- * same additions in the same order as one row at a time. */
-static void dot_rows(const float *x, const float *y, int64_t ld, int64_t n, int rows, double *out) {
-    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (rows == 8) {
-        for (int64_t i = 0; i < n; i++)
-            for (int r = 0; r < 8; r++) s[r] += (double)x[r * ld + i] * (double)y[r * ld + i];
-    } else {
-        for (int r = 0; r < rows; r++)
-            for (int64_t i = 0; i < n; i++) s[r] += (double)x[r * ld + i] * (double)y[r * ld + i];
-    }
-    for (int r = 0; r < rows; r++) out[r] += s[r];
-}
-
 /* The affinity gradient of each position (FP64 sums) and the activation backward:
  *   dI = a * dI_raw (ON_I) or dI (ON_H);  dGU = [dI * u * act'(g) * pass(g) | dI * act(g) * pass(u)]. */
 static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t L, int nt) {
@@ -202,6 +188,7 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
     const mxfp8_moe_config *c = &p->cfg;
     const mxfp8_tensor *ck_down = &w->args->down_proj_output_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    const mxfp8i_dot_f64_fn dot = mxfp8i_kernels_get()->quant->dot_f64;
     /* affinity gradients, 8 positions at a time (padding positions' rows are zero and give 0) */
 #pragma omp parallel num_threads(nt)
     {
@@ -211,14 +198,9 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
             const int rows = (int)(L - q0 < 8 ? L - q0 : 8);
             double *da = w->dablk + q0;
             for (int r = 0; r < rows; r++) da[r] = 0.0;
-            if (!w->onH) {
-                dot_rows(w->dI + q0 * I, w->inter + q0 * I, I, I, rows, da);
-                if (p->b2.data)
-                    for (int r = 0; r < rows; r++) {
-                        double t = da[r]; /* continues the same sequential sum */
-                        for (int64_t h = 0; h < H; h++) t += (double)w->dyb[(q0 + r) * H + h] * (double)w->b2[h];
-                        da[r] = t;
-                    }
+            if (!w->onH) { /* sum_i dI_raw * inter, continued by sum_h dY * b2 (sequential FP64 sums) */
+                dot(w->dI + q0 * I, I, w->inter + q0 * I, I, I, rows, da);
+                if (p->b2.data) dot(w->dyb + q0 * H, H, w->b2, 0, H, rows, da);
             } else {
                 for (int r = 0; r < rows; r++) {
                     const int64_t q = q0 + r;
