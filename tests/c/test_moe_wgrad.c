@@ -15,7 +15,9 @@
  *      block by block: the forward's output, checkpoints and statistics (and the output when no checkpoint is
  *      asked for), the backward's gradients and statistics from the checkpoints and recomputing them, on both
  *      weight-gradient paths, with the oracle's values; also where a partial block precedes a full one of its
- *      expert (a run must end there) and a full block holds padding.
+ *      expert (a run must end there) and a full block holds padding;
+ *   6. Phase 4 reading a BF16 scaled-intermediate checkpoint in place (blocks without padding inside) gives the
+ *      bits of the transposed F32 copy of the same values, NaN in the padding positions changing nothing.
  */
 #include <unistd.h>
 
@@ -423,6 +425,86 @@ static void test_runs_equal(void) {
     printf("runs of blocks vs block by block: %d configurations bitwise equal\n", configs);
 }
 
+/* Phase 4 reads a BF16 scaled-intermediate checkpoint in place (its rows along the positions) where a block has no
+ * padding inside, and through the transposed FP32 buffer otherwise (an F32 checkpoint always): the same values
+ * either way, so the same bits. The checkpoint in BF16 (NaN at every padding position, inside a block and after
+ * its last real position) against an F32 copy of the same values (zeros there), the other checkpoints given alike:
+ * every gradient and operand statistic, rounding to nearest and stochastically, both weight-gradient paths, runs
+ * forced on and off, 1 and 2 threads; a problem with padding inside blocks and one whose GEMMs split. */
+static void test_s_in_place(void) {
+    int configs = 0;
+    for (int which = 0; which < 2; which++) {
+        prob P;
+        make_problem(&P, which == 0 ? 0 : 2);
+        if (which == 0) punch_padding(&P);
+        const int64_t N = P.N, B = P.B, I = P.I;
+        const size_t ns = (size_t)(P.E * NOPS), nib = (size_t)(N * I * B);
+        for (int sr = 0; sr < 2; sr++) {
+            const mxfp8_moe_config cfg = layer_config(0, 0, 1, sr, 4242u); /* AFFINITY_ON_I: Phase 4 reads S */
+            float *o[NOUT];
+            size_t len[NOUT];
+            forward_runs(&P, &cfg, -1, 2, 1, o, NULL, len);
+            uint16_t *s16 = xc(sizeof(uint16_t) * nib);
+            float *s32 = xc(sizeof(float) * nib);
+            int64_t inside = 0; /* padding positions before a block's last real position */
+            for (int64_t n = 0; n < N; n++) {
+                int64_t last = -1;
+                for (int64_t q = 0; q < B; q++)
+                    if (P.tok[n * B + q] != P.pad) last = q;
+                for (int64_t q = 0; q < B; q++) {
+                    const int pad = P.tok[n * B + q] == P.pad;
+                    inside += pad && q < last;
+                    for (int64_t i = 0; i < I; i++) {
+                        const size_t k = (size_t)((n * I + i) * B + q);
+                        s16[k] = pad ? 0x7FC1 : mxfp8_fp32_to_bf16(o[4][k]);
+                        s32[k] = pad ? 0.0f : mxfp8_bf16_to_fp32(s16[k]);
+                    }
+                }
+            }
+            CHECK(which != 0 || inside > 0, "problem %d: no padding inside a block", which);
+            for (int seg = 0; seg < 2; seg++)
+                for (int runs = 0; runs < 2; runs++)
+                    for (int nt = 1; nt <= 2; nt++) {
+                        grads g[2];
+                        mxfp8_quant_stats *st[2] = {xc(ns * sizeof *st[0]), xc(ns * sizeof *st[1])};
+                        for (int r = 0; r < 2; r++) {
+                            mxfp8_moe_bwd_args A;
+                            bwd_args(&P, &cfg, &A);
+                            A.stats = st[r];
+                            A.gate_up_proj_act_checkpoint_T = v4(o[1], MXFP8_DTYPE_F32, N, 2, I, B);
+                            A.gate_act_checkpoint_T = v3(o[2], MXFP8_DTYPE_F32, N, I, B);
+                            A.intermediate_checkpoint_T = v3(o[3], MXFP8_DTYPE_F32, N, I, B);
+                            A.scaled_intermediate_checkpoint_T =
+                                r == 0 ? v3(s16, MXFP8_DTYPE_BF16, N, I, B) : v3(s32, MXFP8_DTYPE_F32, N, I, B);
+                            grads_make(&g[r], &P, MXFP8_DTYPE_F32, 1);
+                            mxfp8i_moe_set_segmented_wgrad(seg);
+                            mxfp8i_moe_set_block_runs(runs);
+                            mxfp8_set_num_threads(nt);
+                            CHECK(mxfp8_moe_backward(&A, &g[r].g) == MXFP8_OK, "backward: %s",
+                                  mxfp8_last_error_message());
+                            mxfp8_set_num_threads(0);
+                            mxfp8i_moe_set_block_runs(-1);
+                            mxfp8i_moe_set_segmented_wgrad(-1);
+                        }
+                        char what[160];
+                        snprintf(what, sizeof what, "problem %d sr %d seg %d runs %d threads %d: BF16 S in place vs F32",
+                                 which, sr, seg, runs, nt);
+                        grads_bitwise(&g[0], &g[1], 1, what);
+                        CHECK(grads_finite(&g[0], 1), "%s: non-finite gradient", what);
+                        int sb = 0;
+                        for (size_t i = 0; i < ns; i++) sb += !stats_equal(&st[0][i], &st[1][i]);
+                        CHECK(sb == 0, "%s: %d operand statistics differ", what, sb);
+                        for (int r = 0; r < 2; r++) grads_free(&g[r]), free(st[r]);
+                        configs++;
+                    }
+            for (int c = 0; c < NOUT; c++) free(o[c]);
+            free(s16), free(s32);
+        }
+        prob_free(&P);
+    }
+    printf("Phase 4 from the BF16 checkpoint in place vs its F32 copy: %d configurations bitwise equal\n", configs);
+}
+
 /* The gradients of a fixed set of configurations (the segmented path, 2 threads), one after the other. */
 static size_t isa_grads(unsigned char **out) {
     size_t len = 0, cap = 0;
@@ -500,6 +582,7 @@ int main(int argc, char **argv) {
     test_paths_equal();
     test_runs_equal();
     test_nan_padding();
+    test_s_in_place();
     test_threads_split();
     test_isa();
     if (g_fail) {

@@ -13,6 +13,8 @@
  *   Phase 2             dX_blk = dGU @ W1[e]^T (W1[e] as [H, 2I]); along 2I; scatter-added in processing order
  *   Phase 3             dW1[e] += X_blk^T @ dGU; along the block's positions
  *   Phase 4             dW2[e] += S^T @ dY_blk (S = a*inter, ON_I) or inter^T @ D (ON_H); along the positions
+ *                       (a BF16 scaled-intermediate checkpoint is S^T itself: read in place where a block has no
+ *                       padding inside, bwd_block.c s_direct)
  *   bias grads          db1[e] += sum_p dGU ; db2[e] += sum_p a*dY   (FP64 sums)
  * Blocks run expert-major (expert 0's blocks in ascending block order, then expert 1's, ...), consecutive full
  * blocks of an expert stacked into runs for the phases up to Phase 2 (mxfp8i_moe_run_joins: the same bits). Phases 3

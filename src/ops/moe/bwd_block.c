@@ -15,6 +15,32 @@ static inline float ck3(const mxfp8_tensor *t, int64_t n, int64_t x, int64_t y) 
     return mxfp8i_load_f32(t->data, t->dtype, n * t->strides[0] + x * t->strides[1] + y * t->strides[2]);
 }
 
+/* Whether Phase 4's A operand of block n (AFFINITY_ON_I) is the scaled-intermediate checkpoint itself: given in
+ * BF16 with positions contiguous, and no padding among the block's first L positions (L = its last real position +
+ * 1; a padding position's checkpoint value is never read, it may hold anything). Block n's [I, B] slab is then S^T
+ * with rows along the positions: quantized in place along them (the values the S buffer would hold, so the same
+ * codes, scales, rounding indices and statistics) instead of being loaded transposed into the S buffer and
+ * quantized down its columns. */
+static int s_direct(const mxfp8i_moe_bwd *w, int64_t n) {
+    const mxfp8_tensor *t = &w->args->scaled_intermediate_checkpoint_T;
+    if (w->onH || !t->data || t->dtype != MXFP8_DTYPE_BF16 || t->strides[2] != 1) return 0;
+    const int64_t L = mxfp8i_moe_block_len(w->p, n);
+    const int32_t *tok = w->p->tok + n * w->p->B;
+    for (int64_t q = 0; q < L; q++)
+        if (tok[q] < 0) return 0;
+    return 1;
+}
+/* Phase 4's A operand of block n, L positions: the checkpoint's slab (s_direct), else rows [r, r + L) of the S
+ * buffer (ON_I) or of inter (ON_H), viewed [I, L] and quantized down its columns. */
+static mxfp8i_gop p4_a(const mxfp8i_moe_bwd *w, int64_t n, int64_t L, const float *S, const float *inter, int64_t r) {
+    const int64_t I = w->p->I;
+    if (s_direct(w, n)) {
+        const mxfp8_tensor *t = &w->args->scaled_intermediate_checkpoint_T;
+        return mxfp8i_gop_hp((const uint16_t *)t->data + n * t->strides[0], MXFP8_DTYPE_BF16, I, L, t->strides[1], 1);
+    }
+    return mxfp8i_gop_hp((w->onH ? inter : S) + r * I, MXFP8_DTYPE_F32, I, L, 1, I);
+}
+
 /* Positions [q0, q1) of the block: X and dY rows of their tokens (padding rows zero; X in mxfp8i_moe_xb_dtype, dY
  * in FP32). */
 static void gather_rows(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t q0, int64_t q1) {
@@ -80,6 +106,10 @@ static void read_checkpoints(mxfp8i_moe_bwd *w, int64_t n, int64_t q0, int64_t q
         const int four = t->ndim == 4;
         for (int64_t q = q0; q < q1;) {
             const int64_t b = q / B, qe = q1 < (b + 1) * B ? q1 : (b + 1) * B;
+            if (k == 4 && s_direct(w, n + b)) { /* Phase 4 reads this block's slab in place */
+                q = qe;
+                continue;
+            }
             const int64_t base = (n + b) * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
             read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], I, q - b * B, qe - b * B,
                     dst[k] + b * B * I);
@@ -289,7 +319,7 @@ static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L,
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P3_X, n, H, 1, H);
     mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P3_DGU, n, I2, 1, I2);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P3_X, &B, MXFP8_MOE_P3_DGU, 1, w->dw1, I2));
-    A = mxfp8i_gop_hp((w->onH ? w->inter : w->S) + r * I, MXFP8_DTYPE_F32, I, L, 1, I);
+    A = p4_a(w, n, L, w->S, w->inter, r);
     B = mxfp8i_gop_hp((w->onH ? w->D : w->dyb) + r * H, MXFP8_DTYPE_F32, H, L, 1, H);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P4_S, n, I, 1, I);
     mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P4_DY, n, H, 1, H);
@@ -329,7 +359,7 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
         mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, 1, w->direct[0], c1, d1, I2));
     for (int s = 0; s < ns; s++) {
         const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
-        A[s] = mxfp8i_gop_hp(w->onH ? w->inter0 + r * I : w->S0 + r * I, MXFP8_DTYPE_F32, I, L, 1, I);
+        A[s] = p4_a(w, n, L, w->S0, w->inter0, r);
         B[s] = mxfp8i_gop_hp(w->onH ? w->D0 + r * H : w->dyb0 + r * H, MXFP8_DTYPE_F32, H, L, 1, H);
         mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P4_S, n, I, 1, I);
         mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P4_DY, n, H, 1, H);
