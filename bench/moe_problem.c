@@ -201,6 +201,10 @@ static moe_views views(const moe_problem *m) {
     v.dw1 = mxfp8_tensor_make(f ? (void *)m->dw1f : (void *)m->dw1, dt, 4, s_w1);
     v.dw2 = mxfp8_tensor_make(f ? (void *)m->dw2f : (void *)m->dw2, dt, 3, s_w2);
     v.gu = mxfp8_tensor_make(f ? (void *)m->ckp_guf : (void *)m->ckp_gu, dt, 4, s_gu);
+    if (f) { /* mxfp8.torch keeps its FP32 checkpoint positions-major ([N, B, 2, I] memory, the [N, 2, I, B] view) */
+        const int64_t st[4] = {p.B * 2 * p.I, p.I, 1, 2 * p.I};
+        for (int i = 0; i < 4; i++) v.gu.strides[i] = st[i];
+    }
     return v;
 }
 

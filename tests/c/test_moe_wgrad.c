@@ -17,7 +17,9 @@
  *      weight-gradient paths, with the oracle's values; also where a partial block precedes a full one of its
  *      expert (a run must end there) and a full block holds padding;
  *   6. Phase 4 reading a BF16 scaled-intermediate checkpoint in place (blocks without padding inside) gives the
- *      bits of the transposed F32 copy of the same values, NaN in the padding positions changing nothing.
+ *      bits of the transposed F32 copy of the same values, NaN in the padding positions changing nothing;
+ *   7. the gate/up checkpoint in positions-major memory (mxfp8.torch's layout): the forward writes the same values,
+ *      the backward from it (F32 or BF16) gives the same bits as from the contiguous checkpoint.
  */
 #include <unistd.h>
 
@@ -505,6 +507,101 @@ static void test_s_in_place(void) {
     printf("Phase 4 from the BF16 checkpoint in place vs its F32 copy: %d configurations bitwise equal\n", configs);
 }
 
+/* The gate/up checkpoint in positions-major memory ([N, B, 2, I], passed as the [N, 2, I, B] view with strides
+ * (2IB, I, 1, 2I): mxfp8.torch's layout). The forward writes the same values as into the contiguous layout (zeros
+ * at padding positions, nothing outside the view's elements); the backward from it, in F32 and in BF16 with NaN at
+ * every padding position, gives the bits of the backward from the contiguous F32 / BF16 checkpoint: every gradient
+ * and operand statistic, both affinity options, stochastic rounding, both weight-gradient paths, 1 and 2 threads. */
+static mxfp8_tensor strided4(void *d, mxfp8_dtype dt, int nd, const int64_t *shape, const int64_t *strides) {
+    mxfp8_tensor t = mxfp8_tensor_make(d, dt, nd, shape);
+    for (int i = 0; i < nd; i++) t.strides[i] = strides[i];
+    return t;
+}
+static void test_positions_major(void) {
+    int configs = 0;
+    for (int which = 0; which < 2; which++) {
+        prob P;
+        make_problem(&P, which == 0 ? 0 : 2);
+        if (which == 0) punch_padding(&P);
+        const int64_t N = P.N, B = P.B, I = P.I;
+        const size_t ns = (size_t)(P.E * NOPS), ngu = (size_t)(N * 2 * I * B);
+        for (int aff = 0; aff < 2; aff++)
+            for (int sr = 0; sr < 2; sr++) {
+                const mxfp8_moe_config cfg = layer_config(0, aff, 1, sr, 99u);
+                float *o[NOUT];
+                size_t len[NOUT];
+                forward_runs(&P, &cfg, -1, 2, 1, o, NULL, len); /* o[1]: the contiguous gate/up checkpoint */
+                float *pm = xc(sizeof(float) * (ngu + 16)), *out = xc(sizeof(float) * (size_t)(P.T * P.H));
+                for (size_t k = 0; k < ngu + 16; k++) pm[k] = -9.5f; /* the forward must overwrite all of it */
+                const int64_t st[4] = {2 * I * B, I, 1, 2 * I}, sh[4] = {N, 2, I, B};
+                mxfp8_moe_fwd_args F;
+                fwd_args(&P, &cfg, &F);
+                mxfp8_moe_fwd_outputs O = {0};
+                O.output = v2(out, MXFP8_DTYPE_F32, P.T, P.H);
+                O.gate_up_proj_act_checkpoint_T = strided4(pm, MXFP8_DTYPE_F32, 4, sh, st);
+                mxfp8_set_num_threads(2);
+                CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
+                mxfp8_set_num_threads(0);
+                int64_t bad = memcmp(out, o[0], sizeof(float) * (size_t)(P.T * P.H)) != 0;
+                uint16_t *pm16 = xc(sizeof(uint16_t) * ngu), *c16 = xc(sizeof(uint16_t) * ngu);
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t j = 0; j < 2; j++)
+                        for (int64_t i = 0; i < I; i++)
+                            for (int64_t q = 0; q < B; q++) {
+                                const size_t kc = (size_t)(((n * 2 + j) * I + i) * B + q),
+                                             kp = (size_t)(((n * B + q) * 2 + j) * I + i);
+                                bad += memcmp(&pm[kp], &o[1][kc], sizeof(float)) != 0;
+                                c16[kc] = mxfp8_fp32_to_bf16(o[1][kc]);
+                                pm16[kp] = P.tok[n * B + q] == P.pad ? 0x7FC1 : c16[kc];
+                            }
+                for (int k = 0; k < 16; k++) bad += pm[ngu + k] != -9.5f;
+                CHECK(bad == 0, "problem %d aff %d sr %d: the positions-major forward differs in %lld places",
+                      which, aff, sr, (long long)bad);
+                for (int64_t n = 0; n < N; n++) /* NaN at padding positions of the F32 one too */
+                    for (int64_t q = 0; q < B; q++)
+                        if (P.tok[n * B + q] == P.pad)
+                            for (int64_t k = 0; k < 2 * I; k++) pm[(n * B + q) * 2 * I + k] = NAN;
+                for (int bf16 = 0; bf16 < 2; bf16++)
+                    for (int seg = 0; seg < 2; seg++)
+                        for (int nt = 1; nt <= 2; nt++) {
+                            const mxfp8_dtype dt = bf16 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
+                            grads g[2];
+                            mxfp8_quant_stats *qs[2] = {xc(ns * sizeof *qs[0]), xc(ns * sizeof *qs[1])};
+                            for (int r = 0; r < 2; r++) {
+                                mxfp8_moe_bwd_args A;
+                                bwd_args(&P, &cfg, &A);
+                                A.stats = qs[r];
+                                A.gate_up_proj_act_checkpoint_T =
+                                    r == 0 ? strided4(bf16 ? (void *)pm16 : (void *)pm, dt, 4, sh, st)
+                                           : v4(bf16 ? (void *)c16 : (void *)o[1], dt, N, 2, I, B);
+                                grads_make(&g[r], &P, MXFP8_DTYPE_F32, 1);
+                                mxfp8i_moe_set_segmented_wgrad(seg);
+                                mxfp8_set_num_threads(nt);
+                                CHECK(mxfp8_moe_backward(&A, &g[r].g) == MXFP8_OK, "backward: %s",
+                                      mxfp8_last_error_message());
+                                mxfp8_set_num_threads(0);
+                                mxfp8i_moe_set_segmented_wgrad(-1);
+                            }
+                            char what[160];
+                            snprintf(what, sizeof what,
+                                     "problem %d aff %d sr %d %s seg %d threads %d: positions-major checkpoint", which,
+                                     aff, sr, bf16 ? "bf16" : "f32", seg, nt);
+                            grads_bitwise(&g[0], &g[1], 1, what);
+                            CHECK(grads_finite(&g[0], 1), "%s: non-finite gradient", what);
+                            int sb = 0;
+                            for (size_t i = 0; i < ns; i++) sb += !stats_equal(&qs[0][i], &qs[1][i]);
+                            CHECK(sb == 0, "%s: %d operand statistics differ", what, sb);
+                            for (int r = 0; r < 2; r++) grads_free(&g[r]), free(qs[r]);
+                            configs++;
+                        }
+                for (int c = 0; c < NOUT; c++) free(o[c]);
+                free(pm), free(out), free(pm16), free(c16);
+            }
+        prob_free(&P);
+    }
+    printf("the gate/up checkpoint positions-major vs contiguous: %d configurations bitwise equal\n", configs);
+}
+
 /* The gradients of a fixed set of configurations (the segmented path, 2 threads), one after the other. */
 static size_t isa_grads(unsigned char **out) {
     size_t len = 0, cap = 0;
@@ -583,6 +680,7 @@ int main(int argc, char **argv) {
     test_runs_equal();
     test_nan_padding();
     test_s_in_place();
+    test_positions_major();
     test_threads_split();
     test_isa();
     if (g_fail) {

@@ -73,6 +73,13 @@ static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq,
         mxfp8i_kernels_get()->quant->f32_t((const float *)t->data + base + q0, si, d + q0 * I, I, I, q1 - q0, 0);
         return;
     }
+    if ((t->dtype == MXFP8_DTYPE_F32 || t->dtype == MXFP8_DTYPE_BF16) && si == 1) { /* positions-major memory
+                                                                                    ([.., q, i]): row by row */
+        const mxfp8_tensor rows = {(char *)t->data + (size_t)base * mxfp8_dtype_size(t->dtype), t->dtype, 2,
+                                   {q1, I}, {sq, 1}};
+        for (int64_t q = q0; q < q1; q++) mxfp8i_moe_row_f32(&rows, q, I, d + q * I);
+        return;
+    }
     for (int64_t i0 = 0; i0 < I; i0 += 16) {
         const int64_t i1 = i0 + 16 < I ? i0 + 16 : I;
         if (t->dtype == MXFP8_DTYPE_F32) {

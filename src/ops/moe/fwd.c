@@ -40,6 +40,14 @@ static void ck_block(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq
         for (int64_t i = i0; i < i1 && L < B; i++) memset(d + i * si + L, 0, (size_t)(B - L) * sizeof(float));
         return;
     }
+    if (t->dtype == MXFP8_DTYPE_F32 && si == 1 && !aq) { /* positions-major memory ([.., q, i]: mxfp8.torch's FP32
+                                                            gate/up checkpoint): the rows copied as they are,
+                                                            streamed, then 0 past L */
+        float *d = (float *)t->data + base;
+        mxfp8i_kernels_get()->quant->copy_f32(src + i0, I, d + i0, sq, L, i1 - i0);
+        for (int64_t q = L; q < B; q++) memset(d + q * sq + i0, 0, (size_t)(i1 - i0) * sizeof(float));
+        return;
+    }
     for (int64_t q = 0; q < B; q++) {
         const int real = q < L && tok[q] >= 0;
         const float a = aq && real ? aq[q] : 1.0f;
@@ -52,8 +60,20 @@ static void ck_block(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq
         }
     }
 }
-/* Thread t of nt's share of the checkpoints of block n: 16-row blocks of i of the [.., i, q] checkpoints, and the
- * down projection's column range [H t / nt, H (t + 1) / nt) (the one its thread of the scatter finished). */
+/* Rows [ilo, ihi) of one checkpoint: in blocks of 16 rows (positions contiguous: each block's source columns stay
+ * in L1), or at once when the checkpoint's memory is positions-major (i stride 1: each position's run of the rows
+ * is contiguous there, mxfp8.torch's FP32 gate/up checkpoint). */
+static void ck_rows(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq, int64_t ilo, int64_t ihi, int64_t B,
+                    int64_t L, const int32_t *tok, const float *src, int64_t I, const float *aq) {
+    if (si == 1) {
+        ck_block(t, base, si, sq, ilo, ihi, B, L, tok, src, I, aq);
+        return;
+    }
+    for (int64_t i0 = ilo; i0 < ihi; i0 += 16)
+        ck_block(t, base, si, sq, i0, i0 + 16 < ihi ? i0 + 16 : ihi, B, L, tok, src, I, aq);
+}
+/* Thread t of nt's share of the checkpoints of block n: its rows i (whole 16-row blocks) of the [.., i, q]
+ * checkpoints, and the down projection's column range [H t / nt, H (t + 1) / nt) (the one its thread of the scatter finished). */
 static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const mxfp8_moe_fwd_outputs *o,
                               const float *g, const float *u, const float *act, const float *inter,
                               const float *down, const float *aq, int t, int nt) {
@@ -63,18 +83,16 @@ static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const m
     const mxfp8_tensor *cks[3] = {&o->gate_act_checkpoint_T, &o->intermediate_checkpoint_T,
                                   &o->scaled_intermediate_checkpoint_T};
     const float *srcs[3] = {act, inter, inter};
-    for (int64_t ib = nib * t / nt; ib < nib * (t + 1) / nt; ib++) {
-        const int64_t i0 = ib * 16, i1 = i0 + 16 < I ? i0 + 16 : I;
-        if (ck->data) {
-            const int64_t base = n * ck->strides[0];
-            ck_block(ck, base, ck->strides[2], ck->strides[3], i0, i1, B, L, tok, g, I, NULL);
-            ck_block(ck, base + ck->strides[1], ck->strides[2], ck->strides[3], i0, i1, B, L, tok, u, I, NULL);
-        }
-        for (int c = 0; c < 3; c++)
-            if (cks[c]->data)
-                ck_block(cks[c], n * cks[c]->strides[0], cks[c]->strides[1], cks[c]->strides[2], i0, i1, B, L, tok,
-                         srcs[c], I, c == 2 ? aq : NULL);
+    const int64_t ilo = nib * t / nt * 16, ihi = nib * (t + 1) / nt * 16 < I ? nib * (t + 1) / nt * 16 : I;
+    if (ck->data) {
+        const int64_t base = n * ck->strides[0];
+        ck_rows(ck, base, ck->strides[2], ck->strides[3], ilo, ihi, B, L, tok, g, I, NULL);
+        ck_rows(ck, base + ck->strides[1], ck->strides[2], ck->strides[3], ilo, ihi, B, L, tok, u, I, NULL);
     }
+    for (int c = 0; c < 3; c++)
+        if (cks[c]->data)
+            ck_rows(cks[c], n * cks[c]->strides[0], cks[c]->strides[1], cks[c]->strides[2], ilo, ihi, B, L, tok,
+                    srcs[c], I, c == 2 ? aq : NULL);
     const mxfp8_tensor *d = &o->down_proj_output_checkpoint; /* the scatter's column range: its final values */
     const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
     if (d->data)
