@@ -820,7 +820,10 @@ MXFP8_API mxfp8_status mxfp8_router_linear_weight_grad(const mxfp8_tensor *logit
  *    with the forward's MXFP8 GEMM (X and W1 quantized along H), bias and clamp (NKI requires the act/inter
  *    checkpoints instead; here every combination works). Given F32 checkpoints written by mxfp8_moe_forward, the
  *    backward is bitwise equal to recomputing. Checkpoint entries at padding positions are written as 0 by the
- *    forward and never read by the backward.
+ *    forward and never read by the backward. Any strides are accepted; two layouts are fast (speed only, the same
+ *    bits): positions contiguous (the NKI layout, contiguous [N, (2,) I, B]), and positions-major memory, i.e. a
+ *    [N, (2,) I, B] view of [N, B, (2,) I] memory with unit stride along I (mxfp8.torch keeps its FP32
+ *    gate/up checkpoint so: each position's values are written and read as one row, with no transposition).
  *  - Pre-quantized weights (codes of dtype matching quant_dtype + compact E8M0/U8 scales, both as produced by
  *    mxfp8_quantize along the stated axis with 1x32 groups) are used as they are by the GEMM that contracts along
  *    that axis, which is bitwise equal to quantizing the high-precision weights on the fly; a GEMM contracting along

@@ -489,8 +489,9 @@ static void test_s_in_place(void) {
                             mxfp8i_moe_set_segmented_wgrad(-1);
                         }
                         char what[160];
-                        snprintf(what, sizeof what, "problem %d sr %d seg %d runs %d threads %d: BF16 S in place vs F32",
-                                 which, sr, seg, runs, nt);
+                        snprintf(what, sizeof what,
+                                 "problem %d sr %d seg %d runs %d threads %d: BF16 S in place vs F32", which, sr, seg,
+                                 runs, nt);
                         grads_bitwise(&g[0], &g[1], 1, what);
                         CHECK(grads_finite(&g[0], 1), "%s: non-finite gradient", what);
                         int sb = 0;

@@ -177,6 +177,39 @@ def test_moe_op_bitwise_vs_numpy(rng, affinity, bias, recipe, monkeypatch):
         assert same_bits(b1.grad, from_np(g[4])) and same_bits(b2.grad, from_np(g[5]))
 
 
+def test_moe_op_gate_up_checkpoint_positions_major(rng):
+    """The moe op's FP32 gate/up checkpoint is a [N, 2, I, B] view of positions-major memory [N, B, 2, I] (each
+    position's 2I values contiguous, so the library neither writes nor reads it transposed), holding the values of
+    the numpy-level forward's contiguous checkpoint, padding positions included (zeros); the backward from it gives
+    the numpy-level backward's bits."""
+    ids = np.stack([rng.permutation(E - 1)[:K] for _ in range(T)])
+    tw = rng.uniform(0.1, 1, (T, K)).astype(np.float32)
+    tp, be, a = (torch.from_numpy(t) for t in mxfp8.route(ids, tw, E, BS))
+    x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
+    w1 = torch.from_numpy((rng.standard_normal((E, H, 2, I)) * 0.2).astype(np.float32))
+    w2 = torch.from_numpy((rng.standard_normal((E, I, H)) * 0.2).astype(np.float32))
+    r = mt.get_recipe("mxfp8")
+    NOCLAMP = [-math.inf, math.inf, -math.inf, math.inf]
+    out, ck, _ = torch.ops.mxfp8.moe(x, a, w1, w2, tp, be, BS, None, None, "silu", NOCLAMP, [1.702, 7.0], [0, 0],
+                                     "affinity_on_i", r.moe_dtype, r.scale_rule, True, True)
+    N = tp.numel() // BS
+    assert ck.shape == (N, 2, I, BS) and ck.dtype == torch.float32
+    assert ck.stride() == (2 * I * BS, I, 1, 2 * I), ck.stride()
+    cfg = mxfp8.MXFP8MOEBwdConfig(activation_type="silu", affinity_option="affinity_on_i",
+                                  fp8_x4_dtype=F8[r.moe_dtype], scale_rule=r.scale_rule)
+    args = (to_np(x), to_np(a), to_np(w1), to_np(w2), tp.numpy(), be.numpy())
+    y, cks = mxfp8.blockwise_mm_fwd_mxfp8(*args, BS, config=cfg)
+    want = from_np(cks["gate_up_proj_act_checkpoint_T"])
+    assert (tp == -1).any(), "the test needs padding positions"
+    assert same_bits(out, from_np(y)) and same_bits(ck.contiguous(), want)
+    dy = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32)).to(torch.bfloat16)
+    g = torch.ops.mxfp8.moe_backward(dy, x, a, w1, w2, tp, be, BS, None, None, ck, torch.empty(0), "silu", NOCLAMP,
+                                     [1.702, 7.0], [0, 0], "affinity_on_i", r.moe_dtype, r.scale_rule, True)
+    g_np = mxfp8.blockwise_mm_bwd_mxfp8(*args, to_np(dy), BS, config=cfg, grad_dtype=np.float32)
+    assert same_bits(g[2], from_np(g_np[2])) and same_bits(g[3], from_np(g_np[3]))
+    assert same_bits(g[1], from_np(g_np[1]))
+
+
 def test_route_vs_oracle_and_grad(rng):
     ids = torch.from_numpy(np.stack([rng.permutation(E)[:K] for _ in range(T)]))
     w = torch.rand(T, K, dtype=torch.float32, requires_grad=True)

@@ -9,10 +9,12 @@ position p holding token token_position_to_id[n*B + p] or padding (-1 with skip_
     g = clamp(X[t] @ W1[e][:, 0, :] + b1[e, 0]), u = clamp(X[t] @ W1[e][:, 1, :] + b1[e, 1])
     output[t] += a[t*E + e] * (act(g) * u @ W2[e] + b2[e])
 The forward (mxfp8_moe_forward) quantizes X and W1 along H, the intermediate and W2 along I; when a backward will
-follow (checkpoint=True) it saves the FP32 gate/up projections (and, for affinity_option="affinity_on_h", the down
-projection) so that the backward (mxfp8_moe_backward = blockwise_mm_bwd_mxfp8) needs no recomputation; the
-backward is bitwise equal to calling mxfp8.blockwise_mm_fwd_mxfp8 / blockwise_mm_bwd_mxfp8 (with or without those
-checkpoints: the library recomputes them bit for bit).
+follow (checkpoint=True) it saves the FP32 gate/up projections (held position by position: the
+gate_up_proj_act_checkpoint_T [N, 2, I, B] output is a view of [N, B, 2, I] memory, which the library writes and
+reads without transposing) and, for affinity_option="affinity_on_h", the down projection, so that the backward
+(mxfp8_moe_backward = blockwise_mm_bwd_mxfp8) needs no recomputation; the backward is bitwise equal to calling
+mxfp8.blockwise_mm_fwd_mxfp8 / blockwise_mm_bwd_mxfp8 (with or without those checkpoints: the library recomputes
+them bit for bit).
 """
 
 import math
@@ -312,6 +314,16 @@ def _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block
     return ((N, 2, I, block_size) if checkpoint else (0,)), down
 
 
+def _gate_up_ckpt(alloc, shape):
+    """The gate/up checkpoint of `shape` ([N, 2, I, B], or (0,) for none) as FP32: a [N, 2, I, B] view of
+    positions-major memory [N, B, 2, I] (strides (2IB, I, 1, 2I)), so that each position's 2I values are contiguous
+    where the library writes them (forward) and reads them (backward); the same values as a contiguous one."""
+    if len(shape) != 4:
+        return alloc(shape, torch.float32)
+    N, two, I, B = shape
+    return alloc((N, B, two, I), torch.float32).permute(0, 2, 3, 1)
+
+
 def _inputs(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight, token_position_to_id,
             block_to_expert, block_size, gate_and_up_proj_bias, down_proj_bias):
     return dict(hidden_states=hidden_states, expert_affinities_masked=expert_affinities_masked,
@@ -330,7 +342,7 @@ def _moe(hidden_states: Tensor, expert_affinities_masked: Tensor, gate_up_proj_w
     s_gu, s_down = _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size,
                                 affinity_option, checkpoint)
     output = _buffers.empty(hidden_states.shape, hidden_states.dtype)
-    gate_up = _buffers.empty(s_gu, torch.float32)
+    gate_up = _gate_up_ckpt(_buffers.empty, s_gu)
     down = _buffers.empty(s_down, torch.float32)
     bias = gate_and_up_proj_bias is not None or down_proj_bias is not None
     cc = B.moe_config(activation, clamp_limits, affinity_option, elem_dtype, scale_rule, skip_token, bias, swiglu,
@@ -348,7 +360,8 @@ def _(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_we
       affinity_option, elem_dtype, scale_rule, skip_token, checkpoint):
     s_gu, s_down = _ckpt_shapes(hidden_states, gate_up_proj_weight, token_position_to_id, block_size,
                                 affinity_option, checkpoint)
-    return (hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty(s_gu, dtype=torch.float32),
+    return (hidden_states.new_empty(hidden_states.shape),
+            _gate_up_ckpt(lambda shape, dtype: hidden_states.new_empty(shape, dtype=dtype), s_gu),
             hidden_states.new_empty(s_down, dtype=torch.float32))
 
 

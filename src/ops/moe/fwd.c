@@ -73,7 +73,8 @@ static void ck_rows(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq,
         ck_block(t, base, si, sq, i0, i0 + 16 < ihi ? i0 + 16 : ihi, B, L, tok, src, I, aq);
 }
 /* Thread t of nt's share of the checkpoints of block n: its rows i (whole 16-row blocks) of the [.., i, q]
- * checkpoints, and the down projection's column range [H t / nt, H (t + 1) / nt) (the one its thread of the scatter finished). */
+ * checkpoints, and the down projection's column range [H t / nt, H (t + 1) / nt) (the one its thread of the
+ * scatter finished). */
 static void write_checkpoints(const mxfp8i_moe *p, int64_t n, int64_t L, const mxfp8_moe_fwd_outputs *o,
                               const float *g, const float *u, const float *act, const float *inter,
                               const float *down, const float *aq, int t, int nt) {
