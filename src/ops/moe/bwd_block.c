@@ -107,7 +107,7 @@ static void read_checkpoints(mxfp8i_moe_bwd *w, int64_t n, int64_t q0, int64_t q
                                   &a->gate_act_checkpoint_T, &a->intermediate_checkpoint_T,
                                   &a->scaled_intermediate_checkpoint_T};
     float *dst[5] = {w->g, w->u, w->act, w->inter, w->S};
-    for (int k = 0; k < 5; k++) {
+    for (int k = w->gck ? 2 : 0; k < 5; k++) { /* (g and u read in place: not copied) */
         const mxfp8_tensor *t = ckt[k];
         if (!t->data || (k == 4 && w->onH)) continue;
         const int four = t->ndim == 4;
@@ -136,10 +136,13 @@ static void forward_rows(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t 
                        *ck_D = &a->down_proj_act_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     for (int64_t q = q0; q < q1; q++) {
-        float *g = w->g + q * I, *u = w->u + q * I, *act = w->act + q * I, *inter = w->inter + q * I;
+        /* g, u in place in the checkpoint (only read: the row function writes them only when given GU) */
+        float *g = w->gck ? (float *)(uintptr_t)(w->gck + q * w->gld) : w->g + q * I;
+        float *u = w->gck ? (float *)(uintptr_t)(w->uck + q * w->gld) : w->u + q * I;
+        float *act = w->act + q * I, *inter = w->inter + q * I;
         float *S = w->onH ? NULL : w->S + q * I;
-        if (tok[q] < 0) { /* padding: zeros */
-            float *rows[5] = {g, u, act, inter, S};
+        if (tok[q] < 0) { /* padding: zeros (g, u in place are never read there, and never written) */
+            float *rows[5] = {w->gck ? NULL : g, w->gck ? NULL : u, act, inter, S};
             for (int k = 0; k < 5; k++)
                 if (rows[k]) memset(rows[k], 0, (size_t)I * sizeof(float));
             if (w->onH) memset(w->D + q * H, 0, (size_t)H * sizeof(float));
@@ -258,7 +261,8 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
                     continue;
                 }
                 const float aq = mxfp8i_moe_aff(p, tok[q], e);
-                mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->g + q * I, w->u + q * I, w->act + q * I,
+                mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->gck ? w->gck + q * w->gld : w->g + q * I,
+                                   w->gck ? w->uck + q * w->gld : w->u + q * I, w->act + q * I,
                                    w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
             }
         }
@@ -380,6 +384,15 @@ mxfp8_status mxfp8i_moe_bwd_run(mxfp8i_moe_bwd *w, int64_t n, int64_t blocks, in
     const int nt = mxfp8i_moe_nt((double)L * (double)(p->H + 2 * p->I)); /* elementwise work of this block */
     mxfp8i_moe_load_b1(p, e, w->b1);
     mxfp8i_moe_load_b2(p, e, w->b2);
+    /* an F32 gate/up checkpoint in positions-major memory whose blocks follow each other (block stride B position
+       strides: mxfp8.torch's) holds the run's g and u rows as they are: read in place */
+    const mxfp8_tensor *ck = &w->args->gate_up_proj_act_checkpoint_T;
+    w->gck = w->uck = NULL;
+    if (ck->data && ck->dtype == MXFP8_DTYPE_F32 && ck->strides[2] == 1 && ck->strides[0] == p->B * ck->strides[3]) {
+        w->gck = (const float *)ck->data + n * ck->strides[0];
+        w->uck = w->gck + ck->strides[1];
+        w->gld = ck->strides[3];
+    }
     MXFP8I_FORWARD_IF_ERROR(forward_values(w, n, e, tok, L, nt));
     MXFP8I_FORWARD_IF_ERROR(phase1(w, n, e, L));
     activation_backward(w, n, e, tok, L, nt);

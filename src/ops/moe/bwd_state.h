@@ -18,6 +18,11 @@ typedef struct mxfp8i_moe_bwd {
     /* a run's buffers, rows [0, Rw) */
     float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
     float *sg;                       /**< sigmoid(c g) of the forward, for act'(g) (valid when have_sg) */
+    const float *gck;                /**< NULL, or the run's g rows read in place from an F32 gate/up checkpoint in
+                                          positions-major memory (position q's g at gck + q gld, u at uck + q gld;
+                                          set per run by mxfp8i_moe_bwd_run): then g and u are not copied */
+    const float *uck;
+    int64_t gld;
     int have_sg;
     double *dablk;
     /* The segmented weight gradients (seg = 1: experts with weight-gradient accumulators beyond 1 MiB, bwd.c
