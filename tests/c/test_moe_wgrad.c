@@ -509,8 +509,8 @@ static void test_s_in_place(void) {
 }
 
 /* The gate/up checkpoint in positions-major memory ([N, B, 2, I], passed as the [N, 2, I, B] view with strides
- * (2IB, I, 1, 2I): mxfp8.torch's layout). The forward writes the same values as into the contiguous layout (zeros
- * at padding positions, nothing outside the view's elements); the backward from it, in F32 and in BF16 with NaN at
+ * (2IB, I, 1, 2I): mxfp8.torch's layout). The forward (runs of blocks forced off and on, 2 and 1 threads) writes the
+ * same values as into the contiguous layout (zeros at padding positions, nothing outside the view's elements); the backward from it, in F32 and in BF16 with NaN at
  * every padding position, gives the bits of the backward from the contiguous F32 / BF16 checkpoint: every gradient
  * and operand statistic, both affinity options, stochastic rounding, both weight-gradient paths, 1 and 2 threads. */
 static mxfp8_tensor strided4(void *d, mxfp8_dtype dt, int nd, const int64_t *shape, const int64_t *strides) {
@@ -533,17 +533,26 @@ static void test_positions_major(void) {
                 size_t len[NOUT];
                 forward_runs(&P, &cfg, -1, 2, 1, o, NULL, len); /* o[1]: the contiguous gate/up checkpoint */
                 float *pm = xc(sizeof(float) * (ngu + 16)), *out = xc(sizeof(float) * (size_t)(P.T * P.H));
-                for (size_t k = 0; k < ngu + 16; k++) pm[k] = -9.5f; /* the forward must overwrite all of it */
                 const int64_t st[4] = {2 * I * B, I, 1, 2 * I}, sh[4] = {N, 2, I, B};
-                mxfp8_moe_fwd_args F;
-                fwd_args(&P, &cfg, &F);
-                mxfp8_moe_fwd_outputs O = {0};
-                O.output = v2(out, MXFP8_DTYPE_F32, P.T, P.H);
-                O.gate_up_proj_act_checkpoint_T = strided4(pm, MXFP8_DTYPE_F32, 4, sh, st);
-                mxfp8_set_num_threads(2);
-                CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
-                mxfp8_set_num_threads(0);
-                int64_t bad = memcmp(out, o[0], sizeof(float) * (size_t)(P.T * P.H)) != 0;
+                int64_t bad = 0;
+                for (int runs = 0; runs < 2; runs++) { /* runs forced on last: its checkpoint is compared below */
+                    for (size_t k = 0; k < ngu + 16; k++) pm[k] = -9.5f; /* the forward must overwrite all of it */
+                    mxfp8_moe_fwd_args F;
+                    fwd_args(&P, &cfg, &F);
+                    mxfp8_moe_fwd_outputs O = {0};
+                    O.output = v2(out, MXFP8_DTYPE_F32, P.T, P.H);
+                    O.gate_up_proj_act_checkpoint_T = strided4(pm, MXFP8_DTYPE_F32, 4, sh, st);
+                    mxfp8i_moe_set_block_runs(runs);
+                    mxfp8_set_num_threads(2 - runs);
+                    CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
+                    mxfp8_set_num_threads(0);
+                    mxfp8i_moe_set_block_runs(-1);
+                    bad += memcmp(out, o[0], sizeof(float) * (size_t)(P.T * P.H)) != 0;
+                    for (int64_t k = 0; runs == 0 && k < (int64_t)ngu; k++) { /* runs off: the same values */
+                        const int64_t n = k / (2 * I * B), q = k / (2 * I) % B, j = k / I % 2, i = k % I;
+                        bad += memcmp(&pm[k], &o[1][((n * 2 + j) * I + i) * B + q], sizeof(float)) != 0;
+                    }
+                }
                 uint16_t *pm16 = xc(sizeof(uint16_t) * ngu), *c16 = xc(sizeof(uint16_t) * ngu);
                 for (int64_t n = 0; n < N; n++)
                     for (int64_t j = 0; j < 2; j++)
