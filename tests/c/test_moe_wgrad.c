@@ -427,6 +427,36 @@ static void test_runs_equal(void) {
     printf("runs of blocks vs block by block: %d configurations bitwise equal\n", configs);
 }
 
+/* The problems of the checkpoint-layout tests: 0 has padding inside blocks, 1 GEMMs that split between threads. */
+static void layout_problem(prob *P, int which) {
+    make_problem(P, which == 0 ? 0 : 2);
+    if (which == 0) punch_padding(P);
+}
+
+/* One backward with bias gradients into F32 gradients G (made here), statistics into st, on the chosen weight-gradient
+ * path, runs mode and thread count; A is the call's arguments (checkpoints included). */
+static void backward_args(const prob *P, mxfp8_moe_bwd_args *A, int seg, int runs, int nt, grads *G,
+                          mxfp8_quant_stats *st) {
+    A->stats = st;
+    grads_make(G, P, MXFP8_DTYPE_F32, 1);
+    mxfp8i_moe_set_segmented_wgrad(seg);
+    mxfp8i_moe_set_block_runs(runs);
+    mxfp8_set_num_threads(nt);
+    CHECK(mxfp8_moe_backward(A, &G->g) == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
+    mxfp8_set_num_threads(0);
+    mxfp8i_moe_set_block_runs(-1);
+    mxfp8i_moe_set_segmented_wgrad(-1);
+}
+/* Two backwards' gradients (with bias) bitwise equal and finite, and their ns operand statistics equal; frees both. */
+static void check_pair(grads g[2], mxfp8_quant_stats *st[2], size_t ns, const char *what) {
+    grads_bitwise(&g[0], &g[1], 1, what);
+    CHECK(grads_finite(&g[0], 1), "%s: non-finite gradient", what);
+    int sb = 0;
+    for (size_t i = 0; i < ns; i++) sb += !stats_equal(&st[0][i], &st[1][i]);
+    CHECK(sb == 0, "%s: %d operand statistics differ", what, sb);
+    for (int r = 0; r < 2; r++) grads_free(&g[r]), free(st[r]);
+}
+
 /* Phase 4 reads a BF16 scaled-intermediate checkpoint in place (its rows along the positions) where a block has no
  * padding inside, and through the transposed FP32 buffer otherwise (an F32 checkpoint always): the same values
  * either way, so the same bits. The checkpoint in BF16 (NaN at every padding position, inside a block and after
@@ -437,8 +467,7 @@ static void test_s_in_place(void) {
     int configs = 0;
     for (int which = 0; which < 2; which++) {
         prob P;
-        make_problem(&P, which == 0 ? 0 : 2);
-        if (which == 0) punch_padding(&P);
+        layout_problem(&P, which);
         const int64_t N = P.N, B = P.B, I = P.I;
         const size_t ns = (size_t)(P.E * NOPS), nib = (size_t)(N * I * B);
         for (int sr = 0; sr < 2; sr++) {
@@ -472,32 +501,18 @@ static void test_s_in_place(void) {
                         for (int r = 0; r < 2; r++) {
                             mxfp8_moe_bwd_args A;
                             bwd_args(&P, &cfg, &A);
-                            A.stats = st[r];
                             A.gate_up_proj_act_checkpoint_T = v4(o[1], MXFP8_DTYPE_F32, N, 2, I, B);
                             A.gate_act_checkpoint_T = v3(o[2], MXFP8_DTYPE_F32, N, I, B);
                             A.intermediate_checkpoint_T = v3(o[3], MXFP8_DTYPE_F32, N, I, B);
                             A.scaled_intermediate_checkpoint_T =
                                 r == 0 ? v3(s16, MXFP8_DTYPE_BF16, N, I, B) : v3(s32, MXFP8_DTYPE_F32, N, I, B);
-                            grads_make(&g[r], &P, MXFP8_DTYPE_F32, 1);
-                            mxfp8i_moe_set_segmented_wgrad(seg);
-                            mxfp8i_moe_set_block_runs(runs);
-                            mxfp8_set_num_threads(nt);
-                            CHECK(mxfp8_moe_backward(&A, &g[r].g) == MXFP8_OK, "backward: %s",
-                                  mxfp8_last_error_message());
-                            mxfp8_set_num_threads(0);
-                            mxfp8i_moe_set_block_runs(-1);
-                            mxfp8i_moe_set_segmented_wgrad(-1);
+                            backward_args(&P, &A, seg, runs, nt, &g[r], st[r]);
                         }
                         char what[160];
                         snprintf(what, sizeof what,
                                  "problem %d sr %d seg %d runs %d threads %d: BF16 S in place vs F32", which, sr, seg,
                                  runs, nt);
-                        grads_bitwise(&g[0], &g[1], 1, what);
-                        CHECK(grads_finite(&g[0], 1), "%s: non-finite gradient", what);
-                        int sb = 0;
-                        for (size_t i = 0; i < ns; i++) sb += !stats_equal(&st[0][i], &st[1][i]);
-                        CHECK(sb == 0, "%s: %d operand statistics differ", what, sb);
-                        for (int r = 0; r < 2; r++) grads_free(&g[r]), free(st[r]);
+                        check_pair(g, st, ns, what);
                         configs++;
                     }
             for (int c = 0; c < NOUT; c++) free(o[c]);
@@ -522,8 +537,7 @@ static void test_positions_major(void) {
     int configs = 0;
     for (int which = 0; which < 2; which++) {
         prob P;
-        make_problem(&P, which == 0 ? 0 : 2);
-        if (which == 0) punch_padding(&P);
+        layout_problem(&P, which);
         const int64_t N = P.N, B = P.B, I = P.I;
         const size_t ns = (size_t)(P.E * NOPS), ngu = (size_t)(N * 2 * I * B);
         for (int aff = 0; aff < 2; aff++)
@@ -580,28 +594,16 @@ static void test_positions_major(void) {
                             for (int r = 0; r < 2; r++) {
                                 mxfp8_moe_bwd_args A;
                                 bwd_args(&P, &cfg, &A);
-                                A.stats = qs[r];
                                 A.gate_up_proj_act_checkpoint_T =
                                     r == 0 ? strided4(bf16 ? (void *)pm16 : (void *)pm, dt, 4, sh, st)
                                            : v4(bf16 ? (void *)c16 : (void *)o[1], dt, N, 2, I, B);
-                                grads_make(&g[r], &P, MXFP8_DTYPE_F32, 1);
-                                mxfp8i_moe_set_segmented_wgrad(seg);
-                                mxfp8_set_num_threads(nt);
-                                CHECK(mxfp8_moe_backward(&A, &g[r].g) == MXFP8_OK, "backward: %s",
-                                      mxfp8_last_error_message());
-                                mxfp8_set_num_threads(0);
-                                mxfp8i_moe_set_segmented_wgrad(-1);
+                                backward_args(&P, &A, seg, -1, nt, &g[r], qs[r]);
                             }
                             char what[160];
                             snprintf(what, sizeof what,
                                      "problem %d aff %d sr %d %s seg %d threads %d: positions-major checkpoint", which,
                                      aff, sr, bf16 ? "bf16" : "f32", seg, nt);
-                            grads_bitwise(&g[0], &g[1], 1, what);
-                            CHECK(grads_finite(&g[0], 1), "%s: non-finite gradient", what);
-                            int sb = 0;
-                            for (size_t i = 0; i < ns; i++) sb += !stats_equal(&qs[0][i], &qs[1][i]);
-                            CHECK(sb == 0, "%s: %d operand statistics differ", what, sb);
-                            for (int r = 0; r < 2; r++) grads_free(&g[r]), free(qs[r]);
+                            check_pair(g, qs, ns, what);
                             configs++;
                         }
                 for (int c = 0; c < NOUT; c++) free(o[c]);
