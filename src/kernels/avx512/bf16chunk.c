@@ -81,12 +81,13 @@ static inline void transpose16(__m512i r[16]) {
     }
 }
 
-/* BF16 slot of one tile-chunk from its pair dwords: A (row-major) d[r] = row r's 16 pairs; B (VNNI) transposed
- * first. Each dword is bf16(kk = 2p) | bf16(kk = 2p + 1) << 16, rotated by 16 bits when swap. */
-static void store_bf16_slot(int is_b, __m512i d[16], uint8_t *slot, int swap) {
+/* BF16 slot of one tile-chunk from its pair dwords, given in the A layout (d_b = 0: d[r] = row r's 16 pairs) or the
+ * B layout (d_b = 1: d[p] = pair p of the 16 rows), transposed when the slot's layout (is_b) is the other. Each
+ * dword is bf16(kk = 2p) | bf16(kk = 2p + 1) << 16, rotated by 16 bits when swap. */
+static void store_bf16_slot(int is_b, __m512i d[16], int d_b, uint8_t *slot, int swap) {
     if (swap)
         for (int r = 0; r < 16; r++) d[r] = _mm512_rol_epi32(d[r], 16);
-    if (is_b) transpose16(d);
+    if (is_b != d_b) transpose16(d);
     for (int r = 0; r < 16; r++) _mm512_store_si512((void *)(slot + r * 64), d[r]);
 }
 
@@ -113,7 +114,7 @@ static void tile_from_f32(int is_b, const uint32_t *t, uint8_t *chunk, int tile,
         __m512i e = _mm512_permutex2var_epi32(v0, ev, v1), o = _mm512_permutex2var_epi32(v0, od, v1);
         d[j] = _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_and_si512(o, _mm512_set1_epi32((int)0xFFFF0000u)));
     }
-    store_bf16_slot(is_b, d, slot, swap);
+    store_bf16_slot(is_b, d, 0, slot, swap);
 }
 
 /* cm = 0: element (r, k) at src[r*rs + k]; cm = 1: at src[k*rs + r] (column-major, rs = leading dimension). */
@@ -204,9 +205,10 @@ static int meta_from_scales(const uint8_t *sc, int64_t s_r, int rn, int fmt, mxf
     return 1;
 }
 
-/* The pair dwords d[16] of one tile-chunk in the A layout (d[r] = row r's 16 pairs), from BF16 values: rows
- * geometry (row r at src + r*ld, kn <= 32 steps) or column-major (step kk at src + kk*ld, 16 rows). Rows past rn and
- * steps past kn are zero. */
+/* The pair dwords d[16] of one tile-chunk from BF16 values, in the layout the source gives without a transpose:
+ * rows geometry (row r at src + r*ld, kn <= 32 steps): the A layout, d[r] = row r's 16 pairs; column-major (step kk
+ * at src + kk*ld, 16 rows): the B layout, d[p] = pair p of the 16 rows (dword j: row j). Rows past rn and steps past
+ * kn are zero. */
 static void load_pairs(const uint16_t *src, int64_t ld, int cm, int rn, int kn, __m512i d[16]) {
     if (!cm) {
         __mmask32 km = kn >= 32 ? 0xFFFFFFFFu : (((__mmask32)1 << kn) - 1);
@@ -226,7 +228,6 @@ static void load_pairs(const uint16_t *src, int64_t ld, int cm, int rn, int kn, 
                                 : _mm512_setzero_si512();
         d[p] = _mm512_permutex2var_epi16(lo, idx, hi);
     }
-    transpose16(d); /* [p][r] -> [r][p] */
 }
 
 void mxfp8i_bf16c_pack_q(int is_b, const uint16_t *src, int64_t ld, int cm, int rows, int64_t K,
@@ -244,13 +245,14 @@ void mxfp8i_bf16c_pack_q(int is_b, const uint16_t *src, int64_t ld, int cm, int 
             const int rn = rows - tile * 16 < 0 ? 0 : rows - tile * 16 > 16 ? 16 : rows - tile * 16;
             const uint16_t *base = cm ? src + k0 * ld + tile * 16 : src + (int64_t)tile * 16 * ld + k0;
             __m512i d[16];
-            load_pairs(base, ld, cm, rn, kn, d);
+            load_pairs(base, ld, cm, rn, kn, d); /* B layout when cm, else A layout */
             mxfp8i_bf16c_meta m;
             if (meta_from_scales(scales + (int64_t)tile * 16 * s_r + ch * s_g, s_r, rn, fmt, &m)) {
                 memcpy(chunk + tile * sizeof m, &m, sizeof m);
-                store_bf16_slot(is_b, d, chunk + 64 + tile * MXFP8I_BF16C_SLOT, swap);
+                store_bf16_slot(is_b, d, cm, chunk + 64 + tile * MXFP8I_BF16C_SLOT, swap);
                 continue;
             }
+            if (cm) transpose16(d); /* [p][r] -> [r][p] */
             /* the facts from the values: FP32 bits of each BF16 value (its pair dword's halves) */
             for (int r = 0; r < 16; r++) {
                 __m512i lo = _mm512_slli_epi32(d[r], 16), hi = _mm512_and_si512(d[r], _mm512_set1_epi32((int)0xFFFF0000u));
