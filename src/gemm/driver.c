@@ -44,7 +44,8 @@ struct gemm_ctx {
     char *Bp, *Ap;
     char *tbuf;                   /* every thread's buffers, thread t's at tbuf + t * tstride: */
     int64_t tstride, off_s, off_t, off_a; /* accumulators at 0, packing scratch, tmp, A block row (byte offsets) */
-    int64_t off_acc;              /* segmented calls: the register tile's running C and segment sum */
+    int64_t off_acc;              /* segmented calls: the register tile's running C and segment sum, */
+    int64_t off_own, off_ptrs;    /* the owned panel of every segment, the segments' panel pointers */
     char *ash[2];                 /* coop: the A panels of block rows mb (ash[mb & 1]), packed by all threads */
     int b_ready;                  /* Bp already holds B's panels (a keyed slot of the workspace scope) */
     int coop;                     /* threads share the packing of each block row's A panels (shard along N) */
@@ -496,11 +497,16 @@ mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_ma
 }
 
 /* ---- segmented accumulation: C += A_0 B_0^T, then C += A_1 B_1^T, ... (gemm.h, mxfp8i_gemm_segments) ----
- * Every segment's A and B panels are packed first (threads share them round-robin, one barrier), then each thread
- * walks its register tiles of C and, for each, the segments in order: the segment's chain over its K_s from +0,
- * added to the tile's running value (held in L1 from the first segment to the last). Each C
- * element therefore receives, segment after segment, the same additions the separate GEMMs would make, while the
- * block of C stays in cache across the segments instead of travelling to memory and back once per segment. */
+ * Threads split C along the shard axis (columns of register tiles when sharded along N, else rows), so of the
+ * operand along that axis (the owned one: B when sharded along N, else A) each thread uses only its own panels, and
+ * of the other one (the shared one) every panel. The shared operand's panels of every segment are packed first
+ * (threads share them round-robin, one barrier). Then each thread takes its owned panels one at a time: it packs
+ * that panel of every segment into its own buffer (so it is in cache when used, and never travels between
+ * threads) and runs the register tiles of that panel against every panel of the shared operand, each tile through
+ * all segments in order: the segment's chain over its K_s from +0, added to the tile's running value (held in L1
+ * from the first segment to the last). Each C element therefore receives, segment after segment, the same
+ * additions the separate GEMMs would make, while the block of C stays in cache across the segments instead of
+ * travelling to memory and back once per segment. */
 
 /* Segment s of a segmented call as a gemm_ctx of its own (its operands, K_s, panels and their strides). */
 static void seg_ctx(const gemm_ctx *x, const mxfp8i_gop *a, const mxfp8i_gop *b, char *Ap, char *Bp, gemm_ctx *s) {
@@ -524,104 +530,142 @@ typedef struct seg_call {
     int stream;     /* C is an output written once: F32 tiles stored past the caches (the registry's copy_f32) */
 } seg_call;
 
+/* Whether a segmented call shards C along N (the owned operand is B). */
+static int seg_shard_n(const gemm_ctx *x) { return x->cfg->lnc_2_shard_rhs != 0; }
+
+/* Register tile (pm, pn) of C through every segment: ap[s], bp[s] are its A and B panels of segment s. */
+static void seg_tile(const seg_call *sc, int tid, int64_t pm, int64_t pn, const char *const *ap,
+                     const char *const *bp) {
+    const gemm_ctx *x = sc->x;
+    const mxfp8i_ukernel *uk = x->uk;
+    const mxfp8_tensor *c = x->c;
+    const int64_t cs0 = c->strides[0], cs1 = c->strides[1], tk = x->cfg->tile_k;
+    float *acc = (float *)(x->tbuf + tid * x->tstride + x->off_acc), *ct = acc + uk->mr * uk->nr;
+    const int ld = uk->nr;
+    const int64_t m0 = pm * uk->mr, n0 = pn * uk->nr;
+    const int mr = (int)(x->M - m0 < uk->mr ? x->M - m0 : uk->mr);
+    const int nr = (int)(x->N - n0 < uk->nr ? x->N - n0 : uk->nr);
+    const int bf16 = c->dtype == MXFP8_DTYPE_BF16; /* with c_zero: the sums rounded once at the end */
+    float *dst = bf16 ? NULL : (float *)c->data + m0 * cs0 + n0 * cs1;
+    for (int i = 0; i < mr && !sc->c_zero; i++)
+        if (cs1 == 1) /* short rows: a loop, not a memcpy call */
+            for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j];
+        else
+            for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j * cs1];
+    for (int sg = 0; sg < sc->nseg; sg++) { /* the segments in order */
+        const gemm_ctx *g = &sc->segs[sg];
+        /* c_zero: the first segment's chain is the running value itself (+0 + chain is the chain bit for bit: a
+           chain from +0 is never -0, and a NaN passes unchanged), so it is not added */
+        const int first = sg == 0 && sc->c_zero;
+        float *out = first ? acc : ct;
+        for (int64_t k0 = 0; k0 < g->K; k0 += tk) {
+            const int64_t kc = (k0 + tk < g->K ? k0 + tk : g->K) - k0;
+            uk->run(k0, kc, ap[sg], bp[sg], out, ld, mr, nr, k0 > 0);
+        }
+        if (!first) x->add_f32(ct, ld, acc, ld, mr, nr);
+    }
+    if (bf16) {
+        uint16_t *d16 = (uint16_t *)c->data + m0 * cs0 + n0 * cs1;
+        if (cs1 == 1) x->to_bf16(acc, ld, d16, cs0, mr, nr);
+        else
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++) d16[i * cs0 + j * cs1] = mxfp8i_fp32_to_bf16(acc[i * ld + j]);
+        return;
+    }
+    if (sc->stream && cs1 == 1) {
+        x->copy_f32(acc, ld, dst, cs0, mr, nr);
+        return;
+    }
+    for (int i = 0; i < mr; i++)
+        if (cs1 == 1)
+            for (int j = 0; j < nr; j++) dst[i * cs0 + j] = acc[i * ld + j];
+        else
+            for (int j = 0; j < nr; j++) dst[i * cs0 + j * cs1] = acc[i * ld + j];
+}
+
 static void seg_thread(const seg_call *sc, int tid, int nt) {
     const gemm_ctx *x = sc->x;
     const mxfp8i_ukernel *uk = x->uk;
     const int64_t npa = mxfp8i_ceil_div(x->M, uk->mr), npb = mxfp8i_ceil_div(x->N, uk->nr);
-    /* 1: every segment's panels, shared round-robin (one unit = up to pack_step consecutive panels) */
+    const int shard_n = seg_shard_n(x), own_b = shard_n; /* which operand is owned: 1 = B */
+    const int64_t nsh = shard_n ? npb : npa, nother = shard_n ? npa : npb;
+    /* 1: every segment's panels of the shared operand, round-robin (one unit = up to pack_step consecutive panels) */
     int64_t unit = 0;
     for (int s = 0; s < sc->nseg; s++) {
         const gemm_ctx *g = &sc->segs[s];
-        for (int which = 0; which < 2; which++) {
-            const mxfp8i_gop *op = which ? g->b : g->a;
-            const int64_t np = which ? npb : npa, stride = which ? g->pb_stride : g->pa_stride;
-            char *dst = which ? g->Bp : g->Ap;
-            const int64_t step = pack_step(g, op, np, nt);
-            for (int64_t p = 0; p < np; p += step, unit++)
-                if (unit % nt == tid) pack_panels(g, tid, op, which, p, p + step < np ? p + step : np,
-                                                  dst + p * stride, stride);
-        }
+        const mxfp8i_gop *op = own_b ? g->a : g->b;
+        const int64_t stride = own_b ? g->pa_stride : g->pb_stride;
+        char *dst = own_b ? g->Ap : g->Bp;
+        const int64_t step = pack_step(g, op, nother, nt);
+        for (int64_t p = 0; p < nother; p += step, unit++)
+            if (unit % nt == tid)
+                pack_panels(g, tid, op, !own_b, p, p + step < nother ? p + step : nother, dst + p * stride, stride);
     }
 #ifdef _OPENMP
     if (nt > 1) {
 #pragma omp barrier
     }
 #endif
-    /* 2: this thread's register tiles along the shard axis (columns of tiles when sharded along N, else rows),
-     * each through all segments in order: the tile's running C in a contiguous buffer (loaded once, stored once),
-     * each segment's chain from +0 in a second one, then added: the same FP32 additions as the separate GEMMs. */
-    const int shard_n = x->cfg->lnc_2_shard_rhs != 0;
-    const int64_t nsh = shard_n ? npb : npa, nother = shard_n ? npa : npb;
+    /* 2: this thread's owned panels, one at a time: packed for every segment into the thread's own buffer, then
+     * its register tiles against every panel of the shared operand */
     const int64_t s0 = nsh * tid / nt, s1 = nsh * (tid + 1) / nt;
-    const int64_t mlo = shard_n ? 0 : s0, mhi = shard_n ? nother : s1;
-    const int64_t nlo = shard_n ? s0 : 0, nhi = shard_n ? s1 : nother;
-    const mxfp8_tensor *c = x->c;
-    const int64_t cs0 = c->strides[0], cs1 = c->strides[1], tk = x->cfg->tile_k;
-    float *acc = (float *)(x->tbuf + tid * x->tstride + x->off_acc), *ct = acc + uk->mr * uk->nr;
-    const int ld = uk->nr;
-    for (int64_t pm = mlo; pm < mhi; pm++)
-        for (int64_t pn = nlo; pn < nhi; pn++) {
-            const int64_t m0 = pm * uk->mr, n0 = pn * uk->nr;
-            const int mr = (int)(x->M - m0 < uk->mr ? x->M - m0 : uk->mr);
-            const int nr = (int)(x->N - n0 < uk->nr ? x->N - n0 : uk->nr);
-            const int bf16 = c->dtype == MXFP8_DTYPE_BF16; /* with c_zero: the sums rounded once at the end */
-            float *dst = bf16 ? NULL : (float *)c->data + m0 * cs0 + n0 * cs1;
-            for (int i = 0; i < mr && !sc->c_zero; i++)
-                if (cs1 == 1) /* short rows: a loop, not a memcpy call */
-                    for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j];
-                else
-                    for (int j = 0; j < nr; j++) acc[i * ld + j] = dst[i * cs0 + j * cs1];
-            for (int sg = 0; sg < sc->nseg; sg++) { /* the segments in order */
-                const gemm_ctx *g = &sc->segs[sg];
-                const char *ap = g->Ap + pm * g->pa_stride, *bp = g->Bp + pn * g->pb_stride;
-                /* c_zero: the first segment's chain is the running value itself (+0 + chain is the chain bit for
-                   bit: a chain from +0 is never -0, and a NaN passes unchanged), so it is not added */
-                const int first = sg == 0 && sc->c_zero;
-                float *out = first ? acc : ct;
-                for (int64_t k0 = 0; k0 < g->K; k0 += tk) {
-                    const int64_t kc = (k0 + tk < g->K ? k0 + tk : g->K) - k0;
-                    uk->run(k0, kc, ap, bp, out, ld, mr, nr, k0 > 0);
-                }
-                if (!first) x->add_f32(ct, ld, acc, ld, mr, nr);
-            }
-            if (bf16) {
-                uint16_t *d16 = (uint16_t *)c->data + m0 * cs0 + n0 * cs1;
-                if (cs1 == 1) x->to_bf16(acc, ld, d16, cs0, mr, nr);
-                else
-                    for (int i = 0; i < mr; i++)
-                        for (int j = 0; j < nr; j++) d16[i * cs0 + j * cs1] = mxfp8i_fp32_to_bf16(acc[i * ld + j]);
-                continue;
-            }
-            if (sc->stream && cs1 == 1) {
-                x->copy_f32(acc, ld, dst, cs0, mr, nr);
-                continue;
-            }
-            for (int i = 0; i < mr; i++)
-                if (cs1 == 1)
-                    for (int j = 0; j < nr; j++) dst[i * cs0 + j] = acc[i * ld + j];
-                else
-                    for (int j = 0; j < nr; j++) dst[i * cs0 + j * cs1] = acc[i * ld + j];
+    char *own = x->tbuf + tid * x->tstride + x->off_own;
+    const char **ap = (const char **)(x->tbuf + tid * x->tstride + x->off_ptrs), **bp = ap + sc->nseg,
+               **ob = bp + sc->nseg;
+    for (int64_t p0 = s0; p0 < s1; p0 += PACK_GROUP) { /* PACK_GROUP owned panels at a time (pack_panels) */
+        const int64_t p1 = p0 + PACK_GROUP < s1 ? p0 + PACK_GROUP : s1;
+        char *q = own;
+        for (int s = 0; s < sc->nseg; s++) {
+            const gemm_ctx *g = &sc->segs[s];
+            const int64_t stride = own_b ? g->pb_stride : g->pa_stride;
+            pack_panels(g, tid, own_b ? g->b : g->a, own_b, p0, p1, q, stride);
+            ob[s] = q;
+            q += (p1 - p0) * stride;
         }
+        for (int64_t po = p0; po < p1; po++)
+            for (int64_t pt = 0; pt < nother; pt++) {
+                for (int s = 0; s < sc->nseg; s++) {
+                    const gemm_ctx *g = &sc->segs[s];
+                    if (own_b) {
+                        ap[s] = g->Ap + pt * g->pa_stride;
+                        bp[s] = ob[s] + (po - p0) * g->pb_stride;
+                    } else {
+                        ap[s] = ob[s] + (po - p0) * g->pa_stride;
+                        bp[s] = g->Bp + pt * g->pb_stride;
+                    }
+                }
+                seg_tile(sc, tid, own_b ? pt : po, own_b ? po : pt, ap, bp);
+            }
+    }
 }
 
-/* The per-thread area of a segmented call: the thread layout of a GEMM plus the two register-tile buffers. */
-static void seg_layout(gemm_ctx *x) {
+/* The per-thread area of a segmented call: the thread layout of a GEMM plus the two register-tile buffers, the
+ * owned panel of every segment (own_bytes) and the segments' panel pointers. */
+static void seg_layout(gemm_ctx *x, int64_t own_bytes, int nseg) {
     x->off_acc = x->tstride;
     x->tstride += mxfp8i_round_up((int64_t)x->uk->mr * x->uk->nr * 2 * (int64_t)sizeof(float), 64);
+    x->off_own = x->tstride;
+    x->tstride += mxfp8i_round_up(own_bytes, 64);
+    x->off_ptrs = x->tstride;
+    x->tstride += mxfp8i_round_up(3 * (int64_t)nseg * (int64_t)sizeof(char *), 64);
 }
 
-/* Bytes of the A and B panels of nseg segments: the contractions a[s].K (a = NULL: Kmax each). */
-static bool seg_bytes(const gemm_ctx *x, const mxfp8i_gop *a, int nseg, int64_t Kmax, int64_t *ab, int64_t *bb) {
+/* Bytes of the shared operand's panels of nseg segments (the A panels when C is sharded along N, else the B
+ * panels) and of one owned panel of every segment: the contractions a[s].K (a = NULL: Kmax each). */
+static bool seg_bytes(const gemm_ctx *x, const mxfp8i_gop *a, int nseg, int64_t Kmax, int64_t *shared,
+                      int64_t *own) {
     const mxfp8i_ukernel *uk = x->uk;
-    const int64_t npa = mxfp8i_ceil_div(x->M, uk->mr), npb = mxfp8i_ceil_div(x->N, uk->nr);
-    *ab = *bb = 0;
+    const int shard_n = seg_shard_n(x);
+    const int64_t np = shard_n ? mxfp8i_ceil_div(x->M, uk->mr) : mxfp8i_ceil_div(x->N, uk->nr);
+    *shared = *own = 0;
     for (int s = 0; s < nseg; s++) {
         const int64_t k = a ? a[s].K : Kmax, pa = mxfp8i_round_up(uk->panel_bytes(k, uk->mr), 64),
                       pb = mxfp8i_round_up(uk->panel_bytes(k, uk->nr), 64);
-        int64_t sa, sb;
-        if (!mxfp8i_mul_size(npa, pa, &sa) || !mxfp8i_mul_size(npb, pb, &sb)) return false;
-        *ab += sa, *bb += sb;
-        if (*ab < 0 || *bb < 0) return false;
+        int64_t sz;
+        if (!mxfp8i_mul_size(np, shard_n ? pa : pb, &sz)) return false;
+        *shared += sz;
+        *own += PACK_GROUP * (shard_n ? pb : pa);
+        if (*shared < 0 || *own < 0) return false;
     }
     return true;
 }
@@ -639,8 +683,9 @@ mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int 
     mxfp8_matmul_config cfg;
     gemm_ctx x;
     gemm_sizes z;
-    int64_t ab, bb;
-    if (!prepare(&x, &cfg, &z, config, a[0].R, b[0].R, Kmax, num_threads) || !seg_bytes(&x, a, nseg, 0, &ab, &bb))
+    int64_t shb, ownb;
+    if (!prepare(&x, &cfg, &z, config, a[0].R, b[0].R, Kmax, num_threads) ||
+        !seg_bytes(&x, a, nseg, 0, &shb, &ownb))
         goto done;
     x.to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
     x.add_f32 = mxfp8i_kernels_get()->quant->add_f32;
@@ -648,15 +693,16 @@ mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int 
     x.accumulate = 1;
     x.c = c;
     x.coop = 0;
-    seg_layout(&x);
-    char *Ap = mxfp8i_ws_get(MXFP8I_WS_GEMM_A, (size_t)ab), *Bp = mxfp8i_ws_get(MXFP8I_WS_GEMM_B, (size_t)bb);
+    seg_layout(&x, ownb, nseg);
+    const int shard_n = seg_shard_n(&x); /* the shared operand's panels in its slot (A when sharded along N) */
+    char *P = mxfp8i_ws_get(shard_n ? MXFP8I_WS_GEMM_A : MXFP8I_WS_GEMM_B, (size_t)shb);
     gemm_ctx *segs = (gemm_ctx *)mxfp8i_ws_get(MXFP8I_WS_GEMM_SEGS, sizeof(gemm_ctx) * (size_t)nseg);
     x.tbuf = mxfp8i_ws_get(MXFP8I_WS_GEMM_THREADS, (size_t)(x.tstride * x.nt));
-    if (!Ap || !Bp || !segs || !x.tbuf) goto done;
+    if (!P || !segs || !x.tbuf) goto done;
     for (int s = 0; s < nseg; s++) {
-        seg_ctx(&x, &a[s], &b[s], Ap, Bp, &segs[s]);
-        Ap += mxfp8i_ceil_div(x.M, x.uk->mr) * segs[s].pa_stride;
-        Bp += mxfp8i_ceil_div(x.N, x.uk->nr) * segs[s].pb_stride;
+        seg_ctx(&x, &a[s], &b[s], shard_n ? P : NULL, shard_n ? NULL : P, &segs[s]);
+        P += shard_n ? mxfp8i_ceil_div(x.M, x.uk->mr) * segs[s].pa_stride
+                     : mxfp8i_ceil_div(x.N, x.uk->nr) * segs[s].pb_stride;
     }
     seg_call sc = {&x, segs, nseg, c_zero, stream};
     unsigned csr = mxfp8i_fenv_enter();
@@ -687,11 +733,11 @@ mxfp8_status mxfp8i_gemm_segments_reserve(int64_t M, int64_t N, int64_t Kmax, in
     mxfp8_matmul_config cfg;
     gemm_ctx x;
     gemm_sizes z;
-    int64_t ab, bb;
-    if (!prepare(&x, &cfg, &z, config, M, N, Kmax, num_threads) || !seg_bytes(&x, NULL, nseg, Kmax, &ab, &bb))
+    int64_t shb, ownb;
+    if (!prepare(&x, &cfg, &z, config, M, N, Kmax, num_threads) || !seg_bytes(&x, NULL, nseg, Kmax, &shb, &ownb))
         return MXFP8_ERR_OUT_OF_MEMORY;
-    seg_layout(&x);
-    return mxfp8i_ws_get(MXFP8I_WS_GEMM_A, (size_t)ab) && mxfp8i_ws_get(MXFP8I_WS_GEMM_B, (size_t)bb) &&
+    seg_layout(&x, ownb, nseg);
+    return mxfp8i_ws_get(seg_shard_n(&x) ? MXFP8I_WS_GEMM_A : MXFP8I_WS_GEMM_B, (size_t)shb) &&
                    mxfp8i_ws_get(MXFP8I_WS_GEMM_SEGS, sizeof(gemm_ctx) * (size_t)nseg) &&
                    mxfp8i_ws_get(MXFP8I_WS_GEMM_THREADS, (size_t)(x.tstride * x.nt))
                ? MXFP8_OK

@@ -120,8 +120,9 @@ mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_ma
  *  (a[s].R = a[0].R, b[s].R = b[0].R, a[s].K = b[s].K >= 1, each with its own rounding): bitwise what nseg calls of
  *  mxfp8i_gemm_gop with accumulate = 1 give (each element: C + the segment's fmaf chain from +0, one FP32 addition
  *  per segment, segments in order), with each block of C kept in cache across the segments instead of read and
- *  written once per segment. Every segment's panels are packed first (shared by the threads, one barrier); threads
- *  own output blocks as in mxfp8i_gemm_gop. c_zero = 1: the caller vouches that C holds +0 everywhere, so C is
+ *  written once per segment. Threads split C along the shard axis as mxfp8i_gemm_gop does; the other operand's
+ *  panels of every segment are packed first (shared by the threads, one barrier), and each thread packs the panels
+ *  of its own share of the sharded operand, a few at a time, just before it uses them. c_zero = 1: the caller vouches that C holds +0 everywhere, so C is
  *  not read (its running values start at +0: the same bits; the first segment's chain is taken as the running
  *  value, +0 + a chain from +0 being that chain) and the output is written once. stream = 1: C is an
  *  output not read again soon (a weight gradient in the caller's tensor): its F32 tiles are stored through the
