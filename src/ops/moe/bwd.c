@@ -149,7 +149,7 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
 static void zero_accumulators(mxfp8i_moe_bwd *w) {
     const mxfp8i_moe *p = w->p;
     const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I;
-    memset(w->dx, 0, sizeof(float) * (size_t)(T * H));
+    mxfp8i_moe_zero_f(w->dx, T * H);
     for (int64_t i = 0; i < T * E; i++) w->da[i] = 0.0;
     for (int64_t i = 0; i < E * I2; i++) w->db1[i] = 0.0;
     for (int64_t i = 0; i < E * H; i++) w->db2[i] = 0.0;

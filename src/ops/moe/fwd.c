@@ -298,7 +298,7 @@ static mxfp8_status forward_scoped(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table(in, p));
     MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate workspaces", fn);
-    memset(w.acc, 0, (size_t)(p->T * p->H) * sizeof(float));
+    mxfp8i_moe_zero_f(w.acc, p->T * p->H);
     for (int64_t n = 0, blocks; n < p->N; n += blocks) {
         const int64_t e = p->expert[n];
         int64_t last = mxfp8i_moe_block_len(p, n); /* the run's last block's length */

@@ -281,6 +281,9 @@ void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, f
 /** store.c: a row-major flat FP32 / FP64 buffer rounded once into a view of any dtype and strides; add != 0: the
  *  view's given value + src (one FP32 addition), then rounded. */
 void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add);
+/** acc[0, n) = +0, threads splitting the range (the layer's FP32 output accumulators, zeroed at the start of a
+ *  call: a serial memset of T x H floats left the other threads waiting). */
+void mxfp8i_moe_zero_f(float *acc, int64_t n);
 void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add);
 
 /** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */

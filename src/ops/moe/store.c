@@ -47,6 +47,12 @@ void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add) {
         }
     }
 }
+void mxfp8i_moe_zero_f(float *acc, int64_t n) {
+    const int nt = mxfp8i_moe_nt((double)n);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int c = 0; c < nt; c++) /* +0 is all zero bits */
+        memset(acc + n * c / nt, 0, (size_t)(n * (c + 1) / nt - n * c / nt) * sizeof(float));
+}
 void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add) {
     int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
     for (int64_t k = 0; k < n; k++) {
