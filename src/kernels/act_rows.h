@@ -101,11 +101,18 @@ static inline __attribute__((always_inline)) void mxfp8i_act_bwd_impl(mxfp8i_exp
             const float v = du[i] * u[i] * dg[i];
             dg[i] = pg ? v : 0.0f;
         }
-    for (int64_t i = 0; i < I; i++) {
-        const int pu = mxfp8i_act_pass(u[i], ul_on, ul, uh_on, uh);
-        const float v = du[i] * act[i];
-        du[i] = pu ? v : 0.0f;
-    }
+    if (act)
+        for (int64_t i = 0; i < I; i++) {
+            const int pu = mxfp8i_act_pass(u[i], ul_on, ul, uh_on, uh);
+            const float v = du[i] * act[i];
+            du[i] = pu ? v : 0.0f;
+        }
+    else /* act(g) = g * sigmoid(beta g) from the forward's sigmoid: the forward row's own product */
+        for (int64_t i = 0; i < I; i++) {
+            const int pu = mxfp8i_act_pass(u[i], ul_on, ul, uh_on, uh);
+            const float v = du[i] * (g[i] * sg[i]);
+            du[i] = pu ? v : 0.0f;
+        }
 }
 
 #endif /* MXFP8_KERNELS_ACT_ROWS_H */

@@ -576,6 +576,11 @@ static void check_act_rows(tu_rng *rng) {
                 }
                 qk->act_bwd(&ap, I, dI, aq, scale, g, u, act, use_sg ? sg : NULL, dgu);
                 for (int64_t i = 0; i < 2 * I + PAD; i++) bad += !same_f32(dgu[i], i < 2 * I ? edg[i] : -7.25f);
+                if (use_sg) { /* act(g) left out: the row takes g * sg, the forward's product */
+                    for (int64_t i = 0; i < 2 * I + PAD; i++) dgu[i] = -7.25f;
+                    qk->act_bwd(&ap, I, dI, aq, scale, g, u, NULL, sg, dgu);
+                    for (int64_t i = 0; i < 2 * I + PAD; i++) bad += !same_f32(dgu[i], i < 2 * I ? edg[i] : -7.25f);
+                }
                 cases++;
             }
         }

@@ -125,6 +125,12 @@ static void read_checkpoints(mxfp8i_moe_bwd *w, int64_t n, int64_t q0, int64_t q
     }
 }
 
+/* Whether act(g) is not kept (the activation backward takes g * sigmoid, act_bwd's act = NULL): recomputed from a
+ * sigmoid-gated activation whose sigmoid is kept (w->have_sg) and whose intermediate is recomputed too (the forward
+ * row then computes act into the inter row, which inter overwrites). Saves writing and reading back act's
+ * [positions, I] buffer (a quarter of the forward rows' output). */
+static int act_in_sg(const mxfp8i_moe_bwd *w) { return w->have_sg && !w->args->intermediate_checkpoint_T.data; }
+
 /* Positions [q0, q1): g, u, act(g), inter (from the checkpoints read, else from GU + b1 + clamp), and the Phase 4
  * operand S = a*inter (ON_I) or the Phase 1 operand D = a*dY (ON_H); zeros at padding positions. */
 static void forward_rows(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t *tok, int64_t q0, int64_t q1) {
@@ -139,7 +145,7 @@ static void forward_rows(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t 
         /* g, u in place in the checkpoint (only read: the row function writes them only when given GU) */
         float *g = w->gck ? (float *)(uintptr_t)(w->gck + q * w->gld) : w->g + q * I;
         float *u = w->gck ? (float *)(uintptr_t)(w->uck + q * w->gld) : w->u + q * I;
-        float *act = w->act + q * I, *inter = w->inter + q * I;
+        float *inter = w->inter + q * I, *act = act_in_sg(w) ? inter : w->act + q * I; /* (inter overwrites it) */
         float *S = w->onH ? NULL : w->S + q * I;
         if (tok[q] < 0) { /* padding: zeros (g, u in place are never read there, and never written) */
             float *rows[5] = {w->gck ? NULL : g, w->gck ? NULL : u, act, inter, S};
@@ -262,7 +268,7 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
                 }
                 const float aq = mxfp8i_moe_aff(p, tok[q], e);
                 mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->gck ? w->gck + q * w->gld : w->g + q * I,
-                                   w->gck ? w->uck + q * w->gld : w->u + q * I, w->act + q * I,
+                                   w->gck ? w->uck + q * w->gld : w->u + q * I, act_in_sg(w) ? NULL : w->act + q * I,
                                    w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
             }
         }
