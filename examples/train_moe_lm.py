@@ -445,6 +445,7 @@ def main_expert_parallel(a):
     import torch.distributed as dist
 
     from mxfp8.torch import expert_parallel as ep
+    own_group = not dist.is_initialized()
     group, rank, P = _init_group()
     threads = a.threads or max(1, (os.cpu_count() or 1) // P)
     torch.set_num_threads(threads)
@@ -563,6 +564,8 @@ def main_expert_parallel(a):
                   f"{c['max_train_loss_diff']:.3g}")
         print(f"wrote {out / 'summary.json'}")
     dist.barrier(group=group)
+    if own_group:  # a gloo group left to the interpreter's exit can abort the process (its threads outlive Python)
+        dist.destroy_process_group()
     return summary
 
 

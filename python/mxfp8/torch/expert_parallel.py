@@ -8,6 +8,8 @@
     y = moe(x_of_this_rank)            # collective: every rank of the group calls it, in the same order
     y.sum().backward()                 # collective too
     mt.expert_parallel.all_reduce_dense_gradients(model)   # data parallelism of everything but the experts
+    ...
+    dist.destroy_process_group()       # before the process exits (gloo's threads must not outlive the interpreter)
 
 Placement: the E experts are split into contiguous ranges over the P ranks of the group, as even as possible (the
 first E % P ranks get one more: expert_range, the rule of mxfp8.mpi.expert_range); P <= E. Each rank holds the
