@@ -500,9 +500,9 @@ mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_ma
  * Threads split C along the shard axis (columns of register tiles when sharded along N, else rows), so of the
  * operand along that axis (the owned one: B when sharded along N, else A) each thread uses only its own panels, and
  * of the other one (the shared one) every panel. The shared operand's panels of every segment are packed first
- * (threads share them round-robin, one barrier). Then each thread takes its owned panels one at a time: it packs
- * that panel of every segment into its own buffer (so it is in cache when used, and never travels between
- * threads) and runs the register tiles of that panel against every panel of the shared operand, each tile through
+ * (threads share them round-robin, one barrier). Then each thread takes its owned panels PACK_GROUP at a time: it
+ * packs those panels of every segment into its own buffer (so they are in cache when used, and never travel between
+ * threads) and runs their register tiles against every panel of the shared operand, each tile through
  * all segments in order: the segment's chain over its K_s from +0, added to the tile's running value (held in L1
  * from the first segment to the last). Each C element therefore receives, segment after segment, the same
  * additions the separate GEMMs would make, while the block of C stays in cache across the segments instead of
@@ -587,8 +587,8 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
     const gemm_ctx *x = sc->x;
     const mxfp8i_ukernel *uk = x->uk;
     const int64_t npa = mxfp8i_ceil_div(x->M, uk->mr), npb = mxfp8i_ceil_div(x->N, uk->nr);
-    const int shard_n = seg_shard_n(x), own_b = shard_n; /* which operand is owned: 1 = B */
-    const int64_t nsh = shard_n ? npb : npa, nother = shard_n ? npa : npb;
+    const int own_b = seg_shard_n(x); /* the owned operand: B when C is sharded along N, else A */
+    const int64_t nsh = own_b ? npb : npa, nother = own_b ? npa : npb;
     /* 1: every segment's panels of the shared operand, round-robin (one unit = up to pack_step consecutive panels) */
     int64_t unit = 0;
     for (int s = 0; s < sc->nseg; s++) {
@@ -606,8 +606,8 @@ static void seg_thread(const seg_call *sc, int tid, int nt) {
 #pragma omp barrier
     }
 #endif
-    /* 2: this thread's owned panels, one at a time: packed for every segment into the thread's own buffer, then
-     * its register tiles against every panel of the shared operand */
+    /* 2: this thread's owned panels, PACK_GROUP at a time: packed for every segment into the thread's own buffer,
+     * then their register tiles against every panel of the shared operand */
     const int64_t s0 = nsh * tid / nt, s1 = nsh * (tid + 1) / nt;
     char *own = x->tbuf + tid * x->tstride + x->off_own;
     const char **ap = (const char **)(x->tbuf + tid * x->tstride + x->off_ptrs), **bp = ap + sc->nseg,

@@ -122,11 +122,12 @@ mxfp8_status mxfp8i_gemm_reserve(int64_t M, int64_t N, int64_t K, const mxfp8_ma
  *  per segment, segments in order), with each block of C kept in cache across the segments instead of read and
  *  written once per segment. Threads split C along the shard axis as mxfp8i_gemm_gop does; the other operand's
  *  panels of every segment are packed first (shared by the threads, one barrier), and each thread packs the panels
- *  of its own share of the sharded operand, a few at a time, just before it uses them. c_zero = 1: the caller vouches that C holds +0 everywhere, so C is
- *  not read (its running values start at +0: the same bits; the first segment's chain is taken as the running
- *  value, +0 + a chain from +0 being that chain) and the output is written once. stream = 1: C is an
- *  output not read again soon (a weight gradient in the caller's tensor): its F32 tiles are stored through the
- *  registry's copy_f32, which may go past the caches (speed only). OK or OUT_OF_MEMORY (C untouched). */
+ *  of its own share of the sharded operand, a few at a time, just before it uses them.
+ *  c_zero = 1: the caller vouches that C holds +0 everywhere, so C is not read (its running values start at +0: the
+ *  same bits; the first segment's chain is taken as the running value, +0 + a chain from +0 being that chain) and
+ *  the output is written once. stream = 1: C is an output not read again soon (a weight gradient in the caller's
+ *  tensor): its F32 tiles are stored through the registry's copy_f32, which may go past the caches (speed only).
+ *  OK or OUT_OF_MEMORY (C untouched). */
 mxfp8_status mxfp8i_gemm_segments(const mxfp8i_gop *a, const mxfp8i_gop *b, int nseg, int c_zero, int stream,
                                   const mxfp8_matmul_config *config, const mxfp8_tensor *c, int num_threads);
 /** Reserve what a later mxfp8i_gemm_segments of C [M, N] with at most nseg segments of contraction <= Kmax takes. */

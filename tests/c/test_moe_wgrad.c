@@ -525,9 +525,10 @@ static void test_s_in_place(void) {
 
 /* The gate/up checkpoint in positions-major memory ([N, B, 2, I], passed as the [N, 2, I, B] view with strides
  * (2IB, I, 1, 2I): mxfp8.torch's layout). The forward (runs of blocks forced off and on, 2 and 1 threads) writes the
- * same values as into the contiguous layout (zeros at padding positions, nothing outside the view's elements); the backward from it, in F32 and in BF16 with NaN at
- * every padding position, gives the bits of the backward from the contiguous F32 / BF16 checkpoint: every gradient
- * and operand statistic, both affinity options, stochastic rounding, both weight-gradient paths, 1 and 2 threads. */
+ * same values as into the contiguous layout (zeros at padding positions, nothing outside the view's elements); the
+ * backward from it, in F32 and in BF16 with NaN at every padding position, gives the bits of the backward from the
+ * contiguous F32 / BF16 checkpoint: every gradient and operand statistic, both affinity options, stochastic
+ * rounding, both weight-gradient paths, 1 and 2 threads. */
 static mxfp8_tensor strided4(void *d, mxfp8_dtype dt, int nd, const int64_t *shape, const int64_t *strides) {
     mxfp8_tensor t = mxfp8_tensor_make(d, dt, nd, shape);
     for (int i = 0; i < nd; i++) t.strides[i] = strides[i];
