@@ -98,28 +98,48 @@ static void read_ck(const mxfp8_tensor *t, int64_t base, int64_t si, int64_t sq,
     }
 }
 
-/* Positions [q0, q1) of the run starting at block n (position q: position q % B of block n + q / B) of every given
- * checkpoint ([n, (j,) i, q]) into the [q][i] buffers g, u, act, inter, S, block by block. */
-static void read_checkpoints(mxfp8i_moe_bwd *w, int64_t n, int64_t q0, int64_t q1) {
+/* The checkpoint read into buffer k of read_checkpoints (0 g, 1 u, 2 act, 3 inter, 4 S). */
+static const mxfp8_tensor *ck_of(const mxfp8i_moe_bwd *w, int k) {
     const mxfp8_moe_bwd_args *a = w->args;
+    return k < 2 ? &a->gate_up_proj_act_checkpoint_T
+                 : k == 2 ? &a->gate_act_checkpoint_T
+                          : k == 3 ? &a->intermediate_checkpoint_T : &a->scaled_intermediate_checkpoint_T;
+}
+
+/* Positions [q0, q1) of the run starting at block n, all in its block b = q0 / B, of checkpoint k ([n, (j,) i, q])
+ * into d[(q - q0) I + i]. */
+static void read_ck_span(const mxfp8i_moe_bwd *w, int k, int64_t n, int64_t q0, int64_t q1, float *d) {
+    const mxfp8_tensor *t = ck_of(w, k);
+    const int64_t B = w->p->B, b = q0 / B;
+    const int four = t->ndim == 4;
+    const int64_t si = t->strides[four ? 2 : 1], sq = t->strides[four ? 3 : 2];
+    const int64_t base = (n + b) * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0) + (q0 - b * B) * sq;
+    read_ck(t, base, si, sq, w->p->I, 0, q1 - q0, d);
+}
+
+/* Whether the activation backward reads g, u, act(g) and inter from their checkpoints itself, a span of positions at
+ * a time into the thread's rows of those buffers, just before it uses them (ck_span): where all four checkpoints
+ * are given (the forward rows then compute nothing) and nothing else reads those rows (AFFINITY_ON_I: Phase 4 takes
+ * S). Else forward_values reads every given checkpoint up front, and the [positions, I] rows come back from memory
+ * after Phase 1. The same values either way. */
+static int ck_deferred(const mxfp8i_moe_bwd *w) {
+    const mxfp8_moe_bwd_args *a = w->args;
+    return !w->onH && a->gate_up_proj_act_checkpoint_T.data && a->gate_act_checkpoint_T.data &&
+           a->intermediate_checkpoint_T.data && a->scaled_intermediate_checkpoint_T.data;
+}
+
+/* Positions [q0, q1) of the run starting at block n (position q: position q % B of block n + q / B) of every given
+ * checkpoint ([n, (j,) i, q]) into the [q][i] buffers g, u, act, inter, S, block by block; only S when the reads are
+ * deferred (ck_deferred). */
+static void read_checkpoints(mxfp8i_moe_bwd *w, int64_t n, int64_t q0, int64_t q1) {
     const int64_t B = w->p->B, I = w->p->I;
-    const mxfp8_tensor *ckt[5] = {&a->gate_up_proj_act_checkpoint_T, &a->gate_up_proj_act_checkpoint_T,
-                                  &a->gate_act_checkpoint_T, &a->intermediate_checkpoint_T,
-                                  &a->scaled_intermediate_checkpoint_T};
     float *dst[5] = {w->g, w->u, w->act, w->inter, w->S};
-    for (int k = w->gck ? 2 : 0; k < 5; k++) { /* (g and u read in place: not copied) */
-        const mxfp8_tensor *t = ckt[k];
-        if (!t->data || (k == 4 && w->onH)) continue;
-        const int four = t->ndim == 4;
+    for (int k = ck_deferred(w) ? 4 : w->gck ? 2 : 0; k < 5; k++) { /* (g and u read in place: not copied) */
+        if (!ck_of(w, k)->data || (k == 4 && w->onH)) continue;
         for (int64_t q = q0; q < q1;) {
             const int64_t b = q / B, qe = q1 < (b + 1) * B ? q1 : (b + 1) * B;
-            if (k == 4 && s_direct(w, n + b)) { /* Phase 4 reads this block's slab in place */
-                q = qe;
-                continue;
-            }
-            const int64_t base = (n + b) * t->strides[0] + (four ? (k == 1) * t->strides[1] : 0);
-            read_ck(t, base, t->strides[four ? 2 : 1], t->strides[four ? 3 : 2], I, q - b * B, qe - b * B,
-                    dst[k] + b * B * I);
+            if (!(k == 4 && s_direct(w, n + b))) /* (else Phase 4 reads this block's slab in place) */
+                read_ck_span(w, k, n, q, qe, dst[k] + q * I);
             q = qe;
         }
     }
@@ -147,13 +167,16 @@ static void forward_rows(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t 
         float *u = w->gck ? (float *)(uintptr_t)(w->uck + q * w->gld) : w->u + q * I;
         float *inter = w->inter + q * I, *act = act_in_sg(w) ? inter : w->act + q * I; /* (inter overwrites it) */
         float *S = w->onH ? NULL : w->S + q * I;
-        if (tok[q] < 0) { /* padding: zeros (g, u in place are never read there, and never written) */
-            float *rows[5] = {w->gck ? NULL : g, w->gck ? NULL : u, act, inter, S};
+        if (tok[q] < 0) { /* padding: zeros (g, u in place and deferred rows are never read there: not written) */
+            const int own = !ck_deferred(w);
+            float *rows[5] = {own && !w->gck ? g : NULL, own && !w->gck ? u : NULL, own ? act : NULL,
+                              own ? inter : NULL, S};
             for (int k = 0; k < 5; k++)
                 if (rows[k]) memset(rows[k], 0, (size_t)I * sizeof(float));
             if (w->onH) memset(w->D + q * H, 0, (size_t)H * sizeof(float));
             continue;
         }
+        if (ck_deferred(w)) continue; /* every value given: the forward row computes nothing */
         const float aq = mxfp8i_moe_aff(p, tok[q], e);
         mxfp8i_moe_fwd_row(c, I, ck_gu->data ? NULL : w->gu + q * I2, w->b1, g, u, act, ck_act->data != NULL, inter,
                            ck_inter->data != NULL, ck_s->data ? NULL : S, aq, w->have_sg ? w->sg + q * I : NULL);
@@ -235,41 +258,62 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
     const mxfp8_tensor *ck_down = &w->args->down_proj_output_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     const mxfp8i_dot_f64_fn dot = mxfp8i_kernels_get()->quant->dot_f64;
-    /* affinity gradients, 8 positions at a time (padding positions' rows are zero and give 0) */
+    const int deferred = ck_deferred(w);
+    /* each thread on its positions, a span at a time (deferred reads: at most 32 positions, in one block, read into
+       the thread's first rows); affinity gradients 8 positions at a time (padding positions give 0) */
 #pragma omp parallel num_threads(nt)
     {
         const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
 #pragma omp for schedule(static) nowait
-        for (int64_t q0 = 0; q0 < L; q0 += 8) {
-            const int rows = (int)(L - q0 < 8 ? L - q0 : 8);
-            double *da = w->dablk + q0;
-            for (int r = 0; r < rows; r++) da[r] = 0.0;
-            if (!w->onH) { /* sum_i dI_raw * inter, continued by sum_h dY * b2 (sequential FP64 sums) */
-                dot(w->dI + q0 * I, I, w->inter + q0 * I, I, I, rows, da);
-                if (p->b2.data) dot(w->dyb + q0 * H, H, w->b2, 0, H, rows, da);
-            } else {
-                for (int r = 0; r < rows; r++) {
-                    const int64_t q = q0 + r;
-                    double t = 0.0;
-                    for (int64_t h = 0; h < H; h++) {
-                        float dn =
-                            ck_down->data ? ck3(ck_down, n + q / p->B, q % p->B, h) : w->down[q * H + h] + w->b2[h];
-                        t += (double)w->dyb[q * H + h] * (double)dn;
+        for (int t = 0; t < nt; t++) {
+            const int64_t t0 = L * t / nt, t1 = L * (t + 1) / nt;
+            for (int64_t c0 = t0, c1; c0 < t1; c0 = c1) {
+                c1 = t1;
+                int64_t r = 0; /* the span's rows of g, u, act, inter start at row c0 - r */
+                if (deferred) {
+                    const int64_t next_b = (c0 / p->B + 1) * p->B, next_32 = (c0 / 32 + 1) * 32;
+                    c1 = t1 < next_b ? t1 : next_b;
+                    c1 = c1 < next_32 ? c1 : next_32;
+                    r = c0 - t0;
+                    for (int k = w->gck ? 2 : 0; k < 4; k++) {
+                        float *dst[4] = {w->g, w->u, w->act, w->inter};
+                        read_ck_span(w, k, n, c0, c1, dst[k] + t0 * I);
                     }
-                    da[r] = t;
                 }
-            }
-            for (int r = 0; r < rows; r++)
-                if (tok[q0 + r] < 0) da[r] = 0.0;
-            for (int64_t q = q0; q < q0 + rows; q++) { /* the same positions' dGU rows, in the same parallel region */
-                if (tok[q] < 0) {
-                    memset(w->dgu + q * I2, 0, (size_t)I2 * sizeof(float));
-                    continue;
+                for (int64_t q0 = c0; q0 < c1; q0 += 8) {
+                    const int rows = (int)(c1 - q0 < 8 ? c1 - q0 : 8);
+                    double *da = w->dablk + q0;
+                    for (int k = 0; k < rows; k++) da[k] = 0.0;
+                    if (!w->onH) { /* sum_i dI_raw * inter, continued by sum_h dY * b2 (sequential FP64 sums) */
+                        dot(w->dI + q0 * I, I, w->inter + (q0 - r) * I, I, I, rows, da);
+                        if (p->b2.data) dot(w->dyb + q0 * H, H, w->b2, 0, H, rows, da);
+                    } else {
+                        for (int k = 0; k < rows; k++) {
+                            const int64_t q = q0 + k;
+                            double s = 0.0;
+                            for (int64_t h = 0; h < H; h++) {
+                                float dn = ck_down->data ? ck3(ck_down, n + q / p->B, q % p->B, h)
+                                                         : w->down[q * H + h] + w->b2[h];
+                                s += (double)w->dyb[q * H + h] * (double)dn;
+                            }
+                            da[k] = s;
+                        }
+                    }
+                    for (int k = 0; k < rows; k++)
+                        if (tok[q0 + k] < 0) da[k] = 0.0;
+                    for (int64_t q = q0; q < q0 + rows; q++) { /* the same positions' dGU rows */
+                        if (tok[q] < 0) {
+                            memset(w->dgu + q * I2, 0, (size_t)I2 * sizeof(float));
+                            continue;
+                        }
+                        const float aq = mxfp8i_moe_aff(p, tok[q], e);
+                        const int64_t o = (q - r) * I; /* q's row of g, u, act */
+                        mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->gck ? w->gck + q * w->gld : w->g + o,
+                                           w->gck ? w->uck + q * w->gld : w->u + o,
+                                           act_in_sg(w) ? NULL : w->act + o, w->have_sg ? w->sg + q * I : NULL,
+                                           w->dgu + q * I2);
+                    }
                 }
-                const float aq = mxfp8i_moe_aff(p, tok[q], e);
-                mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->gck ? w->gck + q * w->gld : w->g + q * I,
-                                   w->gck ? w->uck + q * w->gld : w->u + q * I, act_in_sg(w) ? NULL : w->act + q * I,
-                                   w->have_sg ? w->sg + q * I : NULL, w->dgu + q * I2);
             }
         }
         mxfp8i_fenv_leave(csr);
