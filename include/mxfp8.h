@@ -639,8 +639,10 @@ MXFP8_API void mxfp8_matmul_bwd_args_init(mxfp8_matmul_bwd_args *args);
  *  Both GEMMs follow mxfp8_gemm's arithmetic (FP32 fmaf chain over the contraction index ascending, one rounding to
  *  the output), so every knob (tile_loop_order, run_with_lnc2, lnc_2_shard_rhs, spill_reload, the phase configs'
  *  tiles and blocks) and the thread count leave every bit unchanged.
- *  M, N, K are read from the outputs: input_grad [M, K], weight_grad [N, K] (F32, BF16 or F16 views of dtype
- *  output_dtype, else DTYPE); every input must agree (SHAPE_MISMATCH). Any M, N, K >= 0: a zero contraction length
+ *  M, N, K are read from the outputs: input_grad [M, K], weight_grad [N, K] (F32, BF16 or F16 views: input_grad of
+ *  dtype output_dtype, weight_grad of output_dtype or (ours) F32, as mixed-precision training keeps FP32 master
+ *  weights and their gradients; else DTYPE); each output is rounded once (RNE) from its GEMM's FP32 result to its
+ *  own dtype. Every input must agree (SHAPE_MISMATCH). Any M, N, K >= 0: a zero contraction length
  *  gives zeros, a zero output extent an empty output. The phase configs (NULL = from the args) set speed only:
  *  their float8_dtype, scale_rule and quant_scheme are replaced by the args' values, and their M/K/N,
  *  when nonzero, must be (M, N, K) for dX and (N, M, K) for dW (logical M, contraction, logical N).

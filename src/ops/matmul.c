@@ -465,10 +465,14 @@ static mxfp8_status bwd_validate(const char *fn, const mxfp8_matmul_bwd_args *ar
     int64_t M = input_grad->shape[0], K = input_grad->shape[1], N = weight_grad->shape[0];
     MXFP8I_FORWARD_IF_ERROR(check_output(fn, "input_grad", input_grad, M, K, 0));
     MXFP8I_FORWARD_IF_ERROR(check_output(fn, "weight_grad", weight_grad, N, K, 0));
-    MXFP8I_RETURN_ERROR_IF(input_grad->dtype != args->output_dtype || weight_grad->dtype != args->output_dtype,
-                           MXFP8_ERR_DTYPE, "%s: input_grad (%s) and weight_grad (%s) must have output_dtype %s", fn,
-                           mxfp8_dtype_name(input_grad->dtype), mxfp8_dtype_name(weight_grad->dtype),
-                           mxfp8_dtype_name(args->output_dtype));
+    /* weight_grad may also be F32 (mixed precision: FP32 master weights); each output is rounded once to its own
+       dtype from its GEMM's FP32 result */
+    MXFP8I_RETURN_ERROR_IF(input_grad->dtype != args->output_dtype ||
+                               (weight_grad->dtype != args->output_dtype && weight_grad->dtype != MXFP8_DTYPE_F32),
+                           MXFP8_ERR_DTYPE,
+                           "%s: input_grad (%s) must have output_dtype %s, weight_grad (%s) output_dtype or f32", fn,
+                           mxfp8_dtype_name(input_grad->dtype), mxfp8_dtype_name(args->output_dtype),
+                           mxfp8_dtype_name(weight_grad->dtype));
     phase_config(args, args->input_grad_config, &j->cx);
     phase_config(args, args->weight_grad_config, &j->cw);
     if (args->input_grad_config)

@@ -126,6 +126,23 @@ static void test_backward(void) {
         if (dx[i] != -3) { FAIL("a failed backward call wrote input_grad"); break; }
     for (int64_t i = 0; i < N * K; i++)
         if (dw[i] != -3) { FAIL("a failed backward call wrote weight_grad"); break; }
+    /* mixed precision: output_dtype BF16 with an F32 weight_grad: dX is the F32 result (gx, checked above) rounded
+     * once to BF16, dW the F32 result itself; an F16 weight_grad, or an F32 input_grad, is still a DTYPE error */
+    uint16_t *dx16 = malloc(sizeof(uint16_t) * M * K);
+    mxfp8_matmul_bwd_args e = args;
+    e.output_dtype = MXFP8_DTYPE_BF16;
+    mxfp8_tensor t16 = mxfp8_tensor_make(dx16, MXFP8_DTYPE_BF16, 2, s_x);
+    if ((st = mxfp8_matmul_backward(&e, &t16, &tdw))) FAIL("backward, BF16 dX and F32 dW: %d %s", st, mxfp8_last_error_message());
+    for (int64_t i = 0; i < M * K; i++)
+        if (dx16[i] != mxfp8_fp32_to_bf16(gx[i])) { FAIL("BF16 dX [%lld] is not the F32 result rounded", (long long)i); break; }
+    if (memcmp(dw, gw, sizeof(float) * N * K)) FAIL("F32 dW beside a BF16 dX differs from the F32 result");
+    uint16_t *dw16 = malloc(sizeof(uint16_t) * N * K);
+    mxfp8_tensor t16w = mxfp8_tensor_make(dw16, MXFP8_DTYPE_F16, 2, s_w);
+    for (int c = 0; c < 2; c++) {
+        st = c == 0 ? mxfp8_matmul_backward(&e, &t16, &t16w) : mxfp8_matmul_backward(&e, &tdx, &tdw);
+        if (st != MXFP8_ERR_DTYPE) FAIL("backward with %s: status %d, want DTYPE", c ? "an F32 dX" : "an F16 dW", st);
+    }
+    free(dx16); free(dw16);
     free(dy); free(w); free(x); free(dx); free(dw); free(gx); free(gw);
 }
 

@@ -172,8 +172,8 @@ def matmul_into(x2, w, elem_dtype, scale_rule, out2):
 
 
 def matmul_backward_into(dy2, w, x2, elem_dtype, scale_rule, dx2, dw):
-    """dx2 [M, K] = dy2 [M, N] @ w [N, K]; dw [N, K] = dy2^T @ x2 [M, K] (mxfp8_matmul_backward); dx2, dw of one
-    float dtype."""
+    """dx2 [M, K] = dy2 [M, N] @ w [N, K]; dw [N, K] = dy2^T @ x2 [M, K] (mxfp8_matmul_backward); dw of dx2's float
+    dtype or float32."""
     a = _mm._BwdArgs()
     _lib.function("mxfp8_matmul_bwd_args_init")(ctypes.byref(a))
     a.output_grad = view(dy2, "grad_output")

@@ -221,11 +221,13 @@ def _linear_backward_impl(grad_output, input, weight, elem_dtype, scale_rule, gr
     N, K = weight.shape
     dy2, x2 = _rows(grad_output, N), _rows(input, K)
     gi2 = _out_rows(grad_input, K, "grad_input")
-    if gi2.dtype == grad_weight.dtype:
+    if gi2.dtype == grad_weight.dtype or grad_weight.dtype == torch.float32:
+        # the library rounds each gradient once to its own dtype; an FP32 weight gradient (FP32 master weights) may
+        # sit beside a BF16/F16 input gradient
         B.matmul_backward_into(dy2, weight, x2, elem_dtype, scale_rule, gi2, grad_weight)
         return
-    # the library writes both gradients in one dtype: compute in FP32 and round each once to its own dtype
-    # (RNE from the FP32 result, the same rounding the library applies)
+    # a BF16/F16 weight gradient beside an input gradient of another dtype: compute in FP32 and round each once to
+    # its own dtype (RNE from the FP32 result, the same rounding the library applies)
     gi_acc = gi2 if gi2.dtype == torch.float32 else _buffers.empty(gi2.shape, torch.float32)
     gw_acc = grad_weight if grad_weight.dtype == torch.float32 else _buffers.empty(grad_weight.shape, torch.float32)
     B.matmul_backward_into(dy2, weight, x2, elem_dtype, scale_rule, gi_acc, gw_acc)
