@@ -590,6 +590,19 @@ MXFP8_API mxfp8_status mxfp8_gemm(const mxfp8_operand *a, const mxfp8_operand *b
 MXFP8_API mxfp8_status mxfp8_matmul(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
                                     const mxfp8_matmul_config *config, mxfp8_tensor *output);
 
+/** Forward of a linear layer with a bias (ours: the matmul_mxfp8 page has none), Y[M, N] = X[M, K] @ W[N, K]^T + b:
+ *  each element is mxfp8_matmul's sum (the FP32 fmaf chain over k ascending from +0), plus bias[n] in one FP32
+ *  addition, rounded once (RNE) to output's dtype -- the bits of mxfp8_matmul into an F32 output, then an FP32
+ *  addition of the bias, then one rounding (torch's `(y32 + b.float()).to(dtype)`), without the F32 output's
+ *  round trip through memory.
+ *  bias: NULL or an absent view (data NULL) for none (then exactly mxfp8_matmul), else [N] F32, BF16 or F16, any
+ *  stride. Other arguments as mxfp8_matmul; K = 0 gives bias[n] (+0 + bias[n]).
+ *  Errors: those of mxfp8_matmul; DTYPE (bias not F32/BF16/F16), SHAPE_MISMATCH (bias not rank 1 of length N),
+ *  ALIASING (output overlaps bias); nothing is written then. */
+MXFP8_API mxfp8_status mxfp8_linear(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
+                                    const mxfp8_tensor *bias, const mxfp8_matmul_config *config,
+                                    mxfp8_tensor *output);
+
 /** All parameters of matmul_mxfp8_backward [NKI-M], with the NKI page's names (fields marked "ours" are additions). */
 typedef struct mxfp8_matmul_bwd_args {
     mxfp8_tensor output_grad;        /**< dY [M, N]: F32/BF16/F16, or codes (E4M3/E5M2/U8 [M, N], U32 x4 packed
@@ -1160,6 +1173,11 @@ MXFP8_API mxfp8_status mxfp8_gemm_validate(const mxfp8_operand *a, const mxfp8_o
 MXFP8_API mxfp8_status mxfp8_matmul_validate(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
                                              const mxfp8_matmul_config *config, const mxfp8_tensor *output,
                                              size_t *workspace_bytes);
+/** The checks of mxfp8_linear; *workspace_bytes as for mxfp8_gemm_validate (with the bias's FP32 copy). Errors: those
+ *  of mxfp8_linear. */
+MXFP8_API mxfp8_status mxfp8_linear_validate(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
+                                             const mxfp8_tensor *bias, const mxfp8_matmul_config *config,
+                                             const mxfp8_tensor *output, size_t *workspace_bytes);
 /** The checks of mxfp8_matmul_backward; *workspace_bytes: both GEMMs' buffers (dgrad and wgrad share them), dY's
  *  FP32 copy [M, N] when dY is pre-quantized or swizzled, and the statistics pass's scratch when args->stats is
  *  set. Errors: those of mxfp8_matmul_backward. */

@@ -25,8 +25,9 @@ from . import _lib
 
 __all__ = ["collect_stats", "StatsCollector"]
 
-_MATMUL_OPERANDS = {"mxfp8_gemm": ("a", "b"), "mxfp8_matmul": ("input_activation", "weights")}
-_KIND = {"mxfp8_quantize": "quantize", "mxfp8_gemm": "gemm", "mxfp8_matmul": "matmul",
+_MATMUL_OPERANDS = {"mxfp8_gemm": ("a", "b"), "mxfp8_matmul": ("input_activation", "weights"),
+                    "mxfp8_linear": ("input_activation", "weights")}
+_KIND = {"mxfp8_quantize": "quantize", "mxfp8_gemm": "gemm", "mxfp8_matmul": "matmul", "mxfp8_linear": "matmul",
          "mxfp8_matmul_backward": "matmul_backward", "mxfp8_moe_forward": "moe_forward",
          "mxfp8_moe_backward": "moe_backward"}
 _SUMMED = ("elements", "groups", "saturated", "flushed_to_zero", "subnormal", "nonfinite_groups", "zero_groups",

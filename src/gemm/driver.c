@@ -13,8 +13,9 @@
  *      (tile_m x tile_n x tile_k) run in tile_loop_order; each tile runs the microkernel over its MR x NR register
  *      tiles, accumulating in the owner's FP32 block buffer. k is ascending in every loop order, so the FP32 sum of
  *      every element is the same sequence of fused multiply-adds whatever the order, blocking or thread count.
- *   4. Epilogue: the owner rounds its block once to C's dtype (RNE), or adds it to C (accumulate, F32). A plain
- *      F32 C with unit column stride needs none: the kernel accumulates in C itself (reloading a sum is exact).
+ *   4. Epilogue: the owner rounds its block once to C's dtype (RNE), or adds it to C (accumulate, F32); with a bias
+ *      (mxfp8_linear) each sum + bias[n] first, one FP32 addition. A plain F32 C with unit column stride and no bias
+ *      needs none: the kernel accumulates in C itself (reloading a sum is exact).
  * Every GEMM thread runs under IEEE MXCSR defaults (src/runtime/fenv.h): the FP32 kernels' FMAs, the epilogue's
  * additions and conversions would otherwise follow a fast-math or flush-denormals caller.
  */
@@ -38,6 +39,7 @@ struct gemm_ctx {
     mxfp8i_add_f32_fn add_f32;    /* and its FP32 accumulation (epilogue with accumulate) */
     mxfp8i_copy_f32_fn copy_f32;  /* and its FP32 copy into an output written once (segmented, stream) */
     int accumulate;
+    const float *bias;            /* NULL, or [N] FP32 added once to every column's sum before its rounding */
     const mxfp8_tensor *c;
     int64_t M, N, K, MCb, NCb, MB, NB, ldcb;
     int64_t pa_stride, pb_stride; /* bytes between consecutive A / B panels */
@@ -167,10 +169,17 @@ static void loop_dims(mxfp8_loop_order o, int d[3]) { /* 0 = m, 1 = n, 2 = k; d[
     d[2] = tab[o][2];
 }
 
-/* Rows [m0, m1) x columns [n0, n1) of C from the block accumulators (row m at cb[(m - m0) * ldcb + (n - n0)]). */
-static void epilogue(const gemm_ctx *x, const float *cb, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+/* Rows [m0, m1) x columns [n0, n1) of C from the block accumulators (row m at cb[(m - m0) * ldcb + (n - n0)]; with a
+ * bias, each sum + bias[n] first, one FP32 addition, in place). */
+static void epilogue(const gemm_ctx *x, float *cb, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     const mxfp8_tensor *c = x->c;
     int64_t cs0 = c->strides[0], cs1 = c->strides[1], nn = n1 - n0;
+    if (x->bias) /* (never with accumulate) */
+        for (int64_t m = m0; m < m1; m++) {
+            float *r = cb + (m - m0) * x->ldcb;
+            const float *bn = x->bias + n0;
+            for (int64_t n = 0; n < nn; n++) r[n] = r[n] + bn[n];
+        }
     if (!x->accumulate && c->dtype == MXFP8_DTYPE_BF16 && cs1 == 1) { /* the common case: one call for all rows */
         x->to_bf16(cb, x->ldcb, (uint16_t *)c->data + m0 * cs0 + n0, cs0, m1 - m0, nn);
         return;
@@ -222,7 +231,7 @@ static void run_block(const gemm_ctx *x, int tid, int64_t mb, int64_t nb, int64_
     }
     /* An F32 C with unit column stride, not accumulated into, is the accumulator itself: the kernel's partial sums
      * go to C (reloading them is exact) and no epilogue copy is made. Otherwise the thread's block buffer. */
-    const int direct = !x->accumulate && x->c->dtype == MXFP8_DTYPE_F32 && x->c->strides[1] == 1;
+    const int direct = !x->accumulate && !x->bias && x->c->dtype == MXFP8_DTYPE_F32 && x->c->strides[1] == 1;
     float *cb = direct ? (float *)x->c->data + m0 * x->c->strides[0] + n0 : T_CBLK(x, tid);
     const int64_t ldc = direct ? x->c->strides[0] : x->ldcb;
     int64_t tm = cfg->tile_m, tn = cfg->tile_n, tk = cfg->tile_k;
@@ -324,12 +333,12 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
     }
 }
 
-static void write_zero_sum(const mxfp8_tensor *c, int64_t M, int64_t N, int accumulate) {
+static void write_zero_sum(const mxfp8_tensor *c, int64_t M, int64_t N, int accumulate, const float *bias) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             int64_t off = m * c->strides[0] + n * c->strides[1];
             if (accumulate) ((float *)c->data)[off] = ((float *)c->data)[off] + 0.0f;
-            else mxfp8i_store_f32(c->data, c->dtype, off, 0.0f);
+            else mxfp8i_store_f32(c->data, c->dtype, off, bias ? 0.0f + bias[n] : 0.0f);
         }
 }
 
@@ -445,20 +454,25 @@ static bool prepare(gemm_ctx *x, mxfp8_matmul_config *cfg, gemm_sizes *z, const 
 }
 
 static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
-                                int accumulate, const mxfp8_tensor *c, int num_threads);
+                                int accumulate, const float *bias, const mxfp8_tensor *c, int num_threads);
 
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads) {
+    return mxfp8i_gemm_gop_bias(a, b, config, accumulate, NULL, c, num_threads);
+}
+
+mxfp8_status mxfp8i_gemm_gop_bias(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
+                                  int accumulate, const float *bias, const mxfp8_tensor *c, int num_threads) {
     /* The buffers come from the open scope's arena (a private one when this GEMM runs alone). */
     mxfp8i_scope scope;
     if (mxfp8i_scope_begin(&scope, NULL)) return MXFP8_ERR_OUT_OF_MEMORY;
-    mxfp8_status st = gemm_scoped(a, b, config, accumulate, c, num_threads);
+    mxfp8_status st = gemm_scoped(a, b, config, accumulate, bias, c, num_threads);
     mxfp8i_scope_end(&scope);
     return st;
 }
 
 static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
-                                int accumulate, const mxfp8_tensor *c, int num_threads) {
+                                int accumulate, const float *bias, const mxfp8_tensor *c, int num_threads) {
     int64_t M = a->R, N = b->R, K = a->K;
     /* A pending B key applies to this GEMM only, and only when its B operand is the one it was given for. */
     uint64_t bkey = 0;
@@ -466,7 +480,7 @@ static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const 
     if (M == 0 || N == 0) return MXFP8_OK;
     if (K == 0) {
         unsigned csr = mxfp8i_fenv_enter();
-        write_zero_sum(c, M, N, accumulate);
+        write_zero_sum(c, M, N, accumulate, bias);
         mxfp8i_fenv_leave(csr);
         return MXFP8_OK;
     }
@@ -479,6 +493,7 @@ static mxfp8_status gemm_scoped(const mxfp8i_gop *a, const mxfp8i_gop *b, const 
     x.a = a;
     x.b = b;
     x.accumulate = accumulate;
+    x.bias = bias;
     x.c = c;
     if (!get_buffers(&x, &z, kslot, bkey)) return MXFP8_ERR_OUT_OF_MEMORY;
     run_threads(&x);

@@ -104,6 +104,10 @@ mxfp8_status mxfp8i_gop_from_operand(const char *fn, const char *name, const mxf
  *  is untouched). */
 mxfp8_status mxfp8i_gemm_gop(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
                              int accumulate, const mxfp8_tensor *c, int num_threads);
+/** mxfp8i_gemm_gop with a bias (accumulate 0): each element's sum + bias[n] (FP32 [b.R], contiguous; one FP32
+ *  addition after the chain), then rounded once to C's dtype (mxfp8_linear). bias NULL: mxfp8i_gemm_gop. */
+mxfp8_status mxfp8i_gemm_gop_bias(const mxfp8i_gop *a, const mxfp8i_gop *b, const mxfp8_matmul_config *config,
+                                  int accumulate, const float *bias, const mxfp8_tensor *c, int num_threads);
 
 /* Scratch: every buffer of a GEMM is a slot of the calling thread's open workspace scope
  * (src/runtime/workspace.h; a private scope when none is open), so the GEMMs of one public call, and the calls of

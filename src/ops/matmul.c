@@ -106,6 +106,7 @@ typedef struct gemm_job {
     mxfp8i_gop ga, gb;
     int stats; /* an operand's statistics are asked for */
     op_stats os;
+    const mxfp8_tensor *bias; /* mxfp8_linear's bias [N], or NULL */
 } gemm_job;
 
 /* Every check of mxfp8_gemm / mxfp8_matmul, before anything is written (shared by the calls and their _validate). */
@@ -165,6 +166,25 @@ static mxfp8_status gemm_validate(const char *fn, const char *na, const mxfp8_op
     j->os.n = 2;
     j->ga.stats = stats_request(&j->os, 0, a->stats);
     j->gb.stats = stats_request(&j->os, 1, b->stats);
+    j->bias = NULL;
+    return MXFP8_OK;
+}
+
+/* mxfp8_linear's checks beyond mxfp8_matmul's: the bias absent (NULL or data NULL), or [N] F32/BF16/F16 elements
+ * not overlapping the output. */
+static mxfp8_status linear_validate(const char *fn, const mxfp8_operand *a, const mxfp8_operand *b,
+                                    const mxfp8_tensor *bias, const mxfp8_matmul_config *config, const mxfp8_tensor *c,
+                                    gemm_job *j) {
+    MXFP8I_FORWARD_IF_ERROR(gemm_validate(fn, "input_activation", a, "weights", b, config, 0, "output", c, j));
+    if (!bias || !bias->data) return MXFP8_OK;
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "bias", bias, 1));
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_check_dtype(fn, "bias", bias, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
+    MXFP8I_RETURN_ERROR_IF(bias->shape[0] != j->gb.R, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: bias has %lld elements, expected N = %lld (weights' rows)", fn,
+                           (long long)bias->shape[0], (long long)j->gb.R);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "output", c, "bias", bias));
+    j->bias = bias;
     return MXFP8_OK;
 }
 
@@ -176,6 +196,34 @@ static mxfp8_status gemm_reserve_job(const void *p) {
                            "%s: out of memory for the statistics pass", j->fn);
     MXFP8I_RETURN_ERROR_IF(mxfp8i_gemm_reserve(j->ga.R, j->gb.R, j->ga.K, &j->cfg, nt, -1), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: out of memory for the packed operands", j->fn);
+    MXFP8I_RETURN_ERROR_IF(j->bias && !mxfp8i_ws_get(MXFP8I_WS_LINEAR_BIAS, (size_t)(j->gb.R + 1) * sizeof(float)),
+                           MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the bias", j->fn);
+    return MXFP8_OK;
+}
+
+/* A validated GEMM job run: its buffers, the statistics pass, the GEMM (with the bias, FP32, when it has one). */
+static mxfp8_status gemm_run(const char *fn, gemm_job *j, int accumulate, mxfp8_tensor *c) {
+    mxfp8_status st;
+    const mxfp8i_gop *ops[2] = {&j->ga, &j->gb};
+    mxfp8i_scope scope;
+    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, j->cfg.workspace), MXFP8_ERR_OUT_OF_MEMORY,
+                           "%s: out of memory for the workspace", fn);
+    st = mxfp8i_ws_plan(fn, gemm_reserve_job, j, NULL);
+    if (!st && j->stats) st = stats_collect(fn, ops, 2);
+    if (st) {
+        mxfp8i_scope_end(&scope);
+        return st;
+    }
+    float *bias = NULL;
+    if (j->bias) { /* its FP32 values, contiguous (reserved above) */
+        bias = (float *)mxfp8i_ws_get(MXFP8I_WS_LINEAR_BIAS, (size_t)(j->gb.R + 1) * sizeof(float));
+        for (int64_t n = 0; n < j->gb.R; n++)
+            bias[n] = mxfp8i_load_f32(j->bias->data, j->bias->dtype, n * j->bias->strides[0]);
+    }
+    st = mxfp8i_gemm_gop_bias(&j->ga, &j->gb, &j->cfg, accumulate, bias, c, mxfp8i_num_threads());
+    mxfp8i_scope_end(&scope);
+    MXFP8I_RETURN_ERROR_IF(st, st, "%s: out of memory for the packed operands", fn);
+    stats_export(&j->os);
     return MXFP8_OK;
 }
 
@@ -185,21 +233,7 @@ static mxfp8_status gemm_checked(const char *fn, const char *na, const mxfp8_ope
     gemm_job j;
     mxfp8_status st = gemm_validate(fn, na, a, nb, b, config, accumulate, nc, c, &j);
     if (st) return st;
-    const mxfp8i_gop *ops[2] = {&j.ga, &j.gb};
-    mxfp8i_scope scope;
-    MXFP8I_RETURN_ERROR_IF(mxfp8i_scope_begin(&scope, j.cfg.workspace), MXFP8_ERR_OUT_OF_MEMORY,
-                           "%s: out of memory for the workspace", fn);
-    st = mxfp8i_ws_plan(fn, gemm_reserve_job, &j, NULL);
-    if (!st && j.stats) st = stats_collect(fn, ops, 2);
-    if (st) {
-        mxfp8i_scope_end(&scope);
-        return st;
-    }
-    st = mxfp8i_gemm_gop(&j.ga, &j.gb, &j.cfg, accumulate, c, mxfp8i_num_threads());
-    mxfp8i_scope_end(&scope);
-    MXFP8I_RETURN_ERROR_IF(st, st, "%s: out of memory for the packed operands", fn);
-    stats_export(&j.os);
-    return MXFP8_OK;
+    return gemm_run(fn, &j, accumulate, c);
 }
 
 /* The _validate entries: the call's checks, then its workspace size (the same reservation, on a sizing arena). */
@@ -231,6 +265,28 @@ mxfp8_status mxfp8_matmul(const mxfp8_operand *input_activation, const mxfp8_ope
     mxfp8i_clear_error();
     return gemm_checked("mxfp8_matmul", "input_activation", input_activation, "weights", weights, config, 0, "output",
                         output);
+}
+
+mxfp8_status mxfp8_linear(const mxfp8_operand *input_activation, const mxfp8_operand *weights, const mxfp8_tensor *bias,
+                          const mxfp8_matmul_config *config, mxfp8_tensor *output) {
+    static const char *fn = "mxfp8_linear";
+    mxfp8i_clear_error();
+    gemm_job j;
+    MXFP8I_FORWARD_IF_ERROR(linear_validate(fn, input_activation, weights, bias, config, output, &j));
+    return gemm_run(fn, &j, 0, output);
+}
+
+mxfp8_status mxfp8_linear_validate(const mxfp8_operand *input_activation, const mxfp8_operand *weights,
+                                   const mxfp8_tensor *bias, const mxfp8_matmul_config *config,
+                                   const mxfp8_tensor *output, size_t *workspace_bytes) {
+    static const char *fn = "mxfp8_linear";
+    mxfp8i_clear_error();
+    gemm_job j;
+    size_t bytes = 0;
+    mxfp8_status st = linear_validate(fn, input_activation, weights, bias, config, output, &j);
+    if (!st) st = mxfp8i_ws_plan(fn, gemm_reserve_job, &j, &bytes);
+    if (workspace_bytes) *workspace_bytes = st ? 0 : bytes;
+    return st;
 }
 
 mxfp8_status mxfp8_matmul_validate(const mxfp8_operand *input_activation, const mxfp8_operand *weights,

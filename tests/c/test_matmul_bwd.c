@@ -5,6 +5,8 @@
  *     kernel and every usable kernel forced, against the tests' independent oracle (tests/c/oracle/: each operand
  *     quantized along its contraction axis, the fmaf chain), and against the two mxfp8_gemm calls it stands for.
  *  2. Errors of mxfp8_gemm and mxfp8_matmul_backward: status codes, a message, and the outputs untouched.
+ *  3. mxfp8_linear: mxfp8_matmul's F32 result plus the bias in one FP32 addition, rounded once to each output dtype;
+ *     no bias = mxfp8_matmul; K = 0; its errors.
  */
 #include "gemm_util.h"
 
@@ -220,8 +222,102 @@ static void test_backward_oracle(void) {
     free(dy); free(w); free(x); free(dyq); free(ox); free(ow); free(dx); free(dw); free(codes); free(sc);
 }
 
+/* mxfp8_linear = mxfp8_matmul into F32, + bias[n] (FP32), rounded once to the output's dtype (the library's codecs,
+ * checked against ml_dtypes by the Python tests). */
+static void test_linear(void) {
+    const int64_t M = 37, N = 70, K = 45;
+    uint16_t *x = malloc(2 * M * K), *y16 = malloc(2 * M * N), *b16 = malloc(2 * 2 * N);
+    float *w = malloc(4 * N * K), *y32 = malloc(4 * M * N), *ref = malloc(4 * M * N), *yf = malloc(4 * M * N);
+    float *b32 = malloc(4 * N);
+    for (int64_t i = 0; i < M * K; i++) x[i] = mxfp8_fp32_to_bf16(nrand());
+    for (int64_t i = 0; i < N * K; i++) w[i] = nrand();
+    for (int64_t n = 0; n < N; n++) {
+        b32[n] = n == 3 ? -0.0f : nrand() * 4; /* a -0 bias: chain + -0 */
+        b16[2 * n] = mxfp8_fp32_to_bf16(b32[n]), b16[2 * n + 1] = 0x7FC0; /* strided BF16 copy, NaN between */
+    }
+    int64_t s_x[2] = {M, K}, s_w[2] = {N, K}, s_y[2] = {M, N}, s_b[1] = {N};
+    mxfp8_operand a = {0}, b = {0};
+    a.values = mxfp8_tensor_make(x, MXFP8_DTYPE_BF16, 2, s_x);
+    b.values = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, s_w);
+    mxfp8_matmul_config cfg;
+    mxfp8_matmul_config_init(&cfg);
+    cfg.float8_dtype = MXFP8_FMT_E4M3;
+    mxfp8_tensor t32 = mxfp8_tensor_make(y32, MXFP8_DTYPE_F32, 2, s_y);
+    mxfp8_tensor tf = mxfp8_tensor_make(yf, MXFP8_DTYPE_F32, 2, s_y);
+    mxfp8_status st = mxfp8_matmul(&a, &b, &cfg, &t32);
+    if (st) FAIL("matmul: %d %s", st, mxfp8_last_error_message());
+    mxfp8_tensor bias32 = mxfp8_tensor_make(b32, MXFP8_DTYPE_F32, 1, s_b);
+    mxfp8_tensor bias16 = mxfp8_tensor_make(b16, MXFP8_DTYPE_BF16, 1, s_b);
+    bias16.strides[0] = 2;
+    for (int bi = 0; bi < 2; bi++) {
+        const mxfp8_tensor *bias = bi ? &bias16 : &bias32;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                const float bv = bi ? mxfp8_bf16_to_fp32(b16[2 * n]) : b32[n];
+                ref[m * N + n] = y32[m * N + n] + bv;
+            }
+        if ((st = mxfp8_linear(&a, &b, bias, &cfg, &tf))) FAIL("linear F32: %d %s", st, mxfp8_last_error_message());
+        if (memcmp(yf, ref, 4 * M * N)) FAIL("linear F32 (bias %d) is not the matmul + bias", bi);
+        for (int dt = 0; dt < 2; dt++) {
+            mxfp8_tensor t16 = mxfp8_tensor_make(y16, dt ? MXFP8_DTYPE_F16 : MXFP8_DTYPE_BF16, 2, s_y);
+            if ((st = mxfp8_linear(&a, &b, bias, &cfg, &t16)))
+                FAIL("linear 16-bit: %d %s", st, mxfp8_last_error_message());
+            for (int64_t i = 0; i < M * N; i++) {
+                const uint16_t want = dt ? mxfp8_fp32_to_fp16(ref[i]) : mxfp8_fp32_to_bf16(ref[i]);
+                if (y16[i] != want) {
+                    FAIL("linear %s (bias %d) [%lld] not rounded once from matmul + bias", dt ? "F16" : "BF16", bi,
+                         (long long)i);
+                    break;
+                }
+            }
+        }
+    }
+    /* no bias (NULL or an absent view): mxfp8_matmul's bits, -0 sums included */
+    mxfp8_tensor none = {0};
+    for (int c = 0; c < 2; c++) {
+        if ((st = mxfp8_linear(&a, &b, c ? &none : NULL, &cfg, &tf))) FAIL("linear without bias: %d", st);
+        if (memcmp(yf, y32, 4 * M * N))
+            FAIL("linear without bias (%s) differs from mxfp8_matmul", c ? "absent view" : "NULL");
+    }
+    /* K = 0: +0 + bias */
+    int64_t s_x0[2] = {M, 0}, s_w0[2] = {N, 0};
+    mxfp8_operand a0 = a, b0 = b;
+    a0.values = mxfp8_tensor_make(x, MXFP8_DTYPE_BF16, 2, s_x0);
+    b0.values = mxfp8_tensor_make(w, MXFP8_DTYPE_F32, 2, s_w0);
+    if ((st = mxfp8_linear(&a0, &b0, &bias32, &cfg, &tf))) FAIL("linear K = 0: %d %s", st, mxfp8_last_error_message());
+    for (int64_t i = 0; i < M * N; i++)
+        if (memcmp(&yf[i], &(float){0.0f + b32[i % N]}, 4)) {
+            FAIL("linear K = 0 [%lld] is not +0 + bias", (long long)i);
+            break;
+        }
+    /* errors: status, a message, the output untouched */
+    for (int64_t i = 0; i < M * N; i++) yf[i] = -5;
+    int64_t s_b2[2] = {1, N}, s_b1[1] = {N + 1}, s_bo[1] = {N};
+    mxfp8_tensor e_rank = mxfp8_tensor_make(b32, MXFP8_DTYPE_F32, 2, s_b2);
+    mxfp8_tensor e_len = mxfp8_tensor_make(b32, MXFP8_DTYPE_F32, 1, s_b1);
+    mxfp8_tensor e_dt = mxfp8_tensor_make(b16, MXFP8_DTYPE_U8, 1, s_b);
+    mxfp8_tensor e_alias = mxfp8_tensor_make(yf + 5, MXFP8_DTYPE_F32, 1, s_bo);
+    struct { const char *what; const mxfp8_tensor *bias; mxfp8_status want; } cs[4] = {
+        {"bias of rank 2", &e_rank, MXFP8_ERR_SHAPE_MISMATCH}, {"bias of N + 1", &e_len, MXFP8_ERR_SHAPE_MISMATCH},
+        {"bias of u8", &e_dt, MXFP8_ERR_DTYPE}, {"bias overlapping the output", &e_alias, MXFP8_ERR_ALIASING}};
+    for (int c = 0; c < 4; c++) {
+        size_t bytes = 1;
+        if ((st = mxfp8_linear(&a, &b, cs[c].bias, &cfg, &tf)) != cs[c].want)
+            FAIL("linear error '%s': status %d, want %d", cs[c].what, st, cs[c].want);
+        else if (!*mxfp8_last_error_message()) FAIL("linear error '%s': no message", cs[c].what);
+        if (mxfp8_linear_validate(&a, &b, cs[c].bias, &cfg, &tf, &bytes) != cs[c].want || bytes != 0)
+            FAIL("linear_validate '%s': not the call's status, or bytes not 0", cs[c].what);
+    }
+    for (int64_t i = 0; i < M * N; i++)
+        if (yf[i] != -5) { FAIL("a failed linear call wrote the output"); break; }
+    size_t bytes = 0;
+    if (mxfp8_linear_validate(&a, &b, &bias16, &cfg, &tf, &bytes) || bytes == 0) FAIL("linear_validate: no bytes");
+    free(x); free(y16); free(b16); free(w); free(y32); free(ref); free(yf); free(b32);
+}
+
 int main(void) {
     test_errors();
+    test_linear();
     test_backward();
     test_backward_oracle();
     if (failures) {

@@ -156,10 +156,10 @@ def test_linear_zero_copy_and_out(rng, monkeypatch):
     rec = ViewRecorder(monkeypatch)
     out = torch.empty(48, 40, dtype=torch.bfloat16).t()  # [40, 48] non-contiguous
     assert mt.linear(x, w, out=out, recipe="nki") is out
-    va, vb = rec.last("mxfp8_matmul")[0].values, rec.last("mxfp8_matmul")[1].values
+    va, vb = rec.last("mxfp8_linear")[0].values, rec.last("mxfp8_linear")[1].values
     assert_view_of(va, x)
     assert_view_of(vb, w)
-    assert_view_of(rec.last("mxfp8_matmul")[3], out)
+    assert_view_of(rec.last("mxfp8_linear")[4], out)
     assert same_bits(out.contiguous(), _np_linear(x, w, None, "nki"))
     dy = randn(rng, 40, 48, dtype=torch.bfloat16)
     gi, gw = torch.empty_like(x), torch.empty_like(w)
@@ -180,7 +180,7 @@ def test_linear_nd_input_flattens_without_copy(rng, monkeypatch):
     w = randn(rng, 24, 40)
     rec = ViewRecorder(monkeypatch)
     y = mt.linear(x, w)
-    v = rec.last("mxfp8_matmul")[0].values
+    v = rec.last("mxfp8_linear")[0].values
     assert v.data == x.data_ptr() and (v.shape[0], v.strides[0]) == (18, 48)
     assert same_bits(y.reshape(18, 24), mt.linear(x.reshape(18, 40).contiguous(), w))
     xt = base.transpose(0, 2)[..., :40]  # [3, 3, 2, 40]: needs a copy to flatten, same result

@@ -171,6 +171,16 @@ def matmul_into(x2, w, elem_dtype, scale_rule, out2):
     invoke("mxfp8_matmul", ctypes.byref(a), ctypes.byref(b), ctypes.byref(c), ctypes.byref(vo))
 
 
+def linear_into(x2, w, bias, elem_dtype, scale_rule, out2):
+    """out2 [M, N] = x2 [M, K] @ w [N, K]^T + bias [N] (mxfp8_linear: the FP32 sum plus the bias in one FP32
+    addition, rounded once to out2's dtype); bias None: mxfp8_matmul's result."""
+    a, b = _mm._Operand(), _mm._Operand()
+    a.values, b.values = view(x2, "input"), view(w, "weight")
+    c = _matmul_config(elem_dtype, scale_rule)
+    vb, vo = opt_view(bias, "bias"), view(out2, "out")
+    invoke("mxfp8_linear", ctypes.byref(a), ctypes.byref(b), ctypes.byref(vb), ctypes.byref(c), ctypes.byref(vo))
+
+
 def matmul_backward_into(dy2, w, x2, elem_dtype, scale_rule, dx2, dw):
     """dx2 [M, K] = dy2 [M, N] @ w [N, K]; dw [N, K] = dy2^T @ x2 [M, K] (mxfp8_matmul_backward); dw of dx2's float
     dtype or float32."""

@@ -182,15 +182,8 @@ def _linear_impl(input, weight, bias, elem_dtype, scale_rule, out):
     N, K = weight.shape
     x2 = _rows(input, K)
     o2 = _out_rows(out, N, "out")
-    if bias is None:
-        B.matmul_into(x2, weight, elem_dtype, scale_rule, o2)
-        return
-    # the bias is added to the FP32 GEMM result, then rounded once to the output dtype
-    acc = o2 if o2.dtype == torch.float32 else _buffers.empty(o2.shape, torch.float32)
-    B.matmul_into(x2, weight, elem_dtype, scale_rule, acc)
-    acc.add_(bias.to(torch.float32))
-    if acc is not o2:
-        o2.copy_(acc)
+    # the library adds the bias to each FP32 sum and rounds once to the output dtype (mxfp8_linear)
+    B.linear_into(x2, weight, bias, elem_dtype, scale_rule, o2)
 
 
 @_lib.custom_op("mxfp8::linear", mutates_args=())
