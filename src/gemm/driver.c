@@ -119,7 +119,7 @@ static int pack_grouped(const gemm_ctx *x, const mxfp8i_gop *op) {
            op->rc.group == MXFP8_GROUP_1X32 && op->s0 == 1 && op->s1 > 1;
 }
 
-/* How many consecutive panels of np a thread packs at a time when nt threads share them round-robin: PACK_GROUP for
+/* How many consecutive panels of np a thread packs at a time when nt threads share them: PACK_GROUP for
  * grouped operands (fewer when that would leave a thread without panels), else 1. Speed only. */
 static int64_t pack_step(const gemm_ctx *x, const mxfp8i_gop *op, int64_t np, int nt) {
     if (!pack_grouped(x, op)) return 1;
@@ -314,8 +314,11 @@ static void thread_body(const gemm_ctx *x, int tid, int nt) {
             char *buf = x->ash[mb & 1];
             const int64_t pm = m0 / uk->mr;
             const int64_t g = pack_step(x, x->a, np, nt);
-            for (int64_t p = tid * g; p < np; p += nt * g)
-                pack_panels(x, tid, x->a, 0, pm + p, pm + (p + g < np ? p + g : np), buf + p * x->pa_stride,
+            /* each thread a contiguous range of the row's panels: the rows a caller's own threads wrote, split the
+               same way (the MoE's elementwise work splits positions so), are read from this thread's cache */
+            const int64_t q0 = np * tid / nt, q1 = np * (tid + 1) / nt;
+            for (int64_t p = q0; p < q1; p += g)
+                pack_panels(x, tid, x->a, 0, pm + p, pm + (p + g < q1 ? p + g : q1), buf + p * x->pa_stride,
                             x->pa_stride);
 #ifdef _OPENMP
             if (nt > 1) {
