@@ -162,15 +162,6 @@ def _matmul_config(elem_dtype, scale_rule):
     return c
 
 
-def matmul_into(x2, w, elem_dtype, scale_rule, out2):
-    """out2 [M, N] = x2 [M, K] @ w [N, K]^T, both MX-quantized along K (mxfp8_matmul)."""
-    a, b = _mm._Operand(), _mm._Operand()
-    a.values, b.values = view(x2, "input"), view(w, "weight")
-    c = _matmul_config(elem_dtype, scale_rule)
-    vo = view(out2, "out")
-    invoke("mxfp8_matmul", ctypes.byref(a), ctypes.byref(b), ctypes.byref(c), ctypes.byref(vo))
-
-
 def linear_into(x2, w, bias, elem_dtype, scale_rule, out2):
     """out2 [M, N] = x2 [M, K] @ w [N, K]^T + bias [N] (mxfp8_linear: the FP32 sum plus the bias in one FP32
     addition, rounded once to out2's dtype); bias None: mxfp8_matmul's result."""
