@@ -118,7 +118,7 @@ static void read_ck_span(const mxfp8i_moe_bwd *w, int k, int64_t n, int64_t q0, 
 }
 
 /* Whether the activation backward reads g, u, act(g) and inter from their checkpoints itself, a span of positions at
- * a time into the thread's rows of those buffers, just before it uses them (ck_span): where all four checkpoints
+ * a time into the thread's rows of those buffers, just before it uses them (read_ck_span): where all four checkpoints
  * are given (the forward rows then compute nothing) and nothing else reads those rows (AFFINITY_ON_I: Phase 4 takes
  * S). Else forward_values reads every given checkpoint up front, and the [positions, I] rows come back from memory
  * after Phase 1. The same values either way. */
