@@ -25,7 +25,7 @@ def test_train_step_reports_ratio_and_breakdown(tmp_path):
             assert d[run][key] >= 0
     assert d["bf16"]["library"] == 0  # the BF16 model makes no library call
     calls = d["mxfp8"]["library_by_call"]
-    assert {"mxfp8_moe_forward", "mxfp8_moe_backward", "mxfp8_matmul", "mxfp8_matmul_backward"} <= set(calls)
+    assert {"mxfp8_moe_forward", "mxfp8_moe_backward", "mxfp8_linear", "mxfp8_matmul_backward"} <= set(calls)
     assert abs(d["ratio_bf16_over_mxfp8"] - d["bf16"]["step"] / d["mxfp8"]["step"]) < 1e-9
     assert d["mxfp8"]["library"] <= d["mxfp8"]["forward_backward"] + 1e-6
 
