@@ -177,15 +177,15 @@ static mxfp8_status linear_validate(const char *fn, const mxfp8_operand *a, cons
                                     gemm_job *j) {
     MXFP8I_FORWARD_IF_ERROR(gemm_validate(fn, "input_activation", a, "weights", b, config, 0, "output", c, j));
     if (!bias || !bias->data) return MXFP8_OK;
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "bias", bias, 1));
-    MXFP8I_FORWARD_IF_ERROR(
-        mxfp8i_check_dtype(fn, "bias", bias, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
-    MXFP8I_RETURN_ERROR_IF(bias->shape[0] != j->gb.R, MXFP8_ERR_SHAPE_MISMATCH,
-                           "%s: bias has %lld elements, expected N = %lld (weights' rows)", fn,
-                           (long long)bias->shape[0], (long long)j->gb.R);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_bias(fn, bias, j->gb.R, "N", "weights' rows"));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "output", c, "bias", bias));
     j->bias = bias;
     return MXFP8_OK;
+}
+
+/* mxfp8_linear's bias in FP32, contiguous: [N] floats of its workspace slot (NULL when it cannot be had). */
+static float *linear_bias_buf(const gemm_job *j) {
+    return (float *)mxfp8i_ws_get(MXFP8I_WS_LINEAR_BIAS, (size_t)(j->gb.R + 1) * sizeof(float));
 }
 
 /* Every buffer of the call, obtained before the first store (mxfp8i_ws_plan): the statistics pass's, the GEMM's. */
@@ -196,7 +196,7 @@ static mxfp8_status gemm_reserve_job(const void *p) {
                            "%s: out of memory for the statistics pass", j->fn);
     MXFP8I_RETURN_ERROR_IF(mxfp8i_gemm_reserve(j->ga.R, j->gb.R, j->ga.K, &j->cfg, nt, -1), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: out of memory for the packed operands", j->fn);
-    MXFP8I_RETURN_ERROR_IF(j->bias && !mxfp8i_ws_get(MXFP8I_WS_LINEAR_BIAS, (size_t)(j->gb.R + 1) * sizeof(float)),
+    MXFP8I_RETURN_ERROR_IF(j->bias && !linear_bias_buf(j),
                            MXFP8_ERR_OUT_OF_MEMORY, "%s: out of memory for the bias", j->fn);
     return MXFP8_OK;
 }
@@ -216,7 +216,7 @@ static mxfp8_status gemm_run(const char *fn, gemm_job *j, int accumulate, mxfp8_
     }
     float *bias = NULL;
     if (j->bias) { /* its FP32 values, contiguous (reserved above) */
-        bias = (float *)mxfp8i_ws_get(MXFP8I_WS_LINEAR_BIAS, (size_t)(j->gb.R + 1) * sizeof(float));
+        bias = linear_bias_buf(j);
         for (int64_t n = 0; n < j->gb.R; n++)
             bias[n] = mxfp8i_load_f32(j->bias->data, j->bias->dtype, n * j->bias->strides[0]);
     }

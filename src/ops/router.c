@@ -189,14 +189,7 @@ mxfp8_status mxfp8_router_linear(const mxfp8_tensor *input, const mxfp8_tensor *
                            "%s: weight [E, H] = [%lld, %lld] does not match input [T, H] = [%lld, %lld] (H differs)",
                            fn, (long long)E, (long long)weight->shape[1], (long long)T, (long long)H);
     const int has_bias = bias && bias->data;
-    if (has_bias) {
-        MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "bias", bias, 1));
-        MXFP8I_FORWARD_IF_ERROR(
-            mxfp8i_check_dtype(fn, "bias", bias, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
-        MXFP8I_RETURN_ERROR_IF(bias->shape[0] != E, MXFP8_ERR_SHAPE_MISMATCH,
-                               "%s: bias has %lld elements, expected E = %lld (weight's rows)", fn,
-                               (long long)bias->shape[0], (long long)E);
-    }
+    if (has_bias) MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_bias(fn, bias, E, "E", "weight's rows"));
     MXFP8I_FORWARD_IF_ERROR(check_out(fn, "logits", logits, T, E, "[T, E]: input's rows, weight's rows"));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_dtype(fn, "logits", logits, 1, MXFP8_DTYPE_F32));
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_no_alias(fn, "logits", logits, "input", input));

@@ -111,6 +111,17 @@ mxfp8_status mxfp8i_check_rank(const char *fn, const char *name, const mxfp8_ten
     return MXFP8_OK;
 }
 
+mxfp8_status mxfp8i_check_bias(const char *fn, const mxfp8_tensor *bias, int64_t n, const char *n_name,
+                               const char *n_from) {
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_check_rank(fn, "bias", bias, 1));
+    MXFP8I_FORWARD_IF_ERROR(
+        mxfp8i_check_dtype(fn, "bias", bias, 3, MXFP8_DTYPE_F32, MXFP8_DTYPE_BF16, MXFP8_DTYPE_F16));
+    MXFP8I_RETURN_ERROR_IF(bias->shape[0] != n, MXFP8_ERR_SHAPE_MISMATCH,
+                           "%s: bias has %lld elements, expected %s = %lld (%s)", fn, (long long)bias->shape[0],
+                           n_name, (long long)n, n_from);
+    return MXFP8_OK;
+}
+
 mxfp8_status mxfp8i_check_dtype(const char *fn, const char *name, const mxfp8_tensor *t, int n, ...) {
     va_list ap;
     va_start(ap, n);

@@ -19,6 +19,10 @@ mxfp8_status mxfp8i_check_view(const char *fn, const char *name, const mxfp8_ten
 mxfp8_status mxfp8i_check_rank(const char *fn, const char *name, const mxfp8_tensor *t, int ndim);
 /** dtype must be one of the `n` listed. */
 mxfp8_status mxfp8i_check_dtype(const char *fn, const char *name, const mxfp8_tensor *t, int n, ...);
+/** A layer's given bias "bias": a 1-D F32, BF16 or F16 view of n elements; the length message names n as `n_name`
+ *  ("E", "N") and says where it comes from (`n_from`: "weight's rows"). */
+mxfp8_status mxfp8i_check_bias(const char *fn, const mxfp8_tensor *bias, int64_t n, const char *n_name,
+                               const char *n_from);
 /** Shapes must be equal (same ndim, same extents). */
 mxfp8_status mxfp8i_check_same_shape(const char *fn, const char *na, const mxfp8_tensor *a, const char *nb,
                                      const mxfp8_tensor *b);

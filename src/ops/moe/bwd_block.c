@@ -161,14 +161,15 @@ static void forward_rows(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t 
                        *ck_inter = &a->intermediate_checkpoint_T, *ck_s = &a->scaled_intermediate_checkpoint_T,
                        *ck_D = &a->down_proj_act_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
+    const int deferred = ck_deferred(w), no_act = act_in_sg(w);
     for (int64_t q = q0; q < q1; q++) {
         /* g, u in place in the checkpoint (only read: the row function writes them only when given GU) */
         float *g = w->gck ? (float *)(uintptr_t)(w->gck + q * w->gld) : w->g + q * I;
         float *u = w->gck ? (float *)(uintptr_t)(w->uck + q * w->gld) : w->u + q * I;
-        float *inter = w->inter + q * I, *act = act_in_sg(w) ? inter : w->act + q * I; /* (inter overwrites it) */
+        float *inter = w->inter + q * I, *act = no_act ? inter : w->act + q * I; /* (inter overwrites it) */
         float *S = w->onH ? NULL : w->S + q * I;
         if (tok[q] < 0) { /* padding: zeros (g, u in place and deferred rows are never read there: not written) */
-            const int own = !ck_deferred(w);
+            const int own = !deferred;
             float *rows[5] = {own && !w->gck ? g : NULL, own && !w->gck ? u : NULL, own ? act : NULL,
                               own ? inter : NULL, S};
             for (int k = 0; k < 5; k++)
@@ -176,7 +177,7 @@ static void forward_rows(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_t 
             if (w->onH) memset(w->D + q * H, 0, (size_t)H * sizeof(float));
             continue;
         }
-        if (ck_deferred(w)) continue; /* every value given: the forward row computes nothing */
+        if (deferred) continue; /* every value given: the forward row computes nothing */
         const float aq = mxfp8i_moe_aff(p, tok[q], e);
         mxfp8i_moe_fwd_row(c, I, ck_gu->data ? NULL : w->gu + q * I2, w->b1, g, u, act, ck_act->data != NULL, inter,
                            ck_inter->data != NULL, ck_s->data ? NULL : S, aq, w->have_sg ? w->sg + q * I : NULL);
@@ -258,7 +259,8 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
     const mxfp8_tensor *ck_down = &w->args->down_proj_output_checkpoint;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     const mxfp8i_dot_f64_fn dot = mxfp8i_kernels_get()->quant->dot_f64;
-    const int deferred = ck_deferred(w);
+    const int deferred = ck_deferred(w), no_act = act_in_sg(w);
+    float *const ckrow[4] = {w->g, w->u, w->act, w->inter}; /* the deferred reads' buffers */
     /* each thread on its positions, a span at a time (deferred reads: at most 16 positions, in one block, read into
        the thread's first rows: the transposing load's 16 x 16 tiles; 16 measured 0.96-0.99 of 32's backward time,
        64 1.01-1.03); affinity gradients 8 positions at a time (padding positions give 0) */
@@ -276,10 +278,7 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
                     c1 = t1 < next_b ? t1 : next_b;
                     c1 = c1 < next_16 ? c1 : next_16;
                     r = c0 - t0;
-                    for (int k = w->gck ? 2 : 0; k < 4; k++) {
-                        float *dst[4] = {w->g, w->u, w->act, w->inter};
-                        read_ck_span(w, k, n, c0, c1, dst[k] + t0 * I);
-                    }
+                    for (int k = w->gck ? 2 : 0; k < 4; k++) read_ck_span(w, k, n, c0, c1, ckrow[k] + t0 * I);
                 }
                 for (int64_t q0 = c0; q0 < c1; q0 += 8) {
                     const int rows = (int)(c1 - q0 < 8 ? c1 - q0 : 8);
@@ -311,7 +310,7 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
                         const int64_t o = (q - r) * I; /* q's row of g, u, act */
                         mxfp8i_moe_bwd_row(c, I, w->dI + q * I, aq, !w->onH, w->gck ? w->gck + q * w->gld : w->g + o,
                                            w->gck ? w->uck + q * w->gld : w->u + o,
-                                           act_in_sg(w) ? NULL : w->act + o, w->have_sg ? w->sg + q * I : NULL,
+                                           no_act ? NULL : w->act + o, w->have_sg ? w->sg + q * I : NULL,
                                            w->dgu + q * I2);
                     }
                 }
