@@ -68,6 +68,9 @@ def test_matmul_rows(doc):
                   "timed_runs"):
             assert k in r, k
         assert r["tflops"] == pytest.approx(r["gflop"] / r["ms"])
+        # the fastest timed run's share of the peak beside the median's: the same peak, the time ratio
+        assert r["best_ms"] <= r["ms"]
+        assert r["fraction_of_peak_best"] == pytest.approx(r["fraction_of_peak"] * r["ms"] / r["best_ms"])
         if r["speedup_vs_onednn"] is not None:
             assert r["speedup_vs_onednn"] == pytest.approx(r["onednn_ms"] / r["ms"])
         if doc["threads"] > 1:
@@ -90,10 +93,27 @@ def test_moe_rows(doc, key):
             assert k in r, k
         per_row = 12 if key == "moe" else 6
         assert r["gflop_real_rows"] == pytest.approx(per_row * r["T"] * r["TopK"] * r["H"] * r["I"] / 1e9)
+        assert r["best_ms"] <= r["ms"]
+        assert r["fraction_of_peak_real_rows_best"] == pytest.approx(
+            r["fraction_of_peak_real_rows"] * r["ms"] / r["best_ms"])
         if r["speedup_vs_onednn"] is not None:
             assert r["speedup_vs_onednn"] == pytest.approx(r["onednn_ms"] / r["ms"])
     if key == "moe":
         assert all("peak_rss_bytes" in r and "io_bytes" in r for r in rows)
+
+
+def test_best_run_beside_median():
+    """ "best %" is the fastest timed run's share of the peak: with more than one timed run it differs from the
+    median's, by the ratio of the two times (the fixture's single runs cannot tell them apart)."""
+    doc = json.loads(bench("matmul", "moe", "--quick", "--reps", "3", "--threads", "1", "--json").stdout)
+    pairs = [(r, "fraction_of_peak") for r in doc["matmul"]] + \
+        [(r, "fraction_of_peak_real_rows") for k in ("moe", "moe_forward") for r in doc[k]]
+    assert len(pairs) == 8 + 12
+    for r, key in pairs:
+        assert r["timed_runs"] >= 2, r
+        assert r["best_ms"] <= r["ms"]
+        assert r[key + "_best"] == pytest.approx(r[key] * r["ms"] / r["best_ms"])
+    assert any(r["best_ms"] < r["ms"] for r, _ in pairs)
 
 
 def test_text_for_users():
