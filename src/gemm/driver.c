@@ -112,6 +112,11 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
  * over PACK_GROUP * w columns reads each source row PACK_GROUP times longer, instead of w values per row. */
 #define PACK_GROUP 4
 
+/* Bytes of a thread's packing scratch per line of the widest panel and per k, the larger of 8 (pack_panel: a
+ * panel's FP32 values and their staging in column order) and 2 * PACK_GROUP (pack_panels: PACK_GROUP panels of
+ * BF16 values). It was 8 written out, which holds only while PACK_GROUP <= 4. */
+#define SCRATCH_PER_COL (2 * PACK_GROUP > 8 ? 2 * PACK_GROUP : 8)
+
 /* Whether pack_panels quantizes the operand's panels PACK_GROUP at a time (columns geometry, on the fly, 1x32). */
 static int pack_grouped(const gemm_ctx *x, const mxfp8i_gop *op) {
     const mxfp8i_ukernel *uk = x->uk;
@@ -356,7 +361,7 @@ static bool buffer_sizes(const gemm_ctx *x, gemm_sizes *z) {
     const int64_t wmax = uk->mr > uk->nr ? uk->mr : uk->nr;
     return mxfp8i_mul_size(npb, x->pb_stride, &z->B) && mxfp8i_mul_size(npa, x->pa_stride, &z->A) &&
            mxfp8i_mul_size(mxfp8i_ceil_div(bm, uk->mr), x->pa_stride, &z->Ablk) &&
-           mxfp8i_mul_size(bm, x->ldcb * 4, &z->C) && mxfp8i_mul_size(wmax * 8, K, &z->S) &&
+           mxfp8i_mul_size(bm, x->ldcb * 4, &z->C) && mxfp8i_mul_size(wmax * SCRATCH_PER_COL, K, &z->S) &&
            mxfp8i_mul_size(K + wmax * PACK_GROUP * mxfp8i_ceil_div(K, 32) / 4 + 16, 4, &z->T);
 }
 
