@@ -114,7 +114,7 @@ static void pack_panel(const gemm_ctx *x, int tid, const mxfp8i_gop *op, int is_
 
 /* Bytes of a thread's packing scratch per line of the widest panel and per k, the larger of 8 (pack_panel: a
  * panel's FP32 values and their staging in column order) and 2 * PACK_GROUP (pack_panels: PACK_GROUP panels of
- * BF16 values). It was 8 written out, which holds only while PACK_GROUP <= 4. */
+ * BF16 values; 8 alone covers PACK_GROUP <= 4 only). */
 #define SCRATCH_PER_COL (2 * PACK_GROUP > 8 ? 2 * PACK_GROUP : 8)
 
 /* Whether pack_panels quantizes the operand's panels PACK_GROUP at a time (columns geometry, on the fly, 1x32). */
