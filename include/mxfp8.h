@@ -1194,12 +1194,17 @@ MXFP8_API mxfp8_status mxfp8_moe_route_validate(const mxfp8_tensor *topk_ids, co
                                                 const mxfp8_tensor *expert_affinities_masked,
                                                 size_t *workspace_bytes);
 /** The checks of mxfp8_moe_forward: the config, every input (weights plain or pre-quantized, affinities, biases,
- *  num_valid_tokens), the routing ids of token_position_to_id and block_to_expert (each read once, nothing
- *  stored), the outputs and their aliasing, in the call's order. *workspace_bytes: everything the call takes from
- *  args->workspace -- the routing table 4 (N B + N), the FP32 output accumulator 4 T H, the per-block buffers (their
- *  rows: the longest block prefix that ends with a real position, or the longest run of full blocks of one expert
- *  taken together, so it depends on the routing ids, not only on the shapes), FP32 weight copies where a GEMM needs one, both block GEMMs' buffers with the current expert's
- *  packed weights, and the statistics' slots when args->stats is set. Errors: those of mxfp8_moe_forward. */
+ *  num_valid_tokens), the routing ids of token_position_to_id and block_to_expert (each read once, nothing stored), the
+ *  outputs and their aliasing, in the call's order. *workspace_bytes: everything the call takes from args->workspace --
+ *  the routing table 4 (N B + N), the FP32 output accumulator 4 T H, the per-block buffers (their rows: the longest
+ *  block prefix that ends with a real position, or the longest run of full blocks of one expert taken together, so it
+ *  depends on the routing ids, not only on the shapes), FP32 weight copies where a GEMM needs one, both block GEMMs'
+ *  buffers with the current expert's packed weights, and the statistics' slots when args->stats is set. On more than
+ *  one thread, where blocks are not taken together (B (H + 2 I) FP32 values of one block within 1 MiB), without
+ *  args->stats and without the down projection checkpoint, the threads take whole experts instead when the 4 N B H
+ *  bytes of one weighted row per position stay within 256 MiB: then the per-block buffers, weight copies and GEMM
+ *  buffers once per thread (the number of threads set now), those rows, and the tokens' position lists 4 (2 (T + 1) + N
+ *  B + N + 1); the same bits either way. Errors: those of mxfp8_moe_forward. */
 MXFP8_API mxfp8_status mxfp8_moe_forward_validate(const mxfp8_moe_fwd_args *args,
                                                   const mxfp8_moe_fwd_outputs *outputs, size_t *workspace_bytes);
 /** The checks of mxfp8_moe_backward (the inputs and routing as for mxfp8_moe_forward_validate, dY, the

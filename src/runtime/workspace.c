@@ -46,9 +46,13 @@ static void free64(mxfp8_workspace *w, void *p) {
     free(p);
 }
 
-static void release(mxfp8_workspace *w) {
+static void release_slots(mxfp8_workspace *w) {
     for (int i = 0; i < MXFP8I_WS_NSLOTS; i++) free64(w, w->p[i]);
     for (int i = 0; i < MXFP8I_WS_KEYED; i++) free64(w, w->kp[i]);
+}
+
+static void release(mxfp8_workspace *w) {
+    release_slots(w);
     free(w->blk);
 }
 
@@ -132,8 +136,27 @@ void mxfp8i_scope_end(mxfp8i_scope *s) {
         free(s->ws);
     } else if (s->user) {
         atomic_store(&s->ws->busy, 0);
+    } else if (s->sub) {
+        release_slots(s->ws); /* only what came from the heap: the rest is the caller's memory */
     }
     s->ws = NULL;
+}
+
+size_t mxfp8i_ws_sub_bytes(size_t inner) { return round64(sizeof(mxfp8_workspace)) + round64(inner); }
+
+void mxfp8i_scope_begin_sub(mxfp8i_scope *s, void *mem, size_t bytes) {
+    memset(s, 0, sizeof *s);
+    mxfp8_workspace *w = (mxfp8_workspace *)mem;
+    const size_t head = round64(sizeof *w);
+    memset(w, 0, sizeof *w);
+    atomic_init(&w->busy, 0);
+    w->blk = (unsigned char *)mem + head;
+    w->blk_n = bytes > head ? bytes - head : 0;
+    s->prev = g_cur;
+    s->ws = w;
+    s->sub = 1;
+    g_depth++;
+    g_cur = w;
 }
 
 void *mxfp8i_ws_get(int slot, size_t bytes) {

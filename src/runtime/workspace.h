@@ -55,12 +55,22 @@ typedef struct mxfp8i_scope {
     mxfp8_workspace *prev; /**< the thread's arena before this scope */
     int owned;             /**< 1: a private arena, freed at the end */
     int user;              /**< 1: the caller's workspace, marked busy by this scope */
+    int sub;               /**< 1: an arena in the caller's memory (mxfp8i_scope_begin_sub) */
 } mxfp8i_scope;
 
 /** Open a scope with the caller's workspace (NULL, or busy with another call: a private arena; a scope already
  *  open on this thread: its arena). OUT_OF_MEMORY only when a private arena cannot be made. */
 mxfp8_status mxfp8i_scope_begin(mxfp8i_scope *s, mxfp8_workspace *user);
 void mxfp8i_scope_end(mxfp8i_scope *s);
+
+/** A scope whose arena lives in memory the caller provides: `mem` (64-byte aligned, `bytes` long; e.g. one thread's
+ *  share of a slot of the open scope's arena, handed to each worker of a parallel region, whose threads have no
+ *  scope of their own) holds the arena's state at its start and the slots after it, carved in the order they are
+ *  requested; a fresh arena every time (no slot or keyed panel carries over). Scopes opened inside it use it. A
+ *  request the memory cannot hold comes from the heap and is freed by mxfp8i_scope_end. mxfp8i_ws_sub_bytes(inner):
+ *  the bytes to provide so that slots of `inner` bytes in all (an mxfp8i_ws_plan size) fit. */
+size_t mxfp8i_ws_sub_bytes(size_t inner);
+void mxfp8i_scope_begin_sub(mxfp8i_scope *s, void *mem, size_t bytes);
 
 /** The buffer of `slot` in the current scope's arena, at least `bytes` long (64-byte aligned; contents undefined;
  *  grown by freeing and reallocating). NULL on allocation failure, or when no scope is open. */

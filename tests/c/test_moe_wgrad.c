@@ -621,6 +621,82 @@ static void test_positions_major(void) {
     printf("the gate/up checkpoint positions-major vs contiguous: %d configurations bitwise equal\n", configs);
 }
 
+/* The forward's expert-parallel path (threads take whole groups of one expert's blocks, each position's weighted
+ * row combined per token in block order afterwards) against the serial path (1 thread, block by block): the output
+ * and every checkpoint it writes are the same bits, on 1, 2 and 3 threads, over activations, both affinity options,
+ * biases, stochastic rounding of every operand, the checkpoint layouts the path takes (none; the positions-major F32
+ * gate/up one; the gate/up, activation and both intermediates along the positions) and problems with H, I not
+ * multiples of 32, an expert with no tokens, padding inside blocks, B = 24, and top-3 routing (three contributions
+ * per token, whose order of addition shows). */
+int mxfp8i_moe_set_expert_parallel(int mode); /* src/ops/moe/moe.h (test-only: -1 auto, 0 never, 1 always) */
+static void forward_par_once(const prob *P, const mxfp8_moe_config *cfg, int par, int nt, int layout, float *o[5]) {
+    const int64_t N = P->N, B = P->B, I = P->I;
+    mxfp8_moe_fwd_args F;
+    fwd_args(P, cfg, &F);
+    mxfp8_moe_fwd_outputs O = {0};
+    O.output = v2(o[0], MXFP8_DTYPE_F32, P->T, P->H);
+    const int64_t st[4] = {2 * I * B, I, 1, 2 * I}, sh[4] = {N, 2, I, B};
+    if (layout == 1) O.gate_up_proj_act_checkpoint_T = strided4(o[1], MXFP8_DTYPE_F32, 4, sh, st);
+    if (layout == 2) {
+        O.gate_up_proj_act_checkpoint_T = v4(o[1], MXFP8_DTYPE_F32, N, 2, I, B);
+        O.gate_act_checkpoint_T = v3(o[2], MXFP8_DTYPE_F32, N, I, B);
+        O.intermediate_checkpoint_T = v3(o[3], MXFP8_DTYPE_F32, N, I, B);
+        O.scaled_intermediate_checkpoint_T = v3(o[4], MXFP8_DTYPE_F32, N, I, B);
+    }
+    mxfp8i_moe_set_expert_parallel(par);
+    mxfp8_set_num_threads(nt);
+    CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
+    mxfp8_set_num_threads(0);
+    mxfp8i_moe_set_expert_parallel(-1);
+}
+static void test_expert_parallel(void) {
+    int configs = 0;
+    const uint64_t keep = g_rng; /* (the later tests' problems stay the ones their tolerances were set on) */
+    for (int which = 0; which < 6; which++) {
+        prob P;
+        if (which == 4) prob_make(&P, 70, 40, 48, 3, 2, 24, 1, NULL);
+        else if (which == 5) prob_make(&P, 90, 64, 40, 5, 3, 16, 1, NULL); /* top-3 */
+        else make_problem(&P, which == 3 ? 0 : which);
+        if (which == 3) punch_padding(&P);
+        const int64_t N = P.N, B = P.B, I = P.I;
+        const size_t len[5] = {(size_t)(P.T * P.H), (size_t)(N * 2 * I * B), (size_t)(N * I * B),
+                               (size_t)(N * I * B), (size_t)(N * I * B)};
+        for (int act = 0; act < 4; act++)
+            for (int aff = 0; aff < 2; aff++)
+                for (int bias = 0; bias < 2; bias++)
+                    for (int sr = 0; sr < 2; sr++) {
+                        if (which == 2 && (act != 0 || bias != sr)) continue; /* fewer for the large one */
+                        if (which != 5 && which != 0 && act > 1) continue;
+                        const mxfp8_moe_config cfg = layer_config(act, aff, bias, sr, 4242u + (unsigned)act);
+                        for (int layout = 0; layout < 3; layout++) {
+                            float *ref[5], *o[5];
+                            for (int c = 0; c < 5; c++) {
+                                ref[c] = xc(sizeof(float) * len[c]);
+                                o[c] = xc(sizeof(float) * len[c]);
+                            }
+                            forward_par_once(&P, &cfg, 0, 1, layout, ref);
+                            for (int nt = 1; nt <= 3; nt++) {
+                                for (int c = 0; c < 5; c++) /* every element must be written again */
+                                    for (size_t k = 0; k < len[c]; k++) o[c][k] = c ? -7.25f : 0.0f;
+                                forward_par_once(&P, &cfg, 1, nt, layout, o);
+                                int bad = 0;
+                                for (int c = 0; c < (layout == 0 ? 1 : layout == 1 ? 2 : 5); c++)
+                                    bad += memcmp(o[c], ref[c], sizeof(float) * len[c]) != 0;
+                                CHECK(bad == 0,
+                                      "problem %d act %d aff %d bias %d sr %d layout %d threads %d: %d of the "
+                                      "expert-parallel forward's outputs differ from the serial path's",
+                                      which, act, aff, bias, sr, layout, nt, bad);
+                                configs++;
+                            }
+                            for (int c = 0; c < 5; c++) free(ref[c]), free(o[c]);
+                        }
+                    }
+        prob_free(&P);
+    }
+    g_rng = keep;
+    printf("forward, expert-parallel vs serial: %d configurations bitwise equal\n", configs);
+}
+
 /* The gradients of a fixed set of configurations (the segmented path, 2 threads), one after the other. */
 static size_t isa_grads(unsigned char **out) {
     size_t len = 0, cap = 0;
@@ -700,6 +776,7 @@ int main(int argc, char **argv) {
     test_nan_padding();
     test_s_in_place();
     test_positions_major();
+    test_expert_parallel();
     test_threads_split();
     test_isa();
     if (g_fail) {

@@ -168,8 +168,12 @@ mxfp8_status mxfp8i_moe_wcopy_alloc(const mxfp8i_moe *p, unsigned uses, mxfp8i_m
 mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e, mxfp8i_moe_wuse use);
 
 /** Reserve (mxfp8i_gemm_reserve) what every later mxfp8i_moe_gemm of at most M rows, N columns and contraction K
- *  takes, for either of its thread counts; keyed_slot >= 0 for weights kept in that keyed slot. */
+ *  takes, for either of its thread counts (1 only under mxfp8i_moe_gemm_one_thread); keyed_slot >= 0 for weights
+ *  kept in that keyed slot. */
 mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot);
+/** While on (per thread), this thread's mxfp8i_moe_gemm calls and reservations use 1 thread: a worker of a parallel
+ *  region that runs whole blocks by itself (the forward's expert-parallel path). Returns the previous setting. */
+int mxfp8i_moe_gemm_one_thread(int on);
 /** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] with M = A->R, N = B->R, K = A->K; C F32 row-major with leading
  *  dimension ldc. Both operands quantized along K with their own recipe (gop.rc: the layer's p->rc) and rounding
  *  (gop.sr). ida / idb: the operands' mxfp8_moe_operand ids for expert e's statistics (numerics.c; a weight's are
@@ -344,16 +348,22 @@ static inline double mxfp8i_moe_ld(const mxfp8_tensor *t, int64_t off) {
  *  block has length L. */
 #define MXFP8I_MOE_RUN_ROWS 512
 extern int mxfp8i_moe_runs_mode; /**< -1: by size (the default); 0: never; 1: always (mxfp8i_moe_set_block_runs) */
+/** Whether runs of blocks pay at this layer's width (mxfp8i_moe_runs_mode forces the answer). */
+static inline int mxfp8i_moe_runs_pay(const mxfp8i_moe *p) {
+    return mxfp8i_moe_runs_mode < 0 ? 4.0 * (double)p->B * (double)(p->H + 2 * p->I) > 1048576.0
+                                    : mxfp8i_moe_runs_mode;
+}
 static inline int mxfp8i_moe_run_joins(const mxfp8i_moe *p, int64_t blocks, int64_t e, int64_t L, int64_t e_next,
                                        int64_t L_next) {
     const int64_t B = p->B;
-    const int pays = mxfp8i_moe_runs_mode < 0 ? 4.0 * (double)B * (double)(p->H + 2 * p->I) > 1048576.0
-                                              : mxfp8i_moe_runs_mode;
-    return pays && (blocks + 1) * B <= MXFP8I_MOE_RUN_ROWS && e_next == e && L == B && L_next > 0;
+    return mxfp8i_moe_runs_pay(p) && (blocks + 1) * B <= MXFP8I_MOE_RUN_ROWS && e_next == e && L == B && L_next > 0;
 }
 /** Test-only switch of the runs (-1: by size, 0: never, 1: whenever blocks qualify). Not thread-safe: set it while
  *  no MoE call runs. Returns the previous value. */
 int mxfp8i_moe_set_block_runs(int mode);
+/** Test-only switch of the forward's expert-parallel path (fwd.c; -1: where runs do not pay and more than one thread
+ *  runs, 0: never, 1: wherever it applies, also on 1 thread). Not thread-safe, as above. Returns the previous value. */
+int mxfp8i_moe_set_expert_parallel(int mode);
 
 /** Threads for `work` elementwise operations (or multiply-adds): 1 below a threshold, so that small problems do not
  *  pay OpenMP fork/barrier costs (results never depend on the thread count). */

@@ -82,12 +82,20 @@ static mxfp8_status operand_stats(const mxfp8i_moe *p, int64_t e, const mxfp8i_g
     return MXFP8_OK;
 }
 
-/* The config (speed knobs: the defaults) and thread count of a phase GEMM (small GEMMs run on the calling
- * thread). */
+static _Thread_local int g_one_thread; /* mxfp8i_moe_gemm_one_thread */
+
+int mxfp8i_moe_gemm_one_thread(int on) {
+    const int prev = g_one_thread;
+    g_one_thread = on != 0;
+    return prev;
+}
+
+/* The config (speed knobs: the defaults) and thread count of a phase GEMM (small GEMMs, and every GEMM of a thread
+ * that runs its blocks alone, run on the calling thread). */
 static void phase_setup(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, mxfp8_matmul_config *cfg, int *nt) {
     (void)p;
     mxfp8_matmul_config_init(cfg);
-    *nt = (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
+    *nt = g_one_thread || (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
 }
 
 mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot) {
@@ -95,7 +103,7 @@ mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, 
     int nt;
     phase_setup(p, M, N, K, &cfg, &nt);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_gemm_reserve(M, N, K, &cfg, 1, keyed_slot)); /* smaller problems: 1 thread */
-    return mxfp8i_gemm_reserve(M, N, K, &cfg, mxfp8i_num_threads(), keyed_slot);
+    return g_one_thread ? MXFP8_OK : mxfp8i_gemm_reserve(M, N, K, &cfg, mxfp8i_num_threads(), keyed_slot);
 }
 
 /* One GEMM of a phase through the block-scaled GEMM of src/gemm (quantize along K, FP32 fmaf accumulation in
