@@ -309,6 +309,16 @@ static void test_threads_split(void) {
     prob_free(&P);
 }
 
+/* The gate/up, gate activation, intermediate and scaled intermediate checkpoints of O as F32 views of o[1..4]
+ * ([N, 2, I, B], [N, I, B] x 3: positions innermost). */
+static void ck_views(const prob *P, mxfp8_moe_fwd_outputs *O, float *const *o) {
+    const int64_t N = P->N, B = P->B, I = P->I;
+    O->gate_up_proj_act_checkpoint_T = v4(o[1], MXFP8_DTYPE_F32, N, 2, I, B);
+    O->gate_act_checkpoint_T = v3(o[2], MXFP8_DTYPE_F32, N, I, B);
+    O->intermediate_checkpoint_T = v3(o[3], MXFP8_DTYPE_F32, N, I, B);
+    O->scaled_intermediate_checkpoint_T = v3(o[4], MXFP8_DTYPE_F32, N, I, B);
+}
+
 /* One forward (runs forced on or off) on nt threads: output, and every checkpoint when ck (F32 views, allocated
  * here into o[0..5]), with statistics into st when not NULL. */
 enum { NOUT = 6 };
@@ -324,10 +334,7 @@ static void forward_runs(const prob *P, const mxfp8_moe_config *cfg, int runs, i
     mxfp8_moe_fwd_outputs O = {0};
     O.output = v2(o[0], MXFP8_DTYPE_F32, P->T, H);
     if (ck) {
-        O.gate_up_proj_act_checkpoint_T = v4(o[1], MXFP8_DTYPE_F32, N, 2, I, B);
-        O.gate_act_checkpoint_T = v3(o[2], MXFP8_DTYPE_F32, N, I, B);
-        O.intermediate_checkpoint_T = v3(o[3], MXFP8_DTYPE_F32, N, I, B);
-        O.scaled_intermediate_checkpoint_T = v3(o[4], MXFP8_DTYPE_F32, N, I, B);
+        ck_views(P, &O, o);
         O.down_proj_output_checkpoint = v3(o[5], MXFP8_DTYPE_F32, N, B, H);
     }
     mxfp8i_moe_set_block_runs(runs);
@@ -637,12 +644,7 @@ static void forward_par_once(const prob *P, const mxfp8_moe_config *cfg, int par
     O.output = v2(o[0], MXFP8_DTYPE_F32, P->T, P->H);
     const int64_t st[4] = {2 * I * B, I, 1, 2 * I}, sh[4] = {N, 2, I, B};
     if (layout == 1) O.gate_up_proj_act_checkpoint_T = strided4(o[1], MXFP8_DTYPE_F32, 4, sh, st);
-    if (layout == 2) {
-        O.gate_up_proj_act_checkpoint_T = v4(o[1], MXFP8_DTYPE_F32, N, 2, I, B);
-        O.gate_act_checkpoint_T = v3(o[2], MXFP8_DTYPE_F32, N, I, B);
-        O.intermediate_checkpoint_T = v3(o[3], MXFP8_DTYPE_F32, N, I, B);
-        O.scaled_intermediate_checkpoint_T = v3(o[4], MXFP8_DTYPE_F32, N, I, B);
-    }
+    if (layout == 2) ck_views(P, &O, o);
     mxfp8i_moe_set_expert_parallel(par);
     mxfp8_set_num_threads(nt);
     CHECK(mxfp8_moe_forward(&F, &O) == MXFP8_OK, "forward: %s", mxfp8_last_error_message());
