@@ -417,6 +417,34 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
     return MXFP8_OK;
 }
 
+/* The blocks in order, on all the call's threads (runs of blocks where mxfp8i_moe_run_joins stacks them). */
+static mxfp8_status forward_blocks(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_fwd_outputs *o) {
+    for (int64_t n = 0, blocks; n < p->N; n += blocks) {
+        const int64_t e = p->expert[n];
+        int64_t last = mxfp8i_moe_block_len(p, n); /* the run's last block's length */
+        for (blocks = 1; n + blocks < p->N; blocks++) {
+            const int64_t Ln = mxfp8i_moe_block_len(p, n + blocks);
+            if (!mxfp8i_moe_run_joins(p, blocks, e, last, p->expert[n + blocks], Ln)) break;
+            last = Ln;
+        }
+        const int64_t L = (blocks - 1) * p->B + last; /* the stacked positions */
+        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_run(p, w, n, blocks, e, L, o, NULL), MXFP8_ERR_INTERNAL,
+                               "%s: a block GEMM failed after its reservation", p->fn);
+        if (L == 0 && any_checkpoint(o)) { /* a padding-only block: zero checkpoints */
+            const int nt = mxfp8i_moe_nt((double)p->B * (double)(5 * p->I + p->H));
+#pragma omp parallel num_threads(nt)
+            {
+                const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static) nowait
+                for (int t = 0; t < nt; t++)
+                    write_checkpoints(p, n, 0, o, 1, w->g, w->u, w->act, w->inter, w->down, w->aq, t, nt);
+                mxfp8i_fenv_leave(csr);
+            }
+        }
+    }
+    return MXFP8_OK;
+}
+
 /* Every check of mxfp8_moe_forward (shared by the call and mxfp8_moe_forward_validate): nothing stored, no workspace
  * used. */
 static mxfp8_status forward_check(const char *fn, const mxfp8_moe_fwd_args *args,
@@ -441,34 +469,7 @@ static mxfp8_status forward_scoped(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd
     MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate workspaces", fn);
     mxfp8i_moe_zero_f(w.acc, p->T * p->H);
-    if (job.par) {
-        MXFP8I_FORWARD_IF_ERROR(forward_par(p, &w, outputs));
-        mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
-        return MXFP8_OK; /* (no statistics on this path) */
-    }
-    for (int64_t n = 0, blocks; n < p->N; n += blocks) {
-        const int64_t e = p->expert[n];
-        int64_t last = mxfp8i_moe_block_len(p, n); /* the run's last block's length */
-        for (blocks = 1; n + blocks < p->N; blocks++) {
-            const int64_t Ln = mxfp8i_moe_block_len(p, n + blocks);
-            if (!mxfp8i_moe_run_joins(p, blocks, e, last, p->expert[n + blocks], Ln)) break;
-            last = Ln;
-        }
-        const int64_t L = (blocks - 1) * p->B + last; /* the stacked positions */
-        MXFP8I_RETURN_ERROR_IF(L > 0 && fwd_run(p, &w, n, blocks, e, L, outputs, NULL), MXFP8_ERR_INTERNAL,
-                               "%s: a block GEMM failed after its reservation", fn);
-        if (L == 0 && any_checkpoint(outputs)) { /* a padding-only block: zero checkpoints */
-            const int nt = mxfp8i_moe_nt((double)p->B * (double)(5 * p->I + p->H));
-#pragma omp parallel num_threads(nt)
-            {
-                const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
-#pragma omp for schedule(static) nowait
-                for (int t = 0; t < nt; t++)
-                    write_checkpoints(p, n, 0, outputs, 1, w.g, w.u, w.act, w.inter, w.down, w.aq, t, nt);
-                mxfp8i_fenv_leave(csr);
-            }
-        }
-    }
+    MXFP8I_FORWARD_IF_ERROR(job.par ? forward_par(p, &w, outputs) : forward_blocks(p, &w, outputs));
     mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
     mxfp8i_moe_stats_export(p, args->stats);
     return MXFP8_OK;
