@@ -19,7 +19,8 @@
  *   6. Phase 4 reading a BF16 scaled-intermediate checkpoint in place (blocks without padding inside) gives the
  *      bits of the transposed F32 copy of the same values, NaN in the padding positions changing nothing;
  *   7. the gate/up checkpoint in positions-major memory (mxfp8.torch's layout): the forward writes the same values,
- *      the backward from it (F32 or BF16) gives the same bits as from the contiguous checkpoint.
+ *      the backward from it (F32 or BF16) gives the same bits as from the contiguous checkpoint;
+ *   8. the forward's and the backward's expert-parallel paths (forced, 1-3 threads) give the serial walks' bits.
  */
 #include <unistd.h>
 
@@ -699,6 +700,106 @@ static void test_expert_parallel(void) {
     printf("forward, expert-parallel vs serial: %d configurations bitwise equal\n", configs);
 }
 
+/* The backward's expert-parallel path (threads take whole experts; each position's dX row and affinity-gradient term
+ * added afterwards in the serial walk's order) against the serial walk (1 thread): every gradient the same bits, on
+ * 1, 2 and 3 threads, over activations, both affinity options, biases, stochastic rounding of every operand, no
+ * checkpoints (recomputed) / all of the forward's / the positions-major F32 gate/up one alone, both weight-gradient
+ * paths, F32 and BF16 gradients (written straight by the segmented GEMMs), given values added
+ * (skip_grad_initialization, accumulate_hidden_states_grad), and the problems of the forward's test (an expert with
+ * no tokens, padding inside blocks, B = 24, top-3 routing). */
+/* The blocks in reverse order (each block's positions and expert moved with it): blocks no longer ascend by expert,
+ * so the serial walk's expert-major order differs from the order of the positions. */
+static void reverse_blocks(prob *P) {
+    for (int64_t n = 0, m = P->N - 1; n < m; n++, m--) {
+        for (int64_t q = 0; q < P->B; q++) {
+            const int32_t x = P->tok[n * P->B + q];
+            P->tok[n * P->B + q] = P->tok[m * P->B + q], P->tok[m * P->B + q] = x;
+        }
+        const int32_t e = P->b2e[n];
+        P->b2e[n] = P->b2e[m], P->b2e[m] = e;
+    }
+}
+static void backward_par_once(const prob *P, const mxfp8_moe_config *cfg, const mxfp8_moe_bwd_args *A0, int par,
+                              int nt, int seg, mxfp8_dtype dt, grads *G) {
+    mxfp8_moe_bwd_args A = *A0;
+    A.config = cfg;
+    grads_make(G, P, dt, cfg->bias);
+    if (cfg->skip_grad_initialization) /* given values, the same in every run */
+        for (int k = 0; k < 6; k++)
+            for (size_t i = 0; i < G->n[k]; i++) ((float *)G->p[k])[i] = (float)(i % 7) * 0.25f - 0.5f;
+    mxfp8i_moe_set_expert_parallel(par);
+    mxfp8i_moe_set_segmented_wgrad(seg);
+    mxfp8_set_num_threads(nt);
+    CHECK(mxfp8_moe_backward(&A, &G->g) == MXFP8_OK, "backward: %s", mxfp8_last_error_message());
+    mxfp8_set_num_threads(0);
+    mxfp8i_moe_set_segmented_wgrad(-1);
+    mxfp8i_moe_set_expert_parallel(-1);
+}
+static void test_backward_parallel(void) {
+    int configs = 0;
+    const uint64_t keep = g_rng; /* (the later tests' problems stay the ones their tolerances were set on) */
+    for (int which = 0; which < 7; which++) {
+        prob P;
+        if (which == 4) prob_make(&P, 70, 40, 48, 3, 2, 24, 1, NULL);
+        else if (which >= 5) prob_make(&P, 90, 64, 40, 5, 3, 16, 1, NULL); /* top-3 */
+        else make_problem(&P, which == 3 ? 0 : which);
+        if (which == 3) punch_padding(&P);
+        if (which == 6) reverse_blocks(&P); /* (three contributions per token, added in expert order) */
+        const int64_t N = P.N, B = P.B, I = P.I, H = P.H;
+        for (int act = 0; act < 4; act++)
+            for (int aff = 0; aff < 2; aff++)
+                for (int bias = 0; bias < 2; bias++)
+                    for (int sr = 0; sr < 2; sr++) {
+                        if (which == 2 && (act != 0 || bias != sr)) continue; /* fewer for the large one */
+                        if (which < 5 && which != 0 && act > 1) continue;
+                        mxfp8_moe_config cfg = layer_config(act, aff, bias, sr, 5151u + (unsigned)act);
+                        float *o[NOUT], *pm[5];
+                        size_t len[NOUT];
+                        forward_runs(&P, &cfg, -1, 1, 1, o, NULL, len); /* every checkpoint */
+                        for (int c = 0; c < 5; c++) pm[c] = xc(sizeof(float) * len[c]);
+                        forward_par_once(&P, &cfg, 0, 1, 1, pm); /* the positions-major gate/up checkpoint */
+                        const int64_t st[4] = {2 * I * B, I, 1, 2 * I}, sh[4] = {N, 2, I, B};
+                        for (int ck = 0; ck < 3; ck++) {
+                            mxfp8_moe_bwd_args A;
+                            bwd_args(&P, &cfg, &A);
+                            if (ck == 1) {
+                                A.gate_up_proj_act_checkpoint_T = v4(o[1], MXFP8_DTYPE_F32, N, 2, I, B);
+                                A.gate_act_checkpoint_T = v3(o[2], MXFP8_DTYPE_F32, N, I, B);
+                                A.intermediate_checkpoint_T = v3(o[3], MXFP8_DTYPE_F32, N, I, B);
+                                A.scaled_intermediate_checkpoint_T = v3(o[4], MXFP8_DTYPE_F32, N, I, B);
+                                A.down_proj_output_checkpoint = v3(o[5], MXFP8_DTYPE_F32, N, B, H);
+                            } else if (ck == 2) {
+                                A.gate_up_proj_act_checkpoint_T = strided4(pm[1], MXFP8_DTYPE_F32, 4, sh, st);
+                            }
+                            for (int v = 0; v < 4; v++) { /* per block F32; segmented F32, BF16, given values */
+                                mxfp8_moe_config c2 = cfg;
+                                c2.skip_grad_initialization = c2.accumulate_hidden_states_grad = v == 3;
+                                const mxfp8_dtype dt = v == 2 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
+                                grads ref, g;
+                                backward_par_once(&P, &c2, &A, 0, 1, v > 0, dt, &ref);
+                                for (int nt = 1; nt <= 3; nt++) {
+                                    backward_par_once(&P, &c2, &A, 1, nt, v > 0, dt, &g);
+                                    char what[200];
+                                    snprintf(what, sizeof what,
+                                             "problem %d act %d aff %d bias %d sr %d checkpoints %d variant %d "
+                                             "threads %d: expert-parallel backward vs serial",
+                                             which, act, aff, bias, sr, ck, v, nt);
+                                    grads_bitwise(&g, &ref, bias, what);
+                                    grads_free(&g);
+                                    configs++;
+                                }
+                                grads_free(&ref);
+                            }
+                        }
+                        for (int c = 0; c < NOUT; c++) free(o[c]);
+                        for (int c = 0; c < 5; c++) free(pm[c]);
+                    }
+        prob_free(&P);
+    }
+    g_rng = keep;
+    printf("backward, expert-parallel vs serial: %d configurations bitwise equal\n", configs);
+}
+
 /* The gradients of a fixed set of configurations (the segmented path, 2 threads), one after the other. */
 static size_t isa_grads(unsigned char **out) {
     size_t len = 0, cap = 0;
@@ -779,6 +880,7 @@ int main(int argc, char **argv) {
     test_s_in_place();
     test_positions_major();
     test_expert_parallel();
+    test_backward_parallel();
     test_threads_split();
     test_isa();
     if (g_fail) {

@@ -173,8 +173,25 @@ static int64_t bound_moe_segmented_extra(int64_t T, int64_t H, int64_t I, int64_
     return 4 * (Re - Bw) * (2 * H + 3 * I) + 4 * Se * Bw * (H + 2 * I + 64) + 8192 * (int64_t)nt + 320 * Se;
 }
 
+/* The expert-parallel backward (include/mxfp8.h): per thread the serial walk's block buffers and block GEMM (1
+ * thread) with the segmented terms, an expert's weight-gradient pair and FP32 weight copies, its packed weights (also
+ * the recomputations'); once: dX, the FP64 sums, the routing table, each position's dX row and affinity term, two
+ * waves of W rows of Phase 3 / 4 operands, the schedule's tables. gb1: the block GEMM's bound on 1 thread. */
+static int64_t bound_moe_par(int64_t T, int64_t H, int64_t I, int64_t E, int64_t B, int64_t N, int64_t Re,
+                             int64_t Se, int nt, int64_t gb1) {
+    int64_t Bp = B < T ? B : T, m = Re > 4 * Bp ? Re : 4 * Bp, W = (int64_t)((nt + 1) / 2) * m;
+    if (Bp < 1) Bp = 1;
+    if (W > (N * B > Re ? N * B : Re)) W = N * B > Re ? N * B : Re;
+    const int64_t once = 4 * T * H + 8 * (T * E + 2 * E * I + E * H) + 4 * (N * B + N) + 4 * N * B * H + 16 * N * B +
+                         2 * W * (8 * H + 12 * I) + 80 * (E + 1) + 36 * N + 8 * T + 64 + omp_overhead(nt);
+    const int64_t per = 24 * H * I + 4 * Bp * (8 * H + 13 * I) + 8 * H * (I + 32) + 16 * I * (H + 32) + gb1 +
+                        4 * Se * Bp * (H + 2 * I + 64) + 8192 + 320 * Se + 4096;
+    return once + (int64_t)nt * per;
+}
+
 int mxfp8i_moe_set_segmented_wgrad(int mode); /* src/ops/moe/bwd_state.h (test-only: -1 by size, 0, 1) */
 int mxfp8i_moe_set_block_runs(int mode);       /* src/ops/moe/moe.h (test-only: -1 by size, 0, 1) */
+int mxfp8i_moe_set_expert_parallel(int mode);  /* src/ops/moe/moe.h (test-only: -1 auto, 0 never, 1 always) */
 
 static float *frand(int64_t n, uint64_t seed) {
     tu_rng r = {seed};
@@ -330,6 +347,7 @@ static void test_moe_backward(void) {
     report("mxfp8_moe_forward T 40 H 64 I 32 E 3 B 8", ws_end(mf, "moe_forward"), bfwd);
     free(y);
 
+    mxfp8i_moe_set_expert_parallel(0); /* the serial walk (the expert-parallel path below) */
     TU_CHECK(mxfp8_moe_backward(&args, &g) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
     ws_mark m = ws_begin();
     mxfp8_moe_backward(&args, &g);
@@ -365,6 +383,14 @@ static void test_moe_backward(void) {
         mxfp8i_moe_set_block_runs(-1);
         free(y2);
     }
+    /* the expert-parallel path (more than one thread where runs do not pay; forced here, also on 1 thread) */
+    mxfp8i_moe_set_expert_parallel(1);
+    TU_CHECK(mxfp8_moe_backward(&args, &g) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
+    m = ws_begin();
+    mxfp8_moe_backward(&args, &g);
+    report("mxfp8_moe_backward, expert-parallel", ws_end(m, "moe_backward"),
+           bound_moe_par(T, H, I, E, B, N, T, N, info.num_threads, bound_gemm(B, KM, KM, 0, 1)));
+    mxfp8i_moe_set_expert_parallel(0);
 
     /* Every allocation of the call, failed in turn (its workspace scope, the routing table, every layer buffer and
        every block GEMM's, all obtained by its reservation before the first block runs): OUT_OF_MEMORY, no output
@@ -374,7 +400,9 @@ static void test_moe_backward(void) {
     mxfp8_moe_config_init(&mc);
     args.config = &mc;
     const mxfp8_moe_bwd_grads g32 = g;
-    for (int mode = 0; mode < 6; mode++) { /* modes 2-5: the segmented weight gradients; 4, 5: BF16 weight grads */
+    /* modes 2-5: the segmented weight gradients; 4, 5: BF16 weight grads; 6, 7: the expert-parallel path */
+    for (int mode = 0; mode < 8; mode++) {
+        mxfp8i_moe_set_expert_parallel(mode >= 6);
         mc.skip_grad_initialization = mode & 1;
         mc.accumulate_hidden_states_grad = mode & 1;
         mxfp8i_moe_set_segmented_wgrad(mode >= 2 ? 1 : -1);
@@ -413,11 +441,13 @@ static void test_moe_backward(void) {
         }
         printf("  mxfp8_moe_backward mode %d: each of %lld allocations failed in turn, outputs untouched\n", mode,
                (long long)failed);
-        TU_CHECK(failed > 30, "moe_backward: only %lld allocations seen (expected the block GEMMs' workspaces too)",
-                 (long long)failed);
+        /* (the expert-parallel path takes its threads' arenas, GEMM workspaces included, as one allocation) */
+        TU_CHECK(failed > (mode >= 6 ? 12 : 30),
+                 "moe_backward: only %lld allocations seen (expected the block GEMMs' workspaces too)", (long long)failed);
         for (int o = 0; o < 4; o++) free(keep[o]);
     }
     mxfp8i_moe_set_segmented_wgrad(-1);
+    mxfp8i_moe_set_expert_parallel(-1);
     g = g32;
     free(tok), free(b2e), free(a), free(x), free(w1), free(w2), free(dy), free(dx), free(da), free(dw1), free(dw2);
 }

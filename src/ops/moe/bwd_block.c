@@ -346,7 +346,8 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W1_2I);
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data); /* W1[e] along 2I: keyed slot 1 */
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P2_DGU, &W, MXFP8_MOE_P2_W1, 0, w->dxb, H));
-    const int bias = p->cfg.bias;
+    /* (a worker's dX rows stay in V, and its bias sums come with its expert's weight gradients: backward_par) */
+    const int bias = p->cfg.bias && !w->par, scatter = !w->par;
 #pragma omp parallel num_threads(nt)
     {
         const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
@@ -354,7 +355,7 @@ static mxfp8_status phase2(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const int32_
         for (int t = 0; t < nt; t++) {
             if (bias) bias_grads(w, e, tok, L, t, nt);
             const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
-            for (int64_t q = 0; q < L; q++) {
+            for (int64_t q = 0; scatter && q < L; q++) {
                 if (tok[q] < 0) continue;
                 float *dst = w->dx + tok[q] * H;
                 const float *src = w->dxb + q * H;
@@ -390,7 +391,7 @@ static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L,
 /* Phases 3 and 4 of expert e over the blocks recorded by the driver, as two segmented GEMMs: per block the same
  * operands (views of its rows of the expert-sized buffers, with its rounding) as phases34, the blocks' sums added
  * in block order. */
-mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
+mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e, int which) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I, I2 = 2 * I;
     const int ns = w->nseg;
@@ -402,22 +403,24 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
     void *c1 = w->direct[0] ? (void *)((char *)w->wgrad[0]->data + (size_t)(e * H * I2) * es1) : (void *)w->dw1;
     void *c2 = w->direct[1] ? (void *)((char *)w->wgrad[1]->data + (size_t)(e * I * H) * es2) : (void *)w->dw2;
     if (ns == 0) { /* an expert with no tokens: zero weight gradients (the accumulators may hold the last expert's) */
-        memset(c1, 0, es1 * (size_t)(H * I2)); /* +0 is all zero bits in BF16 and F32 */
-        memset(c2, 0, es2 * (size_t)(I * H));
+        if (which & 1) memset(c1, 0, es1 * (size_t)(H * I2)); /* +0 is all zero bits in BF16 and F32 */
+        if (which & 2) memset(c2, 0, es2 * (size_t)(I * H));
         return MXFP8_OK;
     }
     mxfp8i_gop *A = w->sops, *B = w->sops + ns;
     const mxfp8_dtype xdt = mxfp8i_moe_xb_dtype(&p->X);
     const size_t xes = mxfp8_dtype_size(xdt);
-    for (int s = 0; s < ns; s++) {
+    for (int s = 0; s < ns && (which & 1); s++) {
         const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
         A[s] = mxfp8i_gop_hp((const char *)w->xb0 + (size_t)(r * H) * xes, xdt, H, L, 1, H);
         B[s] = mxfp8i_gop_hp(w->dgu0 + r * I2, MXFP8_DTYPE_F32, I2, L, 1, I2);
         mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P3_X, n, H, 1, H);
         mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P3_DGU, n, I2, 1, I2);
     }
-    MXFP8I_FORWARD_IF_ERROR(
-        mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, 1, w->direct[0], c1, d1, I2));
+    if (which & 1)
+        MXFP8I_FORWARD_IF_ERROR(
+            mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P3_X, B, MXFP8_MOE_P3_DGU, 1, w->direct[0], c1, d1, I2));
+    if (!(which & 2)) return MXFP8_OK;
     for (int s = 0; s < ns; s++) {
         const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
         A[s] = p4_a(w, n, L, w->S0, w->inter0, r);
@@ -428,10 +431,29 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e) {
     return mxfp8i_moe_gemm_segments(p, e, ns, A, MXFP8_MOE_P4_S, B, MXFP8_MOE_P4_DY, 1, w->direct[1], c2, d2, H);
 }
 
+void mxfp8i_moe_bias_segments(mxfp8i_moe_bwd *w, int64_t e, int which) {
+    const mxfp8i_moe *p = w->p;
+    const int64_t H = p->H, I2 = 2 * p->I;
+    double *db1 = w->db1 + e * I2, *db2 = w->db2 + e * H;
+    for (int s = 0; s < w->nseg; s++) {
+        const int32_t *tok = p->tok + w->sn[s] * p->B;
+        const float *dgu = w->dgu0 + w->so[s] * I2, *r2 = (w->onH ? w->D0 : w->dyb0) + w->so[s] * H;
+        for (int64_t q = 0; q < w->sL[s]; q++) {
+            if (tok[q] < 0) continue;
+            const float aq = mxfp8i_moe_aff(p, tok[q], e);
+            for (int64_t k = 0; (which & 1) && k < I2; k++) db1[k] += (double)dgu[q * I2 + k];
+            for (int64_t h = 0; (which & 2) && h < H; h++)
+                db2[h] += w->onH ? (double)r2[q * H + h] : (double)(aq * r2[q * H + h]);
+        }
+    }
+}
+
 mxfp8_status mxfp8i_moe_bwd_run(mxfp8i_moe_bwd *w, int64_t n, int64_t blocks, int64_t e, int64_t L) {
     const mxfp8i_moe *p = w->p;
     const int32_t *tok = p->tok + n * p->B;
-    const int nt = mxfp8i_moe_nt((double)L * (double)(p->H + 2 * p->I)); /* elementwise work of this block */
+    /* elementwise work of this block: threads by size, or the worker's thread alone */
+    const int nt = w->par ? 1 : mxfp8i_moe_nt((double)L * (double)(p->H + 2 * p->I));
+    if (w->par) w->dxb = w->V + n * p->B * p->H, w->dablk = w->dab + n * p->B; /* the run's rows of V and dab */
     mxfp8i_moe_load_b1(p, e, w->b1);
     mxfp8i_moe_load_b2(p, e, w->b2);
     /* an F32 gate/up checkpoint in positions-major memory whose blocks follow each other (block stride B position
@@ -449,7 +471,7 @@ mxfp8_status mxfp8i_moe_bwd_run(mxfp8i_moe_bwd *w, int64_t n, int64_t blocks, in
     MXFP8I_FORWARD_IF_ERROR(phase2(w, n, e, tok, L, nt));
     for (int64_t b = 0; !w->seg && b < blocks; b++) /* block by block (else at the end of the expert) */
         MXFP8I_FORWARD_IF_ERROR(phases34(w, n + b, e, b + 1 < blocks ? p->B : L - b * p->B, b * p->B));
-    for (int64_t q = 0; q < L; q++)
+    for (int64_t q = 0; !w->par && q < L; q++)
         if (tok[q] >= 0) w->da[tok[q] * p->E + e] += w->dablk[q];
     return MXFP8_OK;
 }

@@ -42,14 +42,37 @@ typedef struct mxfp8i_moe_bwd {
                                           into the output (the same to_bf16 of the same FP32 sums, or those sums; no
                                           FP32 pass) */
     const mxfp8_tensor *wgrad[2];    /**< the dW1, dW2 outputs (set by the driver before the first block) */
+    /* The expert-parallel path (bwd.c backward_par): par = 1 in a worker's state. A worker runs whole blocks on its
+     * own thread (every GEMM and elementwise pass on it): block n's dX rows go to rows [n B, n B + L) of V [N*B, H]
+     * and its positions' affinity-gradient terms to dab[n B + q], instead of being added to dx and da (the driver
+     * adds them afterwards, in the serial walk's order), its Phase 3 / 4 operands to its rows of its expert's part
+     * of the call's wave buffers, and no bias sums (they come with the expert's weight gradients, from those
+     * buffers: mxfp8i_moe_bias_segments); db1 and db2 are the call's. */
+    int par;
+    float *V;
+    double *dab;
+    /* the call's state on that path (bwd.c moe_bwd_reserve_par): the dX combine's scratch and the blocks in
+       expert-major order; every expert's blocks (sn, sL, so from estart[e] to estart[e + 1]) and its first row in
+       its wave (erow), the waves' first experts (wstart), the schedule's state (sched: backward_par); two waves'
+       buffers (wrows rows each) and the workers' arenas (par_bytes each) */
+    int32_t *first, *list, *bord;
+    int64_t *estart, *erow, *wstart, *sched;
+    char *sets, *arenas;
+    int64_t wrows, nw, taken; /* (nw: the waves; taken: the weight gradients taken so far, backward_par) */
+    size_t par_bytes;
 } mxfp8i_moe_bwd;
 
 /** Test-only switch between the two weight-gradient paths (-1: by size, the default; 0: per block; 1: segmented).
  *  Not thread-safe: set it while no MoE backward runs. Returns the previous value. */
 int mxfp8i_moe_set_segmented_wgrad(int mode);
 
-/** Phases 3 and 4 of expert e over its blocks recorded in w (the segmented path). OUT_OF_MEMORY or OK. */
-mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e);
+/** Phase 3 (which & 1) and Phase 4 (which & 2) of expert e over its blocks recorded in w (the segmented path).
+ *  OUT_OF_MEMORY or OK. */
+mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e, int which);
+/** The bias sums of expert e (db1 with which & 1, db2 with which & 2) over its blocks recorded in w, from their rows
+ *  of the expert-sized buffers (the expert-parallel path; the serial walk adds them per block in Phase 2): FP64,
+ *  per column in block order, then position order, as there. */
+void mxfp8i_moe_bias_segments(mxfp8i_moe_bwd *w, int64_t e, int which);
 
 /** The run of `blocks` blocks n, n + 1, ... of expert e (mxfp8i_moe_run_joins; L = its stacked length > 0): every
  *  phase, accumulating into dx, dw1/dw2, da and the bias sums exactly as block by block (Phases 3 and 4 per

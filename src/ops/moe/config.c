@@ -51,3 +51,11 @@ int mxfp8i_moe_set_block_runs(int mode) {
     mxfp8i_moe_runs_mode = mode < 0 ? -1 : mode != 0;
     return prev;
 }
+
+int mxfp8i_moe_par_mode = -1;
+
+int mxfp8i_moe_set_expert_parallel(int mode) {
+    const int prev = mxfp8i_moe_par_mode;
+    mxfp8i_moe_par_mode = mode < 0 ? -1 : mode != 0;
+    return prev;
+}

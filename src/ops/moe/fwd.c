@@ -146,11 +146,11 @@ typedef struct fwd_ws {
     float *acc;                                        /* the output accumulator [T*H] */
     float *xb, *gu, *g, *u, *act, *inter, *down, *b1, *b2, *aq; /* a run's buffers, rows [0, Rw) */
     float *rows; /* per thread: one position's g, u, act(g) when no checkpoint needs the block's ([nt][3][I]) */
-    /* the expert-parallel path (fwd_par): each position's weighted row [N*B, H]; each token's positions (starts
-       [T + 1], a cursor per token [T + 1], the positions [N*B]); the starts of the groups of consecutive blocks of
-       one expert [N + 1]; the workers' arenas, par_bytes each */
+    /* the expert-parallel path (fwd_par): each position's weighted row [N*B, H]; the combine's scratch
+       (mxfp8i_moe_combine_rows: [2 (T + 1)] and [N*B]); the starts of the groups of consecutive blocks of one expert
+       [N + 1]; the workers' arenas, par_bytes each */
     float *V;
-    int32_t *first, *cur, *list, *grp;
+    int32_t *first, *list, *grp;
     char *par;
     size_t par_bytes;
 } fwd_ws;
@@ -188,7 +188,6 @@ static mxfp8_status moe_fwd_reserve_par(const fwd_job *j) {
     ok = ok && (size_t)nt <= SIZE_MAX / w->par_bytes &&
          (w->par = (char *)mxfp8i_ws_get(k++, (size_t)nt * w->par_bytes)) != NULL;
     MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", p->fn);
-    w->cur = w->first + T + 1;
     return MXFP8_OK;
 }
 
@@ -337,22 +336,12 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
  * the per-position rows stay within 256 MiB. Measured (AMD Zen 4, 2 threads, H = 256, I = 512, B = 128, E = 8,
  * top-2, 2048 tokens): 0.94-0.96 of the forward's time, the same on 1 thread; at H = 1024 0.985, with 64 small
  * experts 1.02 (there runs of blocks apply, and this path is not taken). */
-static int g_par = -1; /* mxfp8i_moe_set_expert_parallel */
-
-int mxfp8i_moe_set_expert_parallel(int mode) {
-    const int prev = g_par;
-    g_par = mode < 0 ? -1 : mode != 0;
-    return prev;
-}
-
 static int fwd_par(const mxfp8i_moe *p, const mxfp8_moe_fwd_outputs *o, const mxfp8_quant_stats *stats) {
-    if (g_par == 0 || stats || o->down_proj_output_checkpoint.data || mxfp8i_moe_runs_pay(p)) return 0;
-    if ((double)p->N * (double)p->B * (double)p->H * sizeof(float) > 268435456.0) return 0;
-    return g_par == 1 || mxfp8i_num_threads() > 1;
+    return !o->down_proj_output_checkpoint.data && mxfp8i_moe_par_pays(p, stats);
 }
 
 static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_fwd_outputs *o) {
-    const int64_t N = p->N, B = p->B, H = p->H, T = p->T;
+    const int64_t N = p->N;
     int64_t ng = 0;
     for (int64_t n = 0; n < N; n++)
         if (n == 0 || p->expert[n] != p->expert[n - 1]) w->grp[ng++] = (int32_t)n;
@@ -391,29 +380,7 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
         mxfp8i_scope_end(&sc);
     }
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
-    /* each token's positions, ascending (a counting sort), then its rows added to acc in that order */
-    int32_t *first = w->first, *cur = w->cur;
-    for (int64_t t = 0; t <= T; t++) first[t] = 0;
-    for (int64_t q = 0; q < N * B; q++)
-        if (p->tok[q] >= 0) first[p->tok[q] + 1]++;
-    for (int64_t t = 0; t < T; t++) first[t + 1] += first[t];
-    for (int64_t t = 0; t < T; t++) cur[t] = first[t];
-    for (int64_t q = 0; q < N * B; q++)
-        if (p->tok[q] >= 0) w->list[cur[p->tok[q]]++] = (int32_t)q;
-    const int ntc = mxfp8i_moe_nt((double)N * (double)B * (double)H);
-#pragma omp parallel num_threads(ntc)
-    {
-        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; t++) {
-            float *dst = w->acc + t * H;
-            for (int32_t k = first[t]; k < first[t + 1]; k++) {
-                const float *src = w->V + (int64_t)w->list[k] * H;
-                for (int64_t h = 0; h < H; h++) dst[h] += src[h];
-            }
-        }
-        mxfp8i_fenv_leave(csr);
-    }
+    mxfp8i_moe_combine_rows(p, NULL, w->V, w->acc, w->first, w->list); /* in position order: block order */
     return MXFP8_OK;
 }
 

@@ -171,9 +171,11 @@ mxfp8i_gop mxfp8i_moe_weight(const mxfp8i_moe *p, mxfp8i_moe_wcopy *w, int64_t e
  *  takes, for either of its thread counts (1 only under mxfp8i_moe_gemm_one_thread); keyed_slot >= 0 for weights
  *  kept in that keyed slot. */
 mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot);
-/** While on (per thread), this thread's mxfp8i_moe_gemm calls and reservations use 1 thread: a worker of a parallel
- *  region that runs whole blocks by itself (the forward's expert-parallel path). Returns the previous setting. */
+/** While on (per thread), this thread's mxfp8i_moe_gemm calls and reservations, and its mxfp8i_moe_nt passes, use 1
+ *  thread: a worker of a parallel region that runs whole blocks by itself (the expert-parallel paths). Returns the
+ *  previous setting. */
 int mxfp8i_moe_gemm_one_thread(int on);
+extern _Thread_local int mxfp8i_moe_alone; /**< the setting (numerics.c) */
 /** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] with M = A->R, N = B->R, K = A->K; C F32 row-major with leading
  *  dimension ldc. Both operands quantized along K with their own recipe (gop.rc: the layer's p->rc) and rounding
  *  (gop.sr). ida / idb: the operands' mxfp8_moe_operand ids for expert e's statistics (numerics.c; a weight's are
@@ -289,6 +291,12 @@ void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add);
  *  call: a serial memset of T x H floats left the other threads waiting). */
 void mxfp8i_moe_zero_f(float *acc, int64_t n);
 void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add);
+/** store.c: the combine of the expert-parallel paths: acc[t] += V[q] (rows of H floats, acc [T, H], V [N*B, H]) for
+ *  each token t's real positions q, taken block by block in the order bord lists the blocks (NULL: ascending),
+ *  positions ascending within a block; first [2 (T + 1)] and list [N*B] are scratch. Threads split the tokens: the
+ *  same bits for any thread count. */
+void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, const float *V, float *acc, int32_t *first,
+                             int32_t *list);
 
 /** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */
 mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,
@@ -361,13 +369,27 @@ static inline int mxfp8i_moe_run_joins(const mxfp8i_moe *p, int64_t blocks, int6
 /** Test-only switch of the runs (-1: by size, 0: never, 1: whenever blocks qualify). Not thread-safe: set it while
  *  no MoE call runs. Returns the previous value. */
 int mxfp8i_moe_set_block_runs(int mode);
-/** Test-only switch of the forward's expert-parallel path (fwd.c; -1: where runs do not pay and more than one thread
- *  runs, 0: never, 1: wherever it applies, also on 1 thread). Not thread-safe, as above. Returns the previous value. */
+/** The expert-parallel paths of the forward (fwd.c forward_par: threads take groups of one expert's blocks) and the
+ *  backward (bwd.c backward_par: threads take the blocks of a wave of experts, then their weight gradients whole):
+ *  where runs of blocks do not pay (small widths), each block runs on one thread, and the additions across experts
+ *  are made afterwards in the serial walk's order: the same bits. Whether a call takes one: runs do not pay, more
+ *  than one thread runs (mxfp8i_moe_par_mode forces it), no operand statistics (accumulated per expert in the serial
+ *  walk's order), and each position's row of H floats within 256 MiB in all; each path adds its own conditions. */
+extern int mxfp8i_moe_par_mode; /**< -1: by size (the default); 0: never; 1: always (mxfp8i_moe_set_expert_parallel) */
+static inline int mxfp8i_moe_par_pays(const mxfp8i_moe *p, const mxfp8_quant_stats *stats) {
+    if (mxfp8i_moe_par_mode == 0 || stats || mxfp8i_moe_runs_pay(p)) return 0;
+    if ((double)p->N * (double)p->B * (double)p->H * sizeof(float) > 268435456.0) return 0;
+    return mxfp8i_moe_par_mode == 1 || mxfp8i_num_threads() > 1;
+}
+/** Test-only switch of both expert-parallel paths (-1: where mxfp8i_moe_par_pays, 0: never, 1: wherever it applies,
+ *  also on 1 thread). Not thread-safe, as above. Returns the previous value. */
 int mxfp8i_moe_set_expert_parallel(int mode);
 
 /** Threads for `work` elementwise operations (or multiply-adds): 1 below a threshold, so that small problems do not
  *  pay OpenMP fork/barrier costs (results never depend on the thread count). */
-static inline int mxfp8i_moe_nt(double work) { return work < 65536.0 ? 1 : mxfp8i_num_threads(); }
+static inline int mxfp8i_moe_nt(double work) {
+    return work < 65536.0 || mxfp8i_moe_alone ? 1 : mxfp8i_num_threads();
+}
 
 /** Number of groups of 32 along an axis of length K. */
 static inline int64_t mxfp8i_moe_groups(int64_t K) { return (K + 31) / 32; }

@@ -82,11 +82,11 @@ static mxfp8_status operand_stats(const mxfp8i_moe *p, int64_t e, const mxfp8i_g
     return MXFP8_OK;
 }
 
-static _Thread_local int g_one_thread; /* mxfp8i_moe_gemm_one_thread */
+_Thread_local int mxfp8i_moe_alone; /* mxfp8i_moe_gemm_one_thread */
 
 int mxfp8i_moe_gemm_one_thread(int on) {
-    const int prev = g_one_thread;
-    g_one_thread = on != 0;
+    const int prev = mxfp8i_moe_alone;
+    mxfp8i_moe_alone = on != 0;
     return prev;
 }
 
@@ -95,7 +95,7 @@ int mxfp8i_moe_gemm_one_thread(int on) {
 static void phase_setup(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, mxfp8_matmul_config *cfg, int *nt) {
     (void)p;
     mxfp8_matmul_config_init(cfg);
-    *nt = g_one_thread || (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
+    *nt = mxfp8i_moe_alone || (double)M * (double)N * (double)K < 4194304.0 ? 1 : mxfp8i_num_threads();
 }
 
 mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, int64_t K, int keyed_slot) {
@@ -103,7 +103,7 @@ mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, 
     int nt;
     phase_setup(p, M, N, K, &cfg, &nt);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_gemm_reserve(M, N, K, &cfg, 1, keyed_slot)); /* smaller problems: 1 thread */
-    return g_one_thread ? MXFP8_OK : mxfp8i_gemm_reserve(M, N, K, &cfg, mxfp8i_num_threads(), keyed_slot);
+    return mxfp8i_moe_alone ? MXFP8_OK : mxfp8i_gemm_reserve(M, N, K, &cfg, mxfp8i_num_threads(), keyed_slot);
 }
 
 /* One GEMM of a phase through the block-scaled GEMM of src/gemm (quantize along K, FP32 fmaf accumulation in
@@ -138,7 +138,7 @@ mxfp8_status mxfp8i_moe_gemm_segments_reserve(const mxfp8i_moe *p, int64_t M, in
     int nt;
     phase_setup(p, M, N, Kmax, &cfg, &nt);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_gemm_segments_reserve(M, N, Kmax, nseg, &cfg, 1));
-    return mxfp8i_gemm_segments_reserve(M, N, Kmax, nseg, &cfg, mxfp8i_num_threads());
+    return mxfp8i_moe_alone ? MXFP8_OK : mxfp8i_gemm_segments_reserve(M, N, Kmax, nseg, &cfg, mxfp8i_num_threads());
 }
 
 /* The segmented GEMM (mxfp8i_gemm_segments) after each segment's operand statistics, segment by segment in the

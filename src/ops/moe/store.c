@@ -121,3 +121,34 @@ void mxfp8i_moe_store_expert(const mxfp8_tensor *t, int64_t e, int64_t per, floa
         mxfp8i_fenv_leave(csr);
     }
 }
+
+void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, const float *V, float *acc, int32_t *first,
+                             int32_t *list) {
+    const int64_t N = p->N, B = p->B, H = p->H, T = p->T;
+    int32_t *cur = first + T + 1;
+    /* each token's positions in that order (a counting sort by token) */
+    for (int64_t t = 0; t <= T; t++) first[t] = 0;
+    for (int64_t q = 0; q < N * B; q++)
+        if (p->tok[q] >= 0) first[p->tok[q] + 1]++;
+    for (int64_t t = 0; t < T; t++) first[t + 1] += first[t];
+    for (int64_t t = 0; t < T; t++) cur[t] = first[t];
+    for (int64_t i = 0; i < N; i++) {
+        const int64_t n = bord ? bord[i] : i;
+        for (int64_t q = n * B; q < (n + 1) * B; q++)
+            if (p->tok[q] >= 0) list[cur[p->tok[q]]++] = (int32_t)q;
+    }
+    const int nt = mxfp8i_moe_nt((double)N * (double)B * (double)H);
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            float *dst = acc + t * H;
+            for (int32_t k = first[t]; k < first[t + 1]; k++) {
+                const float *src = V + (int64_t)list[k] * H;
+                for (int64_t h = 0; h < H; h++) dst[h] += src[h];
+            }
+        }
+        mxfp8i_fenv_leave(csr);
+    }
+}
