@@ -433,9 +433,10 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
  * token's dX rows (V) in expert-major block order, then its affinity-gradient terms per (token, expert) in block
  * order. Stochastic-rounding indices depend on the block and position only: the same bits. Measured (AMD Zen 4,
  * 2 threads, H = 256, I = 512, B = 128, E = 8, top-2, 2048 tokens, in one process against the serial walk): quiet
- * 0.98-1.02 of its time in both configurations of the benchmark; with one of the two vCPUs slowed by the host
- * 0.70-0.74 (the serial walk went from 23 to 33 ms, this path stayed at 23.5-25). With 64 experts of 2-3 blocks
- * (H = 1024, I = 256, top-8) 0.98-1.00 quiet, 0.77 disturbed. */
+ * 0.95-0.99 of its time in both configurations of the benchmark; with one of the two vCPUs slowed by the host
+ * 0.70-0.76 (the serial walk went from 23 to 33 ms, this path stayed at 23.5-25.5). With 64 experts of 2-3 blocks
+ * (H = 1024, I = 256, top-8) 0.98-1.00 quiet, 0.77-0.80 disturbed. Tried first: threads on whole experts (an
+ * expert's work left one thread idle at the end: 1.00-1.05 quiet) and waves separated by barriers (1.01-1.03). */
 static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
     const mxfp8i_moe *p = w->p;
     const int64_t N = p->N, B = p->B, E = p->E;
