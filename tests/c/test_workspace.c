@@ -179,9 +179,10 @@ static int64_t bound_moe_segmented_extra(int64_t T, int64_t H, int64_t I, int64_
  * waves of W rows of Phase 3 / 4 operands, the schedule's tables. gb1: the block GEMM's bound on 1 thread. */
 static int64_t bound_moe_par(int64_t T, int64_t H, int64_t I, int64_t E, int64_t B, int64_t N, int64_t Re,
                              int64_t Se, int nt, int64_t gb1) {
-    int64_t Bp = B < T ? B : T, m = Re > 4 * Bp ? Re : 4 * Bp, W = (int64_t)((nt + 1) / 2) * m;
+    int64_t Bp = B < T ? B : T, W = T < N * B ? T : N * B;
     if (Bp < 1) Bp = 1;
-    if (W > (N * B > Re ? N * B : Re)) W = N * B > Re ? N * B : Re;
+    if (W < 4 * B && 4 * B <= N * B) W = 4 * B;
+    if (W < Re) W = Re;
     const int64_t once = 4 * T * H + 8 * (T * E + 2 * E * I + E * H) + 4 * (N * B + N) + 4 * N * B * H + 16 * N * B +
                          2 * W * (8 * H + 12 * I) + 80 * (E + 1) + 36 * N + 8 * T + 64 + omp_overhead(nt);
     const int64_t per = 24 * H * I + 4 * Bp * (8 * H + 13 * I) + 8 * H * (I + 32) + 16 * I * (H + 32) + gb1 +

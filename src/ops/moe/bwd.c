@@ -100,18 +100,19 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx);
 static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
 
 /* The bytes of a row of one of the Phase 3 / 4 operand buffers on the expert-parallel path (i: 0 X, 1 dGU, 2 S
- * (ON_I) or inter (ON_H), 3 dY (ON_I) or D (ON_H)), and the rows of a wave (wave_rows: (nt + 1) / 2 times the
- * larger of the largest expert's rows and 4 full blocks -- with two waves in flight, about one expert per thread,
- * and small experts grouped; never more than all the blocks' rows). */
+ * (ON_I) or inter (ON_H), 3 dY (ON_I) or D (ON_H)), and the rows of a wave (wave_rows): min(T, N B), which holds any
+ * one expert's rows of mxfp8_moe_route's layout whatever the routing (so a training loop's later steps, whose
+ * routing differs, need no larger workspace), or the most rows of one expert where another layout has more; at
+ * least 4 full blocks. */
 static size_t row_bytes(const mxfp8i_moe *p, int i) {
     const size_t xes = mxfp8_dtype_size(mxfp8i_moe_xb_dtype(&p->X)), f = sizeof(float);
     const size_t cols[4] = {(size_t)p->H * xes, (size_t)(2 * p->I) * f, (size_t)p->I * f, (size_t)p->H * f};
     return cols[i];
 }
-static int64_t wave_rows(const mxfp8i_moe *p, int nt) {
-    const int64_t r = (int64_t)((nt + 1) / 2) * (p->Re > 4 * p->B ? p->Re : 4 * p->B);
-    const int64_t all = p->N * p->B > p->Re ? p->N * p->B : p->Re;
-    return r < all ? r : all > 0 ? all : 1;
+static int64_t wave_rows(const mxfp8i_moe *p) {
+    const int64_t all = p->N * p->B, r = p->T < all ? p->T : all, b4 = 4 * p->B < all ? 4 * p->B : all;
+    const int64_t w = r > b4 ? r : b4;
+    return w > p->Re ? w : p->Re > 0 ? p->Re : 1;
 }
 
 /* Point the Phase 3 / 4 operand buffers of state tw (its *0 pointers) at row r0 of the call's buffers of wave wi
@@ -148,7 +149,7 @@ static mxfp8_status moe_bwd_reserve_par(const bwd_job *j) {
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_ws_plan(p->fn, moe_bwd_reserve_job, &tj, &inner));
     const int nt = mxfp8i_num_threads();
     w->par_bytes = mxfp8i_ws_sub_bytes(inner);
-    w->wrows = wave_rows(p, nt);
+    w->wrows = wave_rows(p);
     size_t set_bytes = 0;
     for (int i = 0; i < 4; i++) set_bytes += 2 * al64((size_t)w->wrows * row_bytes(p, i)); /* two waves' */
     bool ok = true;
@@ -367,9 +368,13 @@ static void par_plan(mxfp8i_moe_bwd *w) {
         }
     int64_t *ws = w->wstart;
     w->nw = 0, ws[0] = 0;
+    /* (a wave fills about (P + 1) / 2 of the largest experts, or 4 blocks per thread of smaller ones, well below the
+       buffers' room where the routing is even: two waves in flight stay in the last-level cache) */
+    const int64_t nt = mxfp8i_num_threads(), big = p->Re > 4 * p->B ? p->Re : 4 * p->B;
+    const int64_t fill = (nt + 1) / 2 * big < w->wrows ? (nt + 1) / 2 * big : w->wrows;
     for (int64_t e = 0, cur = 0; e < E; e++) {
         const int64_t rows = es[e + 1] > es[e] ? w->so[es[e + 1] - 1] + w->sL[es[e + 1] - 1] : 0;
-        if (cur > 0 && cur + rows > w->wrows) ws[++w->nw] = e, cur = 0;
+        if (cur > 0 && cur + rows > fill) ws[++w->nw] = e, cur = 0;
         w->erow[e] = cur;
         cur += rows;
     }
@@ -425,16 +430,16 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
  * tasks from one schedule, with no barrier until the end: a block of an expert (every phase as the serial walk runs
  * it, on the calling thread; its Phase 3 / 4 operands written to its rows of its expert's part of its wave's
  * buffers), or the weight gradient dW1 or dW2 of an expert whose blocks are all done (a segmented GEMM over its
- * blocks in block order, with that expert's bias sums, as run_expert does). The experts go in waves (consecutive
- * experts whose rows fit wave_rows); two waves' buffers, so a wave's blocks can start once the wave two before it has
- * all its weight gradients done. A thread stays on one expert while it has blocks (its weights packed once), then
- * takes the next expert nobody is on, and only then the last blocks of another thread's expert; weight gradients come
- * first whenever one is ready. What the serial walk adds across experts is added afterwards in its order: each
+ * blocks in block order, with that expert's bias sums, as run_experts does). The experts go in waves of consecutive
+ * experts (par_plan); two waves' buffers (wave_rows each, whatever the routing), so a wave's blocks can start once
+ * the wave two before it has all its weight gradients done. A thread stays on one expert while it has blocks (its
+ * weights packed once), then takes the next expert nobody is on, and only then the last blocks of another thread's
+ * expert; weight gradients come first whenever one is ready. What the serial walk adds across experts is added afterwards in its order: each
  * token's dX rows (V) in expert-major block order, then its affinity-gradient terms per (token, expert) in block
  * order. Stochastic-rounding indices depend on the block and position only: the same bits. Measured (AMD Zen 4,
  * 2 threads, H = 256, I = 512, B = 128, E = 8, top-2, 2048 tokens, in one process against the serial walk): quiet
  * 0.95-0.99 of its time in both configurations of the benchmark; with one of the two vCPUs slowed by the host
- * 0.70-0.76 (the serial walk went from 23 to 33 ms, this path stayed at 23.5-25.5). With 64 experts of 2-3 blocks
+ * 0.65-0.76 (the serial walk went from 23 to 33 ms, this path stayed at 23.5-25.5). With 64 experts of 2-3 blocks
  * (H = 1024, I = 256, top-8) 0.98-1.00 quiet, 0.77-0.80 disturbed. Tried first: threads on whole experts (an
  * expert's work left one thread idle at the end: 1.00-1.05 quiet) and waves separated by barriers (1.01-1.03). */
 static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
