@@ -637,6 +637,33 @@ static void test_positions_major(void) {
  * multiples of 32, an expert with no tokens, padding inside blocks, B = 24, and top-3 routing (three contributions
  * per token, whose order of addition shows). */
 int mxfp8i_moe_set_expert_parallel(int mode); /* src/ops/moe/moe.h (test-only: -1 auto, 0 never, 1 always) */
+/* The blocks in reverse order (each block's positions and expert moved with it): blocks no longer ascend by expert,
+ * so the serial walk's expert-major order differs from the order of the positions. */
+static void reverse_blocks(prob *P) {
+    for (int64_t n = 0, m = P->N - 1; n < m; n++, m--) {
+        for (int64_t q = 0; q < P->B; q++) {
+            const int32_t x = P->tok[n * P->B + q];
+            P->tok[n * P->B + q] = P->tok[m * P->B + q], P->tok[m * P->B + q] = x;
+        }
+        const int32_t e = P->b2e[n];
+        P->b2e[n] = P->b2e[m], P->b2e[m] = e;
+    }
+}
+/* The problems of the expert-parallel tests: 0-2 make_problem's, 3 padding inside blocks, 4 B = 24, 5 top-3 routing
+ * (three contributions per token: their order of addition shows), 6 the same with the blocks reversed (the
+ * backward's expert order is no longer the positions' order). */
+static void par_problem(prob *P, int which) {
+    if (which == 4) prob_make(P, 70, 40, 48, 3, 2, 24, 1, NULL);
+    else if (which >= 5) prob_make(P, 90, 64, 40, 5, 3, 16, 1, NULL);
+    else make_problem(P, which == 3 ? 0 : which);
+    if (which == 3) punch_padding(P);
+    if (which == 6) reverse_blocks(P);
+}
+/* The configurations the expert-parallel tests leave out: fewer for the large problem, and for the problems other
+ * than 0 and the top-3 ones only SiLU and Swish. */
+static int par_skip(int which, int act, int bias, int sr) {
+    return (which == 2 && (act != 0 || bias != sr)) || (which < 5 && which != 0 && act > 1);
+}
 static void forward_par_once(const prob *P, const mxfp8_moe_config *cfg, int par, int nt, int layout, float *o[5]) {
     const int64_t N = P->N, B = P->B, I = P->I;
     mxfp8_moe_fwd_args F;
@@ -655,12 +682,9 @@ static void forward_par_once(const prob *P, const mxfp8_moe_config *cfg, int par
 static void test_expert_parallel(void) {
     int configs = 0;
     const uint64_t keep = g_rng; /* (the later tests' problems stay the ones their tolerances were set on) */
-    for (int which = 0; which < 6; which++) {
+    for (int which = 0; which < 7; which++) {
         prob P;
-        if (which == 4) prob_make(&P, 70, 40, 48, 3, 2, 24, 1, NULL);
-        else if (which == 5) prob_make(&P, 90, 64, 40, 5, 3, 16, 1, NULL); /* top-3 */
-        else make_problem(&P, which == 3 ? 0 : which);
-        if (which == 3) punch_padding(&P);
+        par_problem(&P, which);
         const int64_t N = P.N, B = P.B, I = P.I;
         const size_t len[5] = {(size_t)(P.T * P.H), (size_t)(N * 2 * I * B), (size_t)(N * I * B),
                                (size_t)(N * I * B), (size_t)(N * I * B)};
@@ -668,8 +692,7 @@ static void test_expert_parallel(void) {
             for (int aff = 0; aff < 2; aff++)
                 for (int bias = 0; bias < 2; bias++)
                     for (int sr = 0; sr < 2; sr++) {
-                        if (which == 2 && (act != 0 || bias != sr)) continue; /* fewer for the large one */
-                        if (which != 5 && which != 0 && act > 1) continue;
+                        if (par_skip(which, act, bias, sr)) continue;
                         const mxfp8_moe_config cfg = layer_config(act, aff, bias, sr, 4242u + (unsigned)act);
                         for (int layout = 0; layout < 3; layout++) {
                             float *ref[5], *o[5];
@@ -707,18 +730,6 @@ static void test_expert_parallel(void) {
  * paths, F32 and BF16 gradients (written straight by the segmented GEMMs), given values added
  * (skip_grad_initialization, accumulate_hidden_states_grad), and the problems of the forward's test (an expert with
  * no tokens, padding inside blocks, B = 24, top-3 routing). */
-/* The blocks in reverse order (each block's positions and expert moved with it): blocks no longer ascend by expert,
- * so the serial walk's expert-major order differs from the order of the positions. */
-static void reverse_blocks(prob *P) {
-    for (int64_t n = 0, m = P->N - 1; n < m; n++, m--) {
-        for (int64_t q = 0; q < P->B; q++) {
-            const int32_t x = P->tok[n * P->B + q];
-            P->tok[n * P->B + q] = P->tok[m * P->B + q], P->tok[m * P->B + q] = x;
-        }
-        const int32_t e = P->b2e[n];
-        P->b2e[n] = P->b2e[m], P->b2e[m] = e;
-    }
-}
 static void backward_par_once(const prob *P, const mxfp8_moe_config *cfg, const mxfp8_moe_bwd_args *A0, int par,
                               int nt, int seg, mxfp8_dtype dt, grads *G) {
     mxfp8_moe_bwd_args A = *A0;
@@ -740,18 +751,13 @@ static void test_backward_parallel(void) {
     const uint64_t keep = g_rng; /* (the later tests' problems stay the ones their tolerances were set on) */
     for (int which = 0; which < 7; which++) {
         prob P;
-        if (which == 4) prob_make(&P, 70, 40, 48, 3, 2, 24, 1, NULL);
-        else if (which >= 5) prob_make(&P, 90, 64, 40, 5, 3, 16, 1, NULL); /* top-3 */
-        else make_problem(&P, which == 3 ? 0 : which);
-        if (which == 3) punch_padding(&P);
-        if (which == 6) reverse_blocks(&P); /* (three contributions per token, added in expert order) */
+        par_problem(&P, which);
         const int64_t N = P.N, B = P.B, I = P.I, H = P.H;
         for (int act = 0; act < 4; act++)
             for (int aff = 0; aff < 2; aff++)
                 for (int bias = 0; bias < 2; bias++)
                     for (int sr = 0; sr < 2; sr++) {
-                        if (which == 2 && (act != 0 || bias != sr)) continue; /* fewer for the large one */
-                        if (which < 5 && which != 0 && act > 1) continue;
+                        if (par_skip(which, act, bias, sr)) continue;
                         mxfp8_moe_config cfg = layer_config(act, aff, bias, sr, 5151u + (unsigned)act);
                         float *o[NOUT], *pm[5];
                         size_t len[NOUT];

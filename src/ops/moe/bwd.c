@@ -37,10 +37,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "bwd_state.h"
 
 /* A slot of the call's workspace for n elements of es bytes (the next of the layer's slots). */
@@ -451,14 +447,9 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
     int failed = 0;
 #pragma omp parallel num_threads(nt)
     {
-#ifdef _OPENMP
-        const int t = omp_get_thread_num();
-#else
-        const int t = 0;
-#endif
-        mxfp8i_scope sc;
-        mxfp8i_scope_begin_sub(&sc, w->arenas + (size_t)t * w->par_bytes, w->par_bytes);
-        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+        mxfp8i_moe_worker wk;
+        mxfp8i_moe_worker_begin(&wk, w->arenas, w->par_bytes);
+        const int t = wk.t;
         mxfp8i_moe_bwd tw;
         bwd_state(&tw, p, w->args);
         tw.seg = 1;
@@ -468,7 +459,6 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
         tw.par = 1, tw.V = w->V, tw.dab = w->dab, tw.db1 = w->db1, tw.db2 = w->db2;
         /* the weight-gradient outputs (segmented: each expert's GEMM overwrites the worker's FP32 pair) */
         tw.wgrad[0] = &grads->gate_up_proj_weight_grad, tw.wgrad[1] = &grads->down_proj_weight_grad;
-        const int one = mxfp8i_moe_gemm_one_thread(1);
         int64_t k = -1, e = 0;
         int which = 0, done = 0;
         while (!done) {
@@ -485,13 +475,7 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
                 } /* (nothing ready: another thread's task comes first) */
             }
         }
-        mxfp8i_moe_gemm_one_thread(one);
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        mxfp8i_fenv_leave(csr);
-        mxfp8i_scope_end(&sc);
+        mxfp8i_moe_worker_end(&wk, ok, &failed);
     }
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
     /* the blocks in expert-major order (a counting sort by expert), each token's dX rows added in that order */

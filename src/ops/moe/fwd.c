@@ -17,10 +17,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "../../kernels/registry.h"
 #include "moe.h"
 
@@ -350,19 +346,12 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
     int failed = 0;
 #pragma omp parallel num_threads(nt)
     {
-#ifdef _OPENMP
-        const int t = omp_get_thread_num();
-#else
-        const int t = 0;
-#endif
-        mxfp8i_scope sc;
-        mxfp8i_scope_begin_sub(&sc, w->par + (size_t)t * w->par_bytes, w->par_bytes);
-        const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+        mxfp8i_moe_worker wk;
+        mxfp8i_moe_worker_begin(&wk, w->par, w->par_bytes);
         fwd_ws tw;
         const fwd_job tj = {p, NULL, &tw, 1, 1};
         /* this worker's buffers, carved from its share of the arena (sized by the same reservation) */
         int ok = !mxfp8i_ws_plan(p->fn, moe_fwd_reserve_job, &tj, NULL) && !moe_fwd_reserve_job(&tj);
-        const int one = mxfp8i_moe_gemm_one_thread(1);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t gi = 0; gi < ng; gi++)
             for (int64_t n = w->grp[gi]; ok && n < w->grp[gi + 1]; n++) {
@@ -371,13 +360,7 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
                 else if (any_checkpoint(o)) /* a padding-only block: zero checkpoints */
                     write_checkpoints(p, n, 0, o, 1, tw.g, tw.u, tw.act, tw.inter, tw.down, tw.aq, 0, 1);
             }
-        mxfp8i_moe_gemm_one_thread(one);
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        mxfp8i_fenv_leave(csr);
-        mxfp8i_scope_end(&sc);
+        mxfp8i_moe_worker_end(&wk, ok, &failed);
     }
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
     mxfp8i_moe_combine_rows(p, NULL, w->V, w->acc, w->first, w->list); /* in position order: block order */

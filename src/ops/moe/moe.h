@@ -27,6 +27,7 @@
 #include "../../quant/panel.h"
 #include "../../runtime/fenv.h"
 #include "../../runtime/threads.h"
+#include "../../runtime/workspace.h"
 #include "../../runtime/tensor.h"
 
 /** Inputs common to the forward and the backward (pointers into the caller's args). */
@@ -176,6 +177,17 @@ mxfp8_status mxfp8i_moe_gemm_reserve(const mxfp8i_moe *p, int64_t M, int64_t N, 
  *  previous setting. */
 int mxfp8i_moe_gemm_one_thread(int on);
 extern _Thread_local int mxfp8i_moe_alone; /**< the setting (numerics.c) */
+/** A worker of an expert-parallel path's parallel region (numerics.c): begin opens its thread's share of `arenas`
+ *  (`bytes` each) as its scope, enters the IEEE defaults and runs its GEMMs on its own thread; end undoes them and
+ *  raises *failed (atomically) unless ok. */
+typedef struct mxfp8i_moe_worker {
+    mxfp8i_scope sc;
+    unsigned csr;
+    int one; /**< the thread's mxfp8i_moe_gemm_one_thread setting before */
+    int t;   /**< the thread's number in the region */
+} mxfp8i_moe_worker;
+void mxfp8i_moe_worker_begin(mxfp8i_moe_worker *k, char *arenas, size_t bytes);
+void mxfp8i_moe_worker_end(mxfp8i_moe_worker *k, int ok, int *failed);
 /** C[M, N] (=|+=) sum_k deq(A)[m, k] * deq(B)[n, k] with M = A->R, N = B->R, K = A->K; C F32 row-major with leading
  *  dimension ldc. Both operands quantized along K with their own recipe (gop.rc: the layer's p->rc) and rounding
  *  (gop.sr). ida / idb: the operands' mxfp8_moe_operand ids for expert e's statistics (numerics.c; a weight's are

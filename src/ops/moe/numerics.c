@@ -7,6 +7,10 @@
  */
 #include <stdlib.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "../../runtime/workspace.h"
 #include "../opstats.h"
 #include "moe.h"
@@ -88,6 +92,27 @@ int mxfp8i_moe_gemm_one_thread(int on) {
     const int prev = mxfp8i_moe_alone;
     mxfp8i_moe_alone = on != 0;
     return prev;
+}
+
+void mxfp8i_moe_worker_begin(mxfp8i_moe_worker *k, char *arenas, size_t bytes) {
+#ifdef _OPENMP
+    k->t = omp_get_thread_num();
+#else
+    k->t = 0;
+#endif
+    mxfp8i_scope_begin_sub(&k->sc, arenas + (size_t)k->t * bytes, bytes);
+    k->csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+    k->one = mxfp8i_moe_gemm_one_thread(1);
+}
+
+void mxfp8i_moe_worker_end(mxfp8i_moe_worker *k, int ok, int *failed) {
+    mxfp8i_moe_gemm_one_thread(k->one);
+    if (!ok) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    mxfp8i_fenv_leave(k->csr);
+    mxfp8i_scope_end(&k->sc);
 }
 
 /* The config (speed knobs: the defaults) and thread count of a phase GEMM (small GEMMs, and every GEMM of a thread
