@@ -1119,13 +1119,14 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     1 MiB) and no operand statistics are asked for (nor, in the forward, a down projection checkpoint), the forward
  *     and the backward take an expert-parallel path (the same bits): each thread runs whole blocks by itself. The
  *     backward then holds per thread 24 H I + 4 B' (8 H + 13 I) + 8 H (I + 32) + 16 I (H + 32) +
- *     4 Se B' (H + 2 I + 64) + 320 Se + 12288 plus one block GEMM's workspace on 1 thread (above, M = B'), and once,
+ *     4 S' B' (H + 2 I + 64) + 320 S' + 12288 with S' = max(Se, min(N, ceil(T / B))) (room for any routing of
+ *     mxfp8_moe_route's layout) plus one block GEMM's workspace on 1 thread (above, M = B'), and once,
  *     beside dX, the FP64 sums and the routing table: 4 N B H + 16 N B (each position's dX row and affinity term),
  *     2 W (8 H + 12 I) with W = max(min(T, N B), min(4 B, N B), Re) (two waves of experts' Phase 3 and 4 operands:
  *     for mxfp8_moe_route's layout independent of the routing, so later calls of a training loop need no more),
  *     80 (E + 1) + 36 N + 8 T + 64 and OMP. At H = 256, I = 512, 8 experts, top-2, 2048 tokens, B = 128
- *     on 2 threads that is 52.5 MiB measured (16.0 MiB without the expert-parallel path), of which the waves of an
- *     evenly routed call touch about a third: the process's resident size grew by 9.6 MB.
+ *     on 2 threads that is 59.5 MiB measured (16.0 MiB without the expert-parallel path), most of it room that an
+ *     evenly routed call never touches: the process's resident size grew by 9.7 MB.
  *     Without the expert-parallel path the workspace stays below the bytes of the inputs and outputs themselves when
  *     those are F32 (and below twice them for BF16 gradients), independent of N beyond the routing table.
  *   Golden references (mxfp8_gemm_golden_*, mxfp8_moe_*_golden): FP32/FP64 copies of every operand (slow paths for

@@ -111,6 +111,13 @@ static int64_t wave_rows(const mxfp8i_moe *p) {
     return w > p->Re ? w : p->Re > 0 ? p->Re : 1;
 }
 
+/* The most blocks of one expert a worker reserves for: the call's, or all of any expert's blocks in
+ * mxfp8_moe_route's layout whatever the routing (ceil(T / B), at most N). */
+static int64_t par_segments(const mxfp8i_moe *p) {
+    const int64_t r = p->B > 0 ? (p->T + p->B - 1) / p->B : 0, s = r < p->N ? r : p->N;
+    return s > p->Se ? s : p->Se;
+}
+
 /* Point the Phase 3 / 4 operand buffers of state tw (its *0 pointers) at row r0 of the call's buffers of wave wi
  * (two waves' buffers: wave wi uses those of wi % 2). */
 static void set_carve(const mxfp8i_moe_bwd *w, int64_t wi, int64_t r0, mxfp8i_moe_bwd *tw) {
@@ -183,8 +190,10 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     bool ok = wk || !mxfp8i_moe_table_reserve(p);
     if (j->par && !wk) return ok ? moe_bwd_reserve_par(j) : MXFP8_ERR_OUT_OF_MEMORY;
     int64_t Re = 0, Se = 0;
-    /* found by the checks' routing walk (the table is filled after this); a worker's operand rows are the call's */
-    if (w->seg) Re = wk ? 0 : p->Re, Se = p->Se;
+    /* found by the checks' routing walk (the table is filled after this); a worker's operand rows are the call's,
+       and its segments are sized for any routing of mxfp8_moe_route's layout (an expert's blocks hold at most T
+       tokens), as its wave buffers are, so later calls of a training loop need no larger arena */
+    if (w->seg) Re = wk ? 0 : p->Re, Se = wk ? par_segments(p) : p->Se;
     if (Se > 0x7fffffff) w->seg = 0;    /* more segments than an int counts: the per-block path */
     /* rows of the Phase 3 / 4 operand buffers: expert-sized on the segmented path */
     const int64_t Rx = w->seg ? Re : Bw, RI = w->seg && !w->onH ? Re : Bw, RH = w->seg && w->onH ? Re : Bw;
