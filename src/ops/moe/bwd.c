@@ -171,8 +171,9 @@ static mxfp8_status moe_bwd_reserve_par(const bwd_job *j) {
     w->dab = (double *)slot(&k, NB, sizeof(double), &ok);
     w->estart = (int64_t *)slot(&k, 10 * (E + 1) + 3 * N, sizeof(int64_t), &ok);
     MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", p->fn);
-    w->erow = w->estart + E + 1, w->wstart = w->erow + E + 1, w->sched = w->wstart + E + 1;
-    w->sn = w->sched + 7 * (E + 1), w->sL = w->sn + N, w->so = w->sL + N;
+    int64_t **tab[] = {&w->erow, &w->wstart, &w->bdone, &w->wtaken, &w->elo, &w->ehi, &w->owner, &w->ewave, &w->wdone};
+    for (int i = 0; i < 9; i++) *tab[i] = w->estart + (i + 1) * (E + 1);
+    w->sn = w->estart + 10 * (E + 1), w->sL = w->sn + N, w->so = w->sL + N;
     return MXFP8_OK;
 }
 
@@ -346,29 +347,25 @@ static mxfp8_status par_wgrad(mxfp8i_moe_bwd *tw, const mxfp8i_moe_bwd *w, int64
     return MXFP8_OK;
 }
 
-/* The expert-parallel path's tables: every expert's blocks with rows, ascending (estart; sn, sL, so: a counting sort
- * by expert, each block's first row in its expert's part), the waves (wstart: consecutive experts whose rows fit
- * wave_rows; erow: each expert's first row in its wave's buffers) and the schedule's state (sched: par_take). */
+/* The expert-parallel path's tables: the blocks with rows in expert-major order, ascending within an expert (bord,
+ * and estart: a counting sort by expert), each with its length and first row in its expert's part (sn, sL, so); the
+ * waves (wstart: consecutive experts; erow: each expert's first row in its wave's buffers) and the schedule's state
+ * (par_take). */
 static void par_plan(mxfp8i_moe_bwd *w) {
     const mxfp8i_moe *p = w->p;
     const int64_t N = p->N, E = p->E;
     int64_t *es = w->estart;
+    int32_t *bcur = w->bord + N; /* (the counting sort's cursors) */
     for (int64_t e = 0; e <= E; e++) es[e] = 0;
-    for (int64_t n = 0; n < N; n++) {
-        w->sL[n] = mxfp8i_moe_block_len(p, n);
-        if (w->sL[n] > 0) es[p->expert[n] + 1]++;
-    }
+    for (int64_t n = 0; n < N; n++)
+        if (mxfp8i_moe_block_len(p, n) > 0) es[p->expert[n] + 1]++;
     for (int64_t e = 0; e < E; e++) es[e + 1] += es[e];
-    int32_t *bcur = w->bord; /* (scratch until the combine) */
     for (int64_t e = 0; e < E; e++) bcur[e] = (int32_t)es[e];
     for (int64_t n = 0; n < N; n++)
-        if (w->sL[n] > 0) { /* (sL by block until here; so holds the length until the next loop) */
-            const int32_t k = bcur[p->expert[n]]++;
-            w->sn[k] = n, w->so[k] = w->sL[n];
-        }
+        if (mxfp8i_moe_block_len(p, n) > 0) w->bord[bcur[p->expert[n]]++] = (int32_t)n;
     for (int64_t e = 0; e < E; e++)
         for (int64_t k = es[e], r = 0; k < es[e + 1]; k++) {
-            w->sL[k] = w->so[k], w->so[k] = r;
+            w->sn[k] = w->bord[k], w->sL[k] = mxfp8i_moe_block_len(p, w->sn[k]), w->so[k] = r;
             r += w->sL[k];
         }
     int64_t *ws = w->wstart;
@@ -384,14 +381,11 @@ static void par_plan(mxfp8i_moe_bwd *w) {
         cur += rows;
     }
     ws[++w->nw] = E;
-    /* per expert: its blocks done, its weight gradients taken (bit 1: dW1, bit 2: dW2), its blocks not yet taken
-       [elo, ehi), the thread on it (-1: none yet), its wave; per wave: its weight gradients done */
-    int64_t *bdone = w->sched, *wtaken = bdone + (E + 1), *elo = wtaken + (E + 1), *ehi = elo + (E + 1),
-            *owner = ehi + (E + 1), *ewave = owner + (E + 1), *wdone = ewave + (E + 1);
     for (int64_t v = 0; v < w->nw; v++) {
-        wdone[v] = 0;
+        w->wdone[v] = 0;
         for (int64_t x = ws[v]; x < ws[v + 1]; x++)
-            bdone[x] = wtaken[x] = 0, elo[x] = es[x], ehi[x] = es[x + 1], owner[x] = -1, ewave[x] = v;
+            w->bdone[x] = w->wtaken[x] = 0, w->elo[x] = es[x], w->ehi[x] = es[x + 1], w->owner[x] = -1,
+            w->ewave[x] = v;
     }
     w->taken = 0;
 }
@@ -403,9 +397,8 @@ static void par_plan(mxfp8i_moe_bwd *w) {
  * thread's expert; 3. the first block of an expert nobody is on; 4. the last block of another thread's expert -- of
  * experts whose wave's buffers are free (the wave two before it has all its weight gradients done). */
 static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which) {
-    const int64_t E = w->p->E, *es = w->estart, *ws = w->wstart;
-    int64_t *bdone = w->sched, *wtaken = bdone + (E + 1), *elo = wtaken + (E + 1), *ehi = elo + (E + 1),
-            *owner = ehi + (E + 1), *ewave = owner + (E + 1), *wdone = ewave + (E + 1);
+    const int64_t E = w->p->E, *es = w->estart, *ws = w->wstart, *ewave = w->ewave;
+    int64_t *bdone = w->bdone, *wtaken = w->wtaken, *elo = w->elo, *ehi = w->ehi, *owner = w->owner, *wdone = w->wdone;
     if (*k >= 0) bdone[*e]++;
     if (*which) wdone[ewave[*e]]++;
     *k = -1, *which = 0;
@@ -439,10 +432,11 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
  * experts (par_plan); two waves' buffers (wave_rows each, whatever the routing), so a wave's blocks can start once
  * the wave two before it has all its weight gradients done. A thread stays on one expert while it has blocks (its
  * weights packed once), then takes the next expert nobody is on, and only then the last blocks of another thread's
- * expert; weight gradients come first whenever one is ready. What the serial walk adds across experts is added afterwards in its order: each
- * token's dX rows (V) in expert-major block order, then its affinity-gradient terms per (token, expert) in block
- * order. Stochastic-rounding indices depend on the block and position only: the same bits. Measured (AMD Zen 4,
- * 2 threads, H = 256, I = 512, B = 128, E = 8, top-2, 2048 tokens, in one process against the serial walk): quiet
+ * expert; weight gradients come first whenever one is ready. What the serial walk adds across experts is added
+ * afterwards in its order: each token's dX rows (V) in expert-major block order, then its affinity-gradient terms
+ * per (token, expert) in block order. Stochastic-rounding indices depend on the block and position only: the same
+ * bits. Measured (AMD Zen 4, 2 threads, H = 256, I = 512, B = 128, E = 8, top-2, 2048 tokens, in one process
+ * against the serial walk): quiet
  * 0.95-0.99 of its time in both configurations of the benchmark; with one of the two vCPUs slowed by the host
  * 0.65-0.76 (the serial walk went from 23 to 33 ms, this path stayed at 23.5-25.5). With 64 experts of 2-3 blocks
  * (H = 1024, I = 256, top-8) 0.98-1.00 quiet, 0.77-0.80 disturbed. Tried first: threads on whole experts (an
@@ -451,7 +445,7 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
     const mxfp8i_moe *p = w->p;
     const int64_t N = p->N, B = p->B, E = p->E;
     par_plan(w);
-    const int64_t *ewave = w->sched + 5 * (E + 1);
+    const int64_t *ewave = w->ewave;
     const int nt = mxfp8i_num_threads();
     int failed = 0;
 #pragma omp parallel num_threads(nt)
@@ -487,13 +481,8 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
         mxfp8i_moe_worker_end(&wk, ok, &failed);
     }
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
-    /* the blocks in expert-major order (a counting sort by expert), each token's dX rows added in that order */
-    int32_t *bord = w->bord, *bcur = w->bord + N;
-    for (int64_t e = 0; e <= E; e++) bcur[e] = 0;
-    for (int64_t n = 0; n < N; n++) bcur[p->expert[n] + 1]++;
-    for (int64_t e = 0; e < E; e++) bcur[e + 1] += bcur[e];
-    for (int64_t n = 0; n < N; n++) bord[bcur[p->expert[n]]++] = (int32_t)n;
-    mxfp8i_moe_combine_rows(p, bord, w->V, w->dx, w->first, w->list);
+    /* each token's dX rows in expert-major block order (par_plan's list of the blocks with rows) */
+    mxfp8i_moe_combine_rows(p, w->bord, w->estart[E], w->V, w->dx, w->first, w->list);
     for (int64_t q = 0; q < N * B; q++) /* per (token, expert): its positions in block order */
         if (p->tok[q] >= 0) w->da[p->tok[q] * E + p->expert[q / B]] += w->dab[q];
     return MXFP8_OK;

@@ -51,12 +51,14 @@ typedef struct mxfp8i_moe_bwd {
     int par;
     float *V;
     double *dab;
-    /* the call's state on that path (bwd.c moe_bwd_reserve_par): the dX combine's scratch and the blocks in
-       expert-major order; every expert's blocks (sn, sL, so from estart[e] to estart[e + 1]) and its first row in
-       its wave (erow), the waves' first experts (wstart), the schedule's state (sched: backward_par); two waves'
-       buffers (wrows rows each) and the workers' arenas (par_bytes each) */
+    /* the call's state on that path (bwd.c moe_bwd_reserve_par, par_plan): the dX combine's scratch; the blocks with
+       rows in expert-major order (bord [N], then the sort's cursors [E + 1]); every expert's blocks (sn, sL, so from
+       estart[e] to estart[e + 1]) and its first row in its wave (erow), the waves' first experts (wstart); the
+       schedule's state (par_take), per expert: its blocks done, its weight gradients taken (bit 1: dW1, bit 2: dW2),
+       its blocks not yet taken [elo, ehi), the thread on it (-1: none yet), its wave; per wave: its weight gradients
+       done; two waves' buffers (wrows rows each) and the workers' arenas (par_bytes each) */
     int32_t *first, *list, *bord;
-    int64_t *estart, *erow, *wstart, *sched;
+    int64_t *estart, *erow, *wstart, *bdone, *wtaken, *elo, *ehi, *owner, *ewave, *wdone;
     char *sets, *arenas;
     int64_t wrows, nw, taken; /* (nw: the waves; taken: the weight gradients taken so far, backward_par) */
     size_t par_bytes;

@@ -363,7 +363,7 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
         mxfp8i_moe_worker_end(&wk, ok, &failed);
     }
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
-    mxfp8i_moe_combine_rows(p, NULL, w->V, w->acc, w->first, w->list); /* in position order: block order */
+    mxfp8i_moe_combine_rows(p, NULL, p->N, w->V, w->acc, w->first, w->list); /* in position order: block order */
     return MXFP8_OK;
 }
 

@@ -304,11 +304,11 @@ void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add);
 void mxfp8i_moe_zero_f(float *acc, int64_t n);
 void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add);
 /** store.c: the combine of the expert-parallel paths: acc[t] += V[q] (rows of H floats, acc [T, H], V [N*B, H]) for
- *  each token t's real positions q, taken block by block in the order bord lists the blocks (NULL: ascending),
- *  positions ascending within a block; first [2 (T + 1)] and list [N*B] are scratch. Threads split the tokens: the
- *  same bits for any thread count. */
-void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, const float *V, float *acc, int32_t *first,
-                             int32_t *list);
+ *  each token t's real positions q, taken block by block in the order the nb blocks of bord are listed (every block
+ *  with a real position among them; bord NULL: all N blocks ascending), positions ascending within a block;
+ *  first [2 (T + 1)] and list [N*B] are scratch. Threads split the tokens: the same bits for any thread count. */
+void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, float *acc,
+                             int32_t *first, int32_t *list);
 
 /** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */
 mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,
@@ -382,7 +382,7 @@ static inline int mxfp8i_moe_run_joins(const mxfp8i_moe *p, int64_t blocks, int6
  *  no MoE call runs. Returns the previous value. */
 int mxfp8i_moe_set_block_runs(int mode);
 /** The expert-parallel paths of the forward (fwd.c forward_par: threads take groups of one expert's blocks) and the
- *  backward (bwd.c backward_par: threads take the blocks of a wave of experts, then their weight gradients whole):
+ *  backward (bwd.c backward_par: threads take whole blocks and whole weight gradients from one schedule):
  *  where runs of blocks do not pay (small widths), each block runs on one thread, and the additions across experts
  *  are made afterwards in the serial walk's order: the same bits. Whether a call takes one: runs do not pay, more
  *  than one thread runs (mxfp8i_moe_par_mode forces it), no operand statistics (accumulated per expert in the serial

@@ -122,8 +122,8 @@ void mxfp8i_moe_store_expert(const mxfp8_tensor *t, int64_t e, int64_t per, floa
     }
 }
 
-void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, const float *V, float *acc, int32_t *first,
-                             int32_t *list) {
+void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, float *acc,
+                             int32_t *first, int32_t *list) {
     const int64_t N = p->N, B = p->B, H = p->H, T = p->T;
     int32_t *cur = first + T + 1;
     /* each token's positions in that order (a counting sort by token) */
@@ -132,7 +132,7 @@ void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, const flo
         if (p->tok[q] >= 0) first[p->tok[q] + 1]++;
     for (int64_t t = 0; t < T; t++) first[t + 1] += first[t];
     for (int64_t t = 0; t < T; t++) cur[t] = first[t];
-    for (int64_t i = 0; i < N; i++) {
+    for (int64_t i = 0; i < (bord ? nb : N); i++) {
         const int64_t n = bord ? bord[i] : i;
         for (int64_t q = n * B; q < (n + 1) * B; q++)
             if (p->tok[q] >= 0) list[cur[p->tok[q]]++] = (int32_t)q;
