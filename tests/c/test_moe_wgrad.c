@@ -649,13 +649,16 @@ static void reverse_blocks(prob *P) {
         P->b2e[n] = P->b2e[m], P->b2e[m] = e;
     }
 }
-/* The problems of the expert-parallel tests: 0-2 make_problem's, 3 padding inside blocks, 4 B = 24, 5 top-3 routing
- * (three contributions per token: their order of addition shows), 6 the same with the blocks reversed (the
- * backward's expert order is no longer the positions' order). */
+/* The problems of the expert-parallel tests: 0-2 make_problem's (in 1, token 0's affinities are -0: its rows of the
+ * forward's sum are signed zeros, and only additions to a +0 accumulator give the serial path's +0), 3 padding
+ * inside blocks, 4 B = 24, 5 top-3 routing (three contributions per token: their order of addition shows), 6 the
+ * same with the blocks reversed (the backward's expert order is no longer the positions' order). */
 static void par_problem(prob *P, int which) {
     if (which == 4) prob_make(P, 70, 40, 48, 3, 2, 24, 1, NULL);
     else if (which >= 5) prob_make(P, 90, 64, 40, 5, 3, 16, 1, NULL);
     else make_problem(P, which == 3 ? 0 : which);
+    if (which == 1)
+        for (int64_t e = 0; e < P->E; e++) P->a[e] = -0.0f;
     if (which == 3) punch_padding(P);
     if (which == 6) reverse_blocks(P);
 }
@@ -664,12 +667,14 @@ static void par_problem(prob *P, int which) {
 static int par_skip(int which, int act, int bias, int sr) {
     return (which == 2 && (act != 0 || bias != sr)) || (which < 5 && which != 0 && act > 1);
 }
+/* layout: 0 the output alone, 1 with the positions-major gate/up checkpoint, 2 with every checkpoint (the output
+ * F32), 3 the output alone in BF16 (rounded by the expert-parallel path's combine itself). */
 static void forward_par_once(const prob *P, const mxfp8_moe_config *cfg, int par, int nt, int layout, float *o[5]) {
     const int64_t N = P->N, B = P->B, I = P->I;
     mxfp8_moe_fwd_args F;
     fwd_args(P, cfg, &F);
     mxfp8_moe_fwd_outputs O = {0};
-    O.output = v2(o[0], MXFP8_DTYPE_F32, P->T, P->H);
+    O.output = v2(o[0], layout == 3 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32, P->T, P->H);
     const int64_t st[4] = {2 * I * B, I, 1, 2 * I}, sh[4] = {N, 2, I, B};
     if (layout == 1) O.gate_up_proj_act_checkpoint_T = strided4(o[1], MXFP8_DTYPE_F32, 4, sh, st);
     if (layout == 2) ck_views(P, &O, o);
@@ -694,7 +699,7 @@ static void test_expert_parallel(void) {
                     for (int sr = 0; sr < 2; sr++) {
                         if (par_skip(which, act, bias, sr)) continue;
                         const mxfp8_moe_config cfg = layer_config(act, aff, bias, sr, 4242u + (unsigned)act);
-                        for (int layout = 0; layout < 3; layout++) {
+                        for (int layout = 0; layout < 4; layout++) {
                             float *ref[5], *o[5];
                             for (int c = 0; c < 5; c++) {
                                 ref[c] = xc(sizeof(float) * len[c]);
@@ -703,10 +708,12 @@ static void test_expert_parallel(void) {
                             forward_par_once(&P, &cfg, 0, 1, layout, ref);
                             for (int nt = 1; nt <= 3; nt++) {
                                 for (int c = 0; c < 5; c++) /* every element must be written again */
-                                    for (size_t k = 0; k < len[c]; k++) o[c][k] = c ? -7.25f : 0.0f;
+                                    for (size_t k = 0; k < len[c]; k++) o[c][k] = -7.25f;
+                                if (layout == 3) /* (the reference's untouched half, as in ref) */
+                                    memset((uint16_t *)o[0] + len[0], 0, sizeof(uint16_t) * len[0]);
                                 forward_par_once(&P, &cfg, 1, nt, layout, o);
                                 int bad = 0;
-                                for (int c = 0; c < (layout == 0 ? 1 : layout == 1 ? 2 : 5); c++)
+                                for (int c = 0; c < (layout == 1 ? 2 : layout == 2 ? 5 : 1); c++)
                                     bad += memcmp(o[c], ref[c], sizeof(float) * len[c]) != 0;
                                 CHECK(bad == 0,
                                       "problem %d act %d aff %d bias %d sr %d layout %d threads %d: %d of the "

@@ -248,11 +248,12 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     return MXFP8_OK;
 }
 
-/* The accumulators zeroed (after the reservation, on the call's own arena). */
-static void zero_accumulators(mxfp8i_moe_bwd *w) {
+/* The accumulators zeroed (after the reservation, on the call's own arena); dX's not on the expert-parallel path,
+ * whose combine writes it whole. */
+static void zero_accumulators(mxfp8i_moe_bwd *w, int par) {
     const mxfp8i_moe *p = w->p;
     const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I;
-    mxfp8i_moe_zero_f(w->dx, T * H);
+    if (!par) mxfp8i_moe_zero_f(w->dx, T * H);
     for (int64_t i = 0; i < T * E; i++) w->da[i] = 0.0;
     for (int64_t i = 0; i < E * I2; i++) w->db1[i] = 0.0;
     for (int64_t i = 0; i < E * H; i++) w->db2[i] = 0.0;
@@ -286,7 +287,8 @@ static void store_outputs(const mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *gr
     const mxfp8i_moe *p = w->p;
     const mxfp8_moe_config *c = &p->cfg;
     const int64_t T = p->T, E = p->E;
-    mxfp8i_moe_store_flat_f(&grads->hidden_states_grad, w->dx, c->accumulate_hidden_states_grad);
+    if (!w->dx_stored)
+        mxfp8i_moe_store_flat_f(&grads->hidden_states_grad, w->dx, c->accumulate_hidden_states_grad);
     const mxfp8_tensor *t = &grads->expert_affinities_masked_grad;
     for (int64_t i = 0; i < T * E; i++) mxfp8i_moe_st(t, mxfp8i_moe_vec_off(t, i), (double)(float)w->da[i]);
     /* (the weight gradients are in: run_experts stores each expert when it is done) */
@@ -481,8 +483,10 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
         mxfp8i_moe_worker_end(&wk, ok, &failed);
     }
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
-    /* each token's dX rows in expert-major block order (par_plan's list of the blocks with rows) */
-    mxfp8i_moe_combine_rows(p, w->bord, w->estart[E], w->V, w->dx, w->first, w->list);
+    /* each token's dX rows in expert-major block order (par_plan's list of the blocks with rows), rounded straight
+     * into a BF16 output */
+    w->dx_stored = mxfp8i_moe_combine_rows(p, w->bord, w->estart[E], w->V, w->dx, w->first, w->list,
+                                           &grads->hidden_states_grad, p->cfg.accumulate_hidden_states_grad);
     for (int64_t q = 0; q < N * B; q++) /* per (token, expert): its positions in block order */
         if (p->tok[q] >= 0) w->da[p->tok[q] * E + p->expert[q / B]] += w->dab[q];
     return MXFP8_OK;
@@ -526,7 +530,7 @@ static mxfp8_status backward_scoped(const mxfp8_moe_bwd_args *args, mxfp8_moe_bw
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table(in, p));
     MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate workspaces", fn);
-    zero_accumulators(&w);
+    zero_accumulators(&w, job.par);
     if (job.par) MXFP8I_FORWARD_IF_ERROR(backward_par(&w, grads));
     else MXFP8I_RETURN_ERROR_IF(run_experts(&w, grads), MXFP8_ERR_INTERNAL,
                                 "%s: a block GEMM failed after its reservation", fn);

@@ -51,6 +51,7 @@ typedef struct mxfp8i_moe_bwd {
     int par;
     float *V;
     double *dab;
+    int dx_stored; /**< the call's: backward_par's combine rounded dX straight into its output */
     /* the call's state on that path (bwd.c moe_bwd_reserve_par, par_plan): the dX combine's scratch; the blocks with
        rows in expert-major order (bord [N], then the sort's cursors [E + 1]); every expert's blocks (sn, sL, so from
        estart[e] to estart[e + 1]) and its first row in its wave (erow), the waves' first experts (wstart); the

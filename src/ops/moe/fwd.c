@@ -336,7 +336,7 @@ static int fwd_par(const mxfp8i_moe *p, const mxfp8_moe_fwd_outputs *o, const mx
     return !o->down_proj_output_checkpoint.data && mxfp8i_moe_par_pays(p, stats);
 }
 
-static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_fwd_outputs *o) {
+static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_fwd_outputs *o, int *stored) {
     const int64_t N = p->N;
     int64_t ng = 0;
     for (int64_t n = 0; n < N; n++)
@@ -363,7 +363,8 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
         mxfp8i_moe_worker_end(&wk, ok, &failed);
     }
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
-    mxfp8i_moe_combine_rows(p, NULL, p->N, w->V, w->acc, w->first, w->list); /* in position order: block order */
+    /* in position order (block order), rounded straight into a BF16 output */
+    *stored = mxfp8i_moe_combine_rows(p, NULL, p->N, w->V, w->acc, w->first, w->list, &o->output, 0);
     return MXFP8_OK;
 }
 
@@ -418,9 +419,10 @@ static mxfp8_status forward_scoped(const mxfp8_moe_fwd_args *args, mxfp8_moe_fwd
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_table(in, p));
     MXFP8I_RETURN_ERROR_IF(mxfp8i_moe_stats_alloc(p, args->stats), MXFP8_ERR_OUT_OF_MEMORY,
                            "%s: cannot allocate workspaces", fn);
-    mxfp8i_moe_zero_f(w.acc, p->T * p->H);
-    MXFP8I_FORWARD_IF_ERROR(job.par ? forward_par(p, &w, outputs) : forward_blocks(p, &w, outputs));
-    mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
+    int stored = 0; /* the expert-parallel path's combine writes the whole accumulator, or the output itself */
+    if (!job.par) mxfp8i_moe_zero_f(w.acc, p->T * p->H);
+    MXFP8I_FORWARD_IF_ERROR(job.par ? forward_par(p, &w, outputs, &stored) : forward_blocks(p, &w, outputs));
+    if (!stored) mxfp8i_moe_store_flat_f(&outputs->output, w.acc, 0); /* [T, H], rounded once */
     mxfp8i_moe_stats_export(p, args->stats);
     return MXFP8_OK;
 }

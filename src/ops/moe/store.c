@@ -3,6 +3,8 @@
  * add != 0 (accumulate_hidden_states_grad, skip_grad_initialization): the view's given value + the accumulator,
  * one FP32 addition, then rounded to the dtype. Contiguous views take a threaded fast path with the same roundings.
  */
+#include <omp.h>
+
 #include "../../kernels/registry.h"
 #include "bwd_state.h"
 
@@ -122,8 +124,8 @@ void mxfp8i_moe_store_expert(const mxfp8_tensor *t, int64_t e, int64_t per, floa
     }
 }
 
-void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, float *acc,
-                             int32_t *first, int32_t *list) {
+int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, float *acc,
+                            int32_t *first, int32_t *list, const mxfp8_tensor *out, int add) {
     const int64_t N = p->N, B = p->B, H = p->H, T = p->T;
     int32_t *cur = first + T + 1;
     /* each token's positions in that order (a counting sort by token) */
@@ -137,18 +139,31 @@ void mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t n
         for (int64_t q = n * B; q < (n + 1) * B; q++)
             if (p->tok[q] >= 0) list[cur[p->tok[q]]++] = (int32_t)q;
     }
+    /* rounded here, row by row from L1, when the output is contiguous BF16 without a given value to add */
+    const int direct = out && !add && out->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(out);
+    mxfp8i_to_bf16_fn to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
     const int nt = mxfp8i_moe_nt((double)N * (double)B * (double)H);
 #pragma omp parallel num_threads(nt)
     {
         const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
+        float *own = acc + (int64_t)omp_get_thread_num() * H; /* direct: this thread's row (acc is scratch then) */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
-            float *dst = acc + t * H;
-            for (int32_t k = first[t]; k < first[t + 1]; k++) {
+            float *dst = direct ? own : acc + t * H;
+            int32_t k = first[t];
+            if (k == first[t + 1]) {
+                memset(dst, 0, (size_t)H * sizeof(float));
+            } else { /* +0 + the first row: the first addition to a zeroed accumulator (-0 becomes +0) */
+                const float *src = V + (int64_t)list[k] * H;
+                for (int64_t h = 0; h < H; h++) dst[h] = 0.0f + src[h];
+            }
+            for (k++; k < first[t + 1]; k++) {
                 const float *src = V + (int64_t)list[k] * H;
                 for (int64_t h = 0; h < H; h++) dst[h] += src[h];
             }
+            if (direct) to_bf16(dst, 0, (uint16_t *)out->data + t * H, 0, 1, H);
         }
         mxfp8i_fenv_leave(csr);
     }
+    return direct;
 }
