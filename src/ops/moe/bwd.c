@@ -157,10 +157,7 @@ static mxfp8_status moe_bwd_reserve_par(const bwd_job *j) {
     for (int i = 0; i < 4; i++) set_bytes += 2 * al64((size_t)w->wrows * row_bytes(p, i)); /* two waves' */
     bool ok = true;
     int k = MXFP8I_WS_MOE_BUF0;
-    w->dx = (float *)slot(&k, T * H, sizeof(float), &ok);
-    w->V = (float *)slot(&k, NB * H, sizeof(float), &ok);
-    w->first = (int32_t *)slot(&k, 2 * (T + 1), sizeof(int32_t), &ok);
-    w->list = (int32_t *)slot(&k, NB, sizeof(int32_t), &ok);
+    ok = mxfp8i_moe_combine_reserve(p, &k, &w->dx, &w->V, &w->first, &w->list);
     w->bord = (int32_t *)slot(&k, N + E + 1, sizeof(int32_t), &ok);
     ok = ok && (size_t)nt <= SIZE_MAX / w->par_bytes &&
          (w->arenas = (char *)mxfp8i_ws_get(k++, (size_t)nt * w->par_bytes)) != NULL;

@@ -320,20 +320,27 @@ static void activation_backward(mxfp8i_moe_bwd *w, int64_t n, int64_t e, const i
     }
 }
 
-/* Thread t of nt: db1[e] += sum_p dGU;  db2[e] += sum_p a*dY (ON_I) or D (ON_H), on its column ranges. FP64,
- * positions in order. */
-static void bias_grads(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t L, int t, int nt) {
+/* The bias sums of positions [0, L) of a block (tok its routing) from their rows dgu [L, 2I] and r2 [L, H] (D under
+ * AFFINITY_ON_H, else dY, weighted here): db1[e][k] += dGU[q][k] for k in [k0, k1), db2[e][h] += D[q][h] or
+ * a * dY[q][h] for h in [h0, h1); FP64, real positions in order. */
+static void bias_rows(const mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t L, const float *dgu,
+                      const float *r2, int64_t k0, int64_t k1, int64_t h0, int64_t h1) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I2 = 2 * p->I;
     double *db1 = w->db1 + e * I2, *db2 = w->db2 + e * H;
-    const int64_t k0 = I2 * t / nt, k1 = I2 * (t + 1) / nt, h0 = H * t / nt, h1 = H * (t + 1) / nt;
     for (int64_t q = 0; q < L; q++) {
         if (tok[q] < 0) continue;
         const float aq = mxfp8i_moe_aff(p, tok[q], e);
-        for (int64_t k = k0; k < k1; k++) db1[k] += (double)w->dgu[q * I2 + k];
-        for (int64_t h = h0; h < h1; h++)
-            db2[h] += w->onH ? (double)w->D[q * H + h] : (double)(aq * w->dyb[q * H + h]);
+        for (int64_t k = k0; k < k1; k++) db1[k] += (double)dgu[q * I2 + k];
+        for (int64_t h = h0; h < h1; h++) db2[h] += w->onH ? (double)r2[q * H + h] : (double)(aq * r2[q * H + h]);
     }
+}
+
+/* Thread t of nt: the block's bias sums on its column ranges. */
+static void bias_grads(mxfp8i_moe_bwd *w, int64_t e, const int32_t *tok, int64_t L, int t, int nt) {
+    const int64_t H = w->p->H, I2 = 2 * w->p->I;
+    bias_rows(w, e, tok, L, w->dgu, w->onH ? w->D : w->dyb, I2 * t / nt, I2 * (t + 1) / nt, H * t / nt,
+              H * (t + 1) / nt);
 }
 
 /* Phase 2 (contraction 2I): dX_blk = dGU @ W1[e]^T, then scatter-added into dx in position order; the bias sums in
@@ -434,18 +441,9 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e, int which) 
 void mxfp8i_moe_bias_segments(mxfp8i_moe_bwd *w, int64_t e, int which) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I2 = 2 * p->I;
-    double *db1 = w->db1 + e * I2, *db2 = w->db2 + e * H;
-    for (int s = 0; s < w->nseg; s++) {
-        const int32_t *tok = p->tok + w->sn[s] * p->B;
-        const float *dgu = w->dgu0 + w->so[s] * I2, *r2 = (w->onH ? w->D0 : w->dyb0) + w->so[s] * H;
-        for (int64_t q = 0; q < w->sL[s]; q++) {
-            if (tok[q] < 0) continue;
-            const float aq = mxfp8i_moe_aff(p, tok[q], e);
-            for (int64_t k = 0; (which & 1) && k < I2; k++) db1[k] += (double)dgu[q * I2 + k];
-            for (int64_t h = 0; (which & 2) && h < H; h++)
-                db2[h] += w->onH ? (double)r2[q * H + h] : (double)(aq * r2[q * H + h]);
-        }
-    }
+    for (int s = 0; s < w->nseg; s++)
+        bias_rows(w, e, p->tok + w->sn[s] * p->B, w->sL[s], w->dgu0 + w->so[s] * I2,
+                  (w->onH ? w->D0 : w->dyb0) + w->so[s] * H, 0, (which & 1) ? I2 : 0, 0, (which & 2) ? H : 0);
 }
 
 mxfp8_status mxfp8i_moe_bwd_run(mxfp8i_moe_bwd *w, int64_t n, int64_t blocks, int64_t e, int64_t L) {

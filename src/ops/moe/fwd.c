@@ -167,8 +167,6 @@ static mxfp8_status moe_fwd_reserve_job(const void *ctx);
 static mxfp8_status moe_fwd_reserve_par(const fwd_job *j) {
     const mxfp8i_moe *p = j->p;
     fwd_ws *w = j->w;
-    const int64_t NB = p->N * p->B, T = p->T;
-    const size_t f = sizeof(float), i4 = sizeof(int32_t);
     fwd_ws tw;
     const fwd_job tj = {p, NULL, &tw, 1, 1};
     size_t inner = 0;
@@ -176,11 +174,8 @@ static mxfp8_status moe_fwd_reserve_par(const fwd_job *j) {
     const int nt = mxfp8i_num_threads();
     w->par_bytes = mxfp8i_ws_sub_bytes(inner);
     int k = MXFP8I_WS_MOE_BUF0;
-    int ok = (w->acc = (float *)mxfp8i_ws_get(k++, (size_t)(T * p->H) * f)) != NULL;
-    ok = ok && (w->V = (float *)mxfp8i_ws_get(k++, (size_t)(NB * p->H) * f)) != NULL;
-    ok = ok && (w->first = (int32_t *)mxfp8i_ws_get(k++, (size_t)(2 * (T + 1)) * i4)) != NULL;
-    ok = ok && (w->list = (int32_t *)mxfp8i_ws_get(k++, (size_t)(NB > 0 ? NB : 1) * i4)) != NULL;
-    ok = ok && (w->grp = (int32_t *)mxfp8i_ws_get(k++, (size_t)(p->N + 1) * i4)) != NULL;
+    int ok = mxfp8i_moe_combine_reserve(p, &k, &w->acc, &w->V, &w->first, &w->list);
+    ok = ok && (w->grp = (int32_t *)mxfp8i_ws_get(k++, (size_t)(p->N + 1) * sizeof(int32_t))) != NULL;
     ok = ok && (size_t)nt <= SIZE_MAX / w->par_bytes &&
          (w->par = (char *)mxfp8i_ws_get(k++, (size_t)nt * w->par_bytes)) != NULL;
     MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", p->fn);

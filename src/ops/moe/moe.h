@@ -303,6 +303,10 @@ void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add);
  *  call: a serial memset of T x H floats left the other threads waiting). */
 void mxfp8i_moe_zero_f(float *acc, int64_t n);
 void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add);
+/** store.c: the combine's buffers in the call's arena, slots *k, *k + 1, ... (*k advanced past them): its
+ *  accumulator acc [T*H] (the call's output accumulator), V [N*B, H] and its scratch first [2 (T + 1)] and list
+ *  [N*B], as mxfp8i_moe_combine_rows takes them. 1, or 0 when one could not be allocated. */
+int mxfp8i_moe_combine_reserve(const mxfp8i_moe *p, int *k, float **acc, float **V, int32_t **first, int32_t **list);
 /** store.c: the combine of the expert-parallel paths: acc[t] = +0 + V[q] + ... (rows of H floats, acc [T, H], V
  *  [N*B, H]; the additions of a zeroed accumulator, acc written whole: +0 for a token without rows) over each token
  *  t's real positions q, taken block by block in the order the nb blocks of bord are listed (every block with a real

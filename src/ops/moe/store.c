@@ -124,6 +124,16 @@ void mxfp8i_moe_store_expert(const mxfp8_tensor *t, int64_t e, int64_t per, floa
     }
 }
 
+int mxfp8i_moe_combine_reserve(const mxfp8i_moe *p, int *k, float **acc, float **V, int32_t **first, int32_t **list) {
+    const int64_t NB = p->N * p->B, T = p->T, H = p->H;
+    const int64_t n[4] = {T * H, NB * H, 2 * (T + 1), NB};
+    const size_t es[4] = {sizeof(float), sizeof(float), sizeof(int32_t), sizeof(int32_t)};
+    void **dst[4] = {(void **)acc, (void **)V, (void **)first, (void **)list};
+    for (int i = 0; i < 4; i++)
+        if (!(*dst[i] = mxfp8i_ws_get((*k)++, (size_t)(n[i] > 0 ? n[i] : 1) * es[i]))) return 0;
+    return 1;
+}
+
 int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, float *acc,
                             int32_t *first, int32_t *list, const mxfp8_tensor *out, int add) {
     const int64_t N = p->N, B = p->B, H = p->H, T = p->T;
