@@ -1118,7 +1118,9 @@ MXFP8_API mxfp8_status mxfp8_moe_backward(const mxfp8_moe_bwd_args *args, mxfp8_
  *     On more than P = 1 thread, where blocks are not run together (one block's B (H + 2 I) FP32 values within
  *     1 MiB) and no operand statistics are asked for (nor, in the forward, a down projection checkpoint), the forward
  *     and the backward take an expert-parallel path (the same bits): each thread runs whole blocks by itself. The
- *     backward then holds per thread 24 H I + 4 B' (8 H + 13 I) + 8 H (I + 32) + 16 I (H + 32) +
+ *     forward then holds per thread one block's buffers (R = B) and one block GEMM's workspace on 1 thread, and
+ *     once 4 N B H + 8 N B + 4 E H + 8 T + 4 N + 12 (each position's down projection row and affinity, every
+ *     expert's b2, the combine's lists). The backward then holds per thread 24 H I + 4 B' (8 H + 13 I) + 8 H (I + 32) + 16 I (H + 32) +
  *     4 S' B' (H + 2 I + 64) + 320 S' + 12288 with S' = max(Se, min(N, ceil(T / B))) (room for any routing of
  *     mxfp8_moe_route's layout) plus one block GEMM's workspace on 1 thread (above, M = B'), and once,
  *     beside dX, the FP64 sums and the routing table: 4 N B H + 16 N B (each position's dX row and affinity term),

@@ -482,7 +482,7 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
     /* each token's dX rows in expert-major block order (par_plan's list of the blocks with rows), rounded straight
      * into a BF16 output */
-    w->dx_stored = mxfp8i_moe_combine_rows(p, w->bord, w->estart[E], w->V, w->dx, w->first, w->list,
+    w->dx_stored = mxfp8i_moe_combine_rows(p, w->bord, w->estart[E], w->V, NULL, NULL, w->dx, w->first, w->list,
                                            &grads->hidden_states_grad, p->cfg.accumulate_hidden_states_grad);
     for (int64_t q = 0; q < N * B; q++) /* per (token, expert): its positions in block order */
         if (p->tok[q] >= 0) w->da[p->tok[q] * E + p->expert[q / B]] += w->dab[q];

@@ -142,10 +142,11 @@ typedef struct fwd_ws {
     float *acc;                                        /* the output accumulator [T*H] */
     float *xb, *gu, *g, *u, *act, *inter, *down, *b1, *b2, *aq; /* a run's buffers, rows [0, Rw) */
     float *rows; /* per thread: one position's g, u, act(g) when no checkpoint needs the block's ([nt][3][I]) */
-    /* the expert-parallel path (fwd_par): each position's weighted row [N*B, H]; the combine's scratch
-       (mxfp8i_moe_combine_rows: [2 (T + 1)] and [N*B]); the starts of the groups of consecutive blocks of one expert
-       [N + 1]; the workers' arenas, par_bytes each */
-    float *V;
+    /* the expert-parallel path (fwd_par): each position's down projection row [N*B, H], its affinity [N*B] and
+       every expert's b2 [E, H] (the combine weights them); the combine's scratch (mxfp8i_moe_combine_rows:
+       [2 (T + 1)] and [N*B]); the starts of the groups of consecutive blocks of one expert [N + 1]; the workers'
+       arenas, par_bytes each */
+    float *V, *aqs, *b2s;
     int32_t *first, *list, *grp;
     char *par;
     size_t par_bytes;
@@ -162,8 +163,9 @@ typedef struct fwd_job {
 
 static mxfp8_status moe_fwd_reserve_job(const void *ctx);
 
-/* The expert-parallel path's buffers in the call's arena: the accumulator, the per-position rows, the token lists,
- * the groups, and every worker's arena (sized by the worker's own reservation). */
+/* The expert-parallel path's buffers in the call's arena: the combine's (the accumulator, the per-position rows, the
+ * token lists), the groups, the positions' affinities, the experts' b2, and every worker's arena (sized by the
+ * worker's own reservation). */
 static mxfp8_status moe_fwd_reserve_par(const fwd_job *j) {
     const mxfp8i_moe *p = j->p;
     fwd_ws *w = j->w;
@@ -176,6 +178,8 @@ static mxfp8_status moe_fwd_reserve_par(const fwd_job *j) {
     int k = MXFP8I_WS_MOE_BUF0;
     int ok = mxfp8i_moe_combine_reserve(p, &k, &w->acc, &w->V, &w->first, &w->list);
     ok = ok && (w->grp = (int32_t *)mxfp8i_ws_get(k++, (size_t)(p->N + 1) * sizeof(int32_t))) != NULL;
+    ok = ok && (w->aqs = (float *)mxfp8i_ws_get(k++, (size_t)(p->N * p->B > 0 ? p->N * p->B : 1) * sizeof(float)));
+    ok = ok && (w->b2s = (float *)mxfp8i_ws_get(k++, (size_t)(p->E * p->H) * sizeof(float))) != NULL;
     ok = ok && (size_t)nt <= SIZE_MAX / w->par_bytes &&
          (w->par = (char *)mxfp8i_ws_get(k++, (size_t)nt * w->par_bytes)) != NULL;
     MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", p->fn);
@@ -219,8 +223,9 @@ static mxfp8_status moe_fwd_reserve_job(const void *ctx) {
  * blocks (L = (blocks - 1) B + the last block's length, > 0): both GEMMs, the elementwise work, the weighted
  * scatter into acc and the blocks' checkpoints (in the scatter's parallel region). Position q is position q % B of
  * block n + q / B, so the stochastic-rounding indices of block n's rows run on through the others'. V not NULL (a
- * worker of the expert-parallel path, no down projection checkpoint): everything on the calling thread, and each
- * real position's a * (down + b2) stored as row n B + q of V instead of added to acc. */
+ * worker of the expert-parallel path, no down projection checkpoint): everything on the calling thread, GEMM 2
+ * writing block n's rows n B + q of V (the combine weights them: a * (down + b2), a from w->aq) instead of the
+ * weighted scatter into acc. */
 static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t blocks, int64_t e, int64_t L,
                             const mxfp8_moe_fwd_outputs *o, float *V) {
     const int64_t H = p->H, I = p->I, I2 = 2 * I, B = p->B;
@@ -279,23 +284,20 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_GEMM2_INTER, n, I, I, 1);
     W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_I);
     mxfp8i_ws_bkey(1, (uint64_t)e + 1, W.data);
+    if (V) down = V + n * B * H;
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_GEMM2_INTER, &W, MXFP8_MOE_GEMM2_W2, 0, down, H));
     const int ckp = any_checkpoint(o), keep_down = o->down_proj_output_checkpoint.data != NULL;
+    if (V && !ckp) return MXFP8_OK;
 #pragma omp parallel num_threads(nt)
     {
         const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
 #pragma omp for schedule(static) nowait
         for (int t = 0; t < nt; t++) { /* column ranges split between threads; positions in order */
             const int64_t h0 = H * t / nt, h1 = H * (t + 1) / nt;
-            for (int64_t q = 0; q < L; q++) {
+            for (int64_t q = 0; !V && q < L; q++) {
                 if (tok[q] < 0) continue; /* padding: nothing to add (its checkpoint rows are written as zeros) */
                 float *dq = down + q * H;
                 const float a = aq[q];
-                if (V) { /* the same product, added to acc later in position order (forward_par) */
-                    float *dv = V + (n * B + q) * H;
-                    for (int64_t h = h0; h < h1; h++) dv[h] = a * (dq[h] + b2[h]);
-                    continue;
-                }
                 float *dst = w->acc + tok[q] * H;
                 if (q + 1 < L && tok[q + 1] >= 0)
                     mxfp8i_moe_prefetch(w->acc + tok[q + 1] * H + h0, (size_t)(h1 - h0) * sizeof(float), 1);
@@ -337,6 +339,7 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
     for (int64_t n = 0; n < N; n++)
         if (n == 0 || p->expert[n] != p->expert[n - 1]) w->grp[ng++] = (int32_t)n;
     w->grp[ng] = (int32_t)N;
+    for (int64_t e = 0; e < p->E; e++) mxfp8i_moe_load_b2(p, e, w->b2s + e * p->H);
     const int nt = mxfp8i_num_threads();
     int failed = 0;
 #pragma omp parallel num_threads(nt)
@@ -351,6 +354,7 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
         for (int64_t gi = 0; gi < ng; gi++)
             for (int64_t n = w->grp[gi]; ok && n < w->grp[gi + 1]; n++) {
                 const int64_t L = mxfp8i_moe_block_len(p, n);
+                tw.aq = w->aqs + n * p->B; /* the block's affinities, for the combine */
                 if (L > 0) ok = fwd_run(p, &tw, n, 1, p->expert[n], L, o, w->V) == MXFP8_OK;
                 else if (any_checkpoint(o)) /* a padding-only block: zero checkpoints */
                     write_checkpoints(p, n, 0, o, 1, tw.g, tw.u, tw.act, tw.inter, tw.down, tw.aq, 0, 1);
@@ -359,7 +363,7 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
     }
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
     /* in position order (block order), rounded straight into a BF16 output */
-    *stored = mxfp8i_moe_combine_rows(p, NULL, p->N, w->V, w->acc, w->first, w->list, &o->output, 0);
+    *stored = mxfp8i_moe_combine_rows(p, NULL, p->N, w->V, w->aqs, w->b2s, w->acc, w->first, w->list, &o->output, 0);
     return MXFP8_OK;
 }
 

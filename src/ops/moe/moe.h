@@ -307,15 +307,18 @@ void mxfp8i_moe_store_flat_d(const mxfp8_tensor *t, const double *src, int add);
  *  accumulator acc [T*H] (the call's output accumulator), V [N*B, H] and its scratch first [2 (T + 1)] and list
  *  [N*B], as mxfp8i_moe_combine_rows takes them. 1, or 0 when one could not be allocated. */
 int mxfp8i_moe_combine_reserve(const mxfp8i_moe *p, int *k, float **acc, float **V, int32_t **first, int32_t **list);
-/** store.c: the combine of the expert-parallel paths: acc[t] = +0 + V[q] + ... (rows of H floats, acc [T, H], V
- *  [N*B, H]; the additions of a zeroed accumulator, acc written whole: +0 for a token without rows) over each token
+/** store.c: the combine of the expert-parallel paths: acc[t] = +0 + v[q] + ... with v[q] = V[q] (rows of H floats,
+ *  acc [T, H], V [N*B, H]), or with aq given v[q] = aq[q] * (V[q] + b2[expert of q]) (aq [N*B], b2 [E, H]: the
+ *  forward's weighting, one FP32 addition and one multiplication per element); the additions of a zeroed
+ *  accumulator, acc written whole: +0 for a token without rows; over each token
  *  t's real positions q, taken block by block in the order the nb blocks of bord are listed (every block with a real
  *  position among them; bord NULL: all N blocks ascending), positions ascending within a block; first [2 (T + 1)]
  *  and list [N*B] are scratch. Threads split the tokens: the same bits for any thread count. When out is a
  *  contiguous BF16 [T, H] view and add is 0, each sum is rounded into out instead (as mxfp8i_moe_store_flat_f would
  *  round it; acc is then scratch) and 1 is returned; else 0, acc holding the sums for mxfp8i_moe_store_flat_f. */
-int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, float *acc,
-                            int32_t *first, int32_t *list, const mxfp8_tensor *out, int add);
+int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, const float *aq,
+                            const float *b2, float *acc, int32_t *first, int32_t *list, const mxfp8_tensor *out,
+                            int add);
 
 /** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */
 mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,

@@ -134,8 +134,9 @@ int mxfp8i_moe_combine_reserve(const mxfp8i_moe *p, int *k, float **acc, float *
     return 1;
 }
 
-int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, float *acc,
-                            int32_t *first, int32_t *list, const mxfp8_tensor *out, int add) {
+int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, const float *aq,
+                            const float *b2, float *acc, int32_t *first, int32_t *list, const mxfp8_tensor *out,
+                            int add) {
     const int64_t N = p->N, B = p->B, H = p->H, T = p->T;
     int32_t *cur = first + T + 1;
     /* each token's positions in that order (a counting sort by token) */
@@ -160,16 +161,24 @@ int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             float *dst = direct ? own : acc + t * H;
-            int32_t k = first[t];
-            if (k == first[t + 1]) {
-                memset(dst, 0, (size_t)H * sizeof(float));
-            } else { /* +0 + the first row: the first addition to a zeroed accumulator (-0 becomes +0) */
-                const float *src = V + (int64_t)list[k] * H;
-                for (int64_t h = 0; h < H; h++) dst[h] = 0.0f + src[h];
-            }
-            for (k++; k < first[t + 1]; k++) {
-                const float *src = V + (int64_t)list[k] * H;
-                for (int64_t h = 0; h < H; h++) dst[h] += src[h];
+            if (first[t] == first[t + 1]) memset(dst, 0, (size_t)H * sizeof(float)); /* no rows */
+            for (int32_t k = first[t]; k < first[t + 1]; k++) {
+                const int64_t q = list[k];
+                const float *src = V + q * H;
+                /* +0 + the first row: the first addition to a zeroed accumulator (a forward token whose weighted rows
+                   are all -0 sums to +0; the backward's rows, GEMM outputs, are never -0) */
+                const int lead = k == first[t];
+                if (aq) {
+                    const float a = aq[q], *bb = b2 + p->expert[q / B] * H;
+                    if (lead)
+                        for (int64_t h = 0; h < H; h++) dst[h] = 0.0f + a * (src[h] + bb[h]);
+                    else
+                        for (int64_t h = 0; h < H; h++) dst[h] += a * (src[h] + bb[h]);
+                } else if (lead) {
+                    for (int64_t h = 0; h < H; h++) dst[h] = 0.0f + src[h];
+                } else {
+                    for (int64_t h = 0; h < H; h++) dst[h] += src[h];
+                }
             }
             if (direct) to_bf16(dst, 0, (uint16_t *)out->data + t * H, 0, 1, H);
         }
