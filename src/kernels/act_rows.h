@@ -1,7 +1,9 @@
 /*
  * act_rows.h -- the MoE layer's elementwise SwiGLU rows (include/mxfp8.h, "Blockwise MoE"), written once as inline
- * loops without branches and compiled by each ISA's file (ref/quant_ref.c, avx512/quant_avx512.c) into the
- * registry's act_fwd / act_bwd slots: the same IEEE FP32 operations element by element (files built with
+ * loops without branches inside (whether a clamp limit is present is decided once per row: an absent one clamps
+ * nothing and masks nothing, so those rows skip the clamp and the mask) and compiled by each ISA's file
+ * (ref/quant_ref.c, avx512/quant_avx512.c) into the registry's act_fwd / act_bwd slots: the same IEEE FP32
+ * operations element by element (files built with
  * -ffp-contract=off: no fused multiply-add, division and comparisons exact in any width), so every slot gives the
  * bits of the scalar expressions; only the exponential is called through the slot's own exp_f32 (bitwise the
  * reference, src/kernels/expf.h).
@@ -47,10 +49,16 @@ static inline __attribute__((always_inline)) void mxfp8i_act_fwd_impl(mxfp8i_exp
                                                                        float *u, float *act, int act_given,
                                                                        float *inter, int inter_given, float *S,
                                                                        float aq, float *sg) {
-    if (gu) {
+    if (gu) { /* (absent limits clamp nothing, NaN included: those loops are plain sums) */
         const float gl = ap->gate_lo, gh = ap->gate_hi, ul = ap->up_lo, uh = ap->up_hi;
-        for (int64_t i = 0; i < I; i++) g[i] = mxfp8i_act_clamp(gu[i] + b1[i], gl, gh);
-        for (int64_t i = 0; i < I; i++) u[i] = mxfp8i_act_clamp(gu[I + i] + b1[I + i], ul, uh);
+        if (gl == -INFINITY && gh == INFINITY)
+            for (int64_t i = 0; i < I; i++) g[i] = gu[i] + b1[i];
+        else
+            for (int64_t i = 0; i < I; i++) g[i] = mxfp8i_act_clamp(gu[i] + b1[i], gl, gh);
+        if (ul == -INFINITY && uh == INFINITY)
+            for (int64_t i = 0; i < I; i++) u[i] = gu[I + i] + b1[I + i];
+        else
+            for (int64_t i = 0; i < I; i++) u[i] = mxfp8i_act_clamp(gu[I + i] + b1[I + i], ul, uh);
     }
     if (!act_given && !ap->squared_relu) {
         float *s = sg ? sg : act; /* act itself holds the sigmoid until it is overwritten by g * s */
@@ -90,29 +98,18 @@ static inline __attribute__((always_inline)) void mxfp8i_act_bwd_impl(mxfp8i_exp
         for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_act_drelu2(g[i]);
     }
     if (ap->up_plus_one) /* d_gate = dIv * (u + 1) * act'(g) */
-        for (int64_t i = 0; i < I; i++) {
-            const int pg = mxfp8i_act_pass(g[i], gl_on, gl, gh_on, gh);
-            const float v = du[i] * (u[i] + 1.0f) * dg[i];
-            dg[i] = pg ? v : 0.0f;
-        }
+        for (int64_t i = 0; i < I; i++) dg[i] = du[i] * (u[i] + 1.0f) * dg[i];
     else
-        for (int64_t i = 0; i < I; i++) {
-            const int pg = mxfp8i_act_pass(g[i], gl_on, gl, gh_on, gh);
-            const float v = du[i] * u[i] * dg[i];
-            dg[i] = pg ? v : 0.0f;
-        }
+        for (int64_t i = 0; i < I; i++) dg[i] = du[i] * u[i] * dg[i];
     if (act)
-        for (int64_t i = 0; i < I; i++) {
-            const int pu = mxfp8i_act_pass(u[i], ul_on, ul, uh_on, uh);
-            const float v = du[i] * act[i];
-            du[i] = pu ? v : 0.0f;
-        }
+        for (int64_t i = 0; i < I; i++) du[i] = du[i] * act[i];
     else /* act(g) = g * sigmoid(beta g) from the forward's sigmoid: the forward row's own product */
-        for (int64_t i = 0; i < I; i++) {
-            const int pu = mxfp8i_act_pass(u[i], ul_on, ul, uh_on, uh);
-            const float v = du[i] * (g[i] * sg[i]);
-            du[i] = pu ? v : 0.0f;
-        }
+        for (int64_t i = 0; i < I; i++) du[i] = du[i] * (g[i] * sg[i]);
+    /* the clamps' gradient masks, where a limit is present (g and u are the clamped values, unchanged above) */
+    if (gl_on || gh_on)
+        for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_act_pass(g[i], gl_on, gl, gh_on, gh) ? dg[i] : 0.0f;
+    if (ul_on || uh_on)
+        for (int64_t i = 0; i < I; i++) du[i] = mxfp8i_act_pass(u[i], ul_on, ul, uh_on, uh) ? du[i] : 0.0f;
 }
 
 #endif /* MXFP8_KERNELS_ACT_ROWS_H */

@@ -135,7 +135,8 @@ typedef void (*mxfp8i_act_fwd_fn)(const mxfp8i_act_params *ap, int64_t I, const 
                                   float aq, float *sg);
 /** The backward's: dgu [2I] = [dIv * up(u) * act'(g) * pass(g) | dIv * act * pass(u)] with dIv = aq * dI (scale)
  *  or dI; act'(g) from sg (the forward row's sigmoid) when not NULL, else recomputed. act may be NULL when sg is
- *  given (a sigmoid-gated activation): then act = g * sg, the forward row's product (the same bits). */
+ *  given (a sigmoid-gated activation): then act = g * sg, the forward row's product (the same bits). dgu may not
+ *  overlap the inputs. */
 typedef void (*mxfp8i_act_bwd_fn)(const mxfp8i_act_params *ap, int64_t I, const float *dI, float aq, int scale,
                                   const float *g, const float *u, const float *act, const float *sg, float *dgu);
 
