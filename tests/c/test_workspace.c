@@ -557,28 +557,36 @@ static void test_reuse(void) {
         printf("  workspace reuse, %d thread(s): %zu bytes held, repeated calls allocate nothing, same bits\n", nt,
                held);
     }
-    /* a training loop's routing changes from call to call (the same shapes): the MoE's expert-parallel paths (forced
-       here on 2 threads) size what they keep for any routing, so a skewed routing after an even one allocates
-       nothing either */
-    mxfp8_set_num_threads(2);
-    mxfp8i_moe_set_expert_parallel(1);
-    mxfp8_workspace *wr = NULL;
-    TU_CHECK(mxfp8_workspace_create(&wr) == MXFP8_OK, "workspace_create");
-    ba.workspace = wr, fa.workspace = wr;
-    for (int skew = 0; skew < 2; skew++) {
-        for (int t = 0; t < T; t++) /* skew: all but every fifth token on experts 0 and 1 */
-            ids[2 * t] = skew && t % 5 ? 0 : t % E, ids[2 * t + 1] = skew && t % 5 ? 1 : (t + 1) % E;
-        TU_CHECK(mxfp8_moe_route(&ti, &tw, E, B, -1, &tp, &be, &ta) == MXFP8_OK, "route");
-        const int64_t c0 = calls_now();
-        TU_CHECK(mxfp8_moe_forward(&fa, &fo1) == MXFP8_OK, "moe_forward: %s", mxfp8_last_error_message());
-        TU_CHECK(mxfp8_moe_backward(&ba, &bg[1]) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
-        const int64_t c1 = calls_now();
-        TU_CHECK(skew == 0 || c1 == c0, "expert-parallel paths: %lld allocations after the routing changed",
-                 (long long)(c1 - c0));
+    /* a training loop's routing changes from call to call (the same shapes): every path of the MoE sizes what it
+       keeps for any routing of mxfp8_moe_route's layout, so a skewed routing after an even one allocates nothing
+       either. Paths: 0 expert-parallel (2 threads), 1 serial, blocks one by one, 2 serial with runs of blocks and
+       the segmented weight gradients, each on a workspace of its own */
+    static const char *const path_name[3] = {"expert-parallel", "serial", "serial, runs and segmented"};
+    for (int path = 0; path < 3; path++) {
+        mxfp8_set_num_threads(path == 0 ? 2 : 1);
+        mxfp8i_moe_set_expert_parallel(path == 0);
+        mxfp8i_moe_set_block_runs(path == 2 ? 1 : 0);
+        mxfp8i_moe_set_segmented_wgrad(path == 2 ? 1 : 0);
+        mxfp8_workspace *wr = NULL;
+        TU_CHECK(mxfp8_workspace_create(&wr) == MXFP8_OK, "workspace_create");
+        ba.workspace = wr, fa.workspace = wr;
+        for (int skew = 0; skew < 2; skew++) {
+            for (int t = 0; t < T; t++) /* skew: all but every fifth token on experts 0 and 1 */
+                ids[2 * t] = skew && t % 5 ? 0 : t % E, ids[2 * t + 1] = skew && t % 5 ? 1 : (t + 1) % E;
+            TU_CHECK(mxfp8_moe_route(&ti, &tw, E, B, -1, &tp, &be, &ta) == MXFP8_OK, "route");
+            const int64_t c0 = calls_now();
+            TU_CHECK(mxfp8_moe_forward(&fa, &fo1) == MXFP8_OK, "moe_forward: %s", mxfp8_last_error_message());
+            TU_CHECK(mxfp8_moe_backward(&ba, &bg[1]) == MXFP8_OK, "moe_backward: %s", mxfp8_last_error_message());
+            const int64_t c1 = calls_now();
+            TU_CHECK(skew == 0 || c1 == c0, "MoE, %s path: %lld allocations after the routing changed",
+                     path_name[path], (long long)(c1 - c0));
+        }
+        mxfp8_workspace_destroy(wr);
+        printf("  workspace reuse, MoE %s: another routing of the same shapes allocates nothing\n", path_name[path]);
     }
-    printf("  workspace reuse, expert-parallel MoE: another routing of the same shapes allocates nothing\n");
     mxfp8i_moe_set_expert_parallel(-1);
-    mxfp8_workspace_destroy(wr);
+    mxfp8i_moe_set_block_runs(-1);
+    mxfp8i_moe_set_segmented_wgrad(-1);
     mxfp8_set_num_threads(0);
     mxfp8_workspace_destroy(ws);
     mxfp8_workspace_destroy(NULL);

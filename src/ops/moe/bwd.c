@@ -74,8 +74,8 @@ static mxfp8_status reserve_segmented_wgrad(mxfp8i_moe_bwd *w, const mxfp8i_moe 
     if (!ok) return MXFP8_ERR_OUT_OF_MEMORY;
     w->sL = w->sn + Se;
     w->so = w->sL + Se;
-    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_segments_reserve(p, p->H, 2 * p->I, p->Bw, (int)Se));
-    return mxfp8i_moe_gemm_segments_reserve(p, p->I, p->H, p->Bw, (int)Se);
+    MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm_segments_reserve(p, p->H, 2 * p->I, mxfp8i_moe_size_Bw(p), (int)Se));
+    return mxfp8i_moe_gemm_segments_reserve(p, p->I, p->H, mxfp8i_moe_size_Bw(p), (int)Se);
 }
 
 static void bwd_state(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8_moe_bwd_args *args);
@@ -109,13 +109,6 @@ static int64_t wave_rows(const mxfp8i_moe *p) {
     const int64_t all = p->N * p->B, r = p->T < all ? p->T : all, b4 = 4 * p->B < all ? 4 * p->B : all;
     const int64_t w = r > b4 ? r : b4;
     return w > p->Re ? w : p->Re > 0 ? p->Re : 1;
-}
-
-/* The most blocks of one expert a worker reserves for: the call's, or all of any expert's blocks in
- * mxfp8_moe_route's layout whatever the routing (ceil(T / B), at most N). */
-static int64_t par_segments(const mxfp8i_moe *p) {
-    const int64_t r = p->B > 0 ? (p->T + p->B - 1) / p->B : 0, s = r < p->N ? r : p->N;
-    return s > p->Se ? s : p->Se;
 }
 
 /* Point the Phase 3 / 4 operand buffers of state tw (its *0 pointers) at row r0 of the call's buffers of wave wi
@@ -183,15 +176,15 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     const mxfp8i_moe *p = j->p;
     const mxfp8_moe_bwd_grads *grads = j->grads;
     mxfp8i_moe_bwd *w = j->w;
-    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = p->Rw; /* rows of a run of blocks */
+    /* rows of a run of blocks, for any routing (mxfp8i_moe_size_Rw) */
+    const int64_t T = p->T, H = p->H, I = p->I, E = p->E, I2 = 2 * I, Bw = mxfp8i_moe_size_Rw(p);
     const int wk = j->worker; /* (a worker's dX rows, affinity terms and bias sums are the call's: not here) */
     bool ok = wk || !mxfp8i_moe_table_reserve(p);
     if (j->par && !wk) return ok ? moe_bwd_reserve_par(j) : MXFP8_ERR_OUT_OF_MEMORY;
     int64_t Re = 0, Se = 0;
-    /* found by the checks' routing walk (the table is filled after this); a worker's operand rows are the call's,
-       and its segments are sized for any routing of mxfp8_moe_route's layout (an expert's blocks hold at most T
-       tokens), as its wave buffers are, so later calls of a training loop need no larger arena */
-    if (w->seg) Re = wk ? 0 : p->Re, Se = wk ? par_segments(p) : p->Se;
+    /* for any routing of mxfp8_moe_route's layout (mxfp8i_moe_size_Re, _Se), so later calls of a training loop need
+       no larger arena; a worker's operand rows are the call's wave buffers */
+    if (w->seg) Re = wk ? 0 : mxfp8i_moe_size_Re(p), Se = mxfp8i_moe_size_Se(p);
     if (Se > 0x7fffffff) w->seg = 0;    /* more segments than an int counts: the per-block path */
     /* rows of the Phase 3 / 4 operand buffers: expert-sized on the segmented path */
     const int64_t Rx = w->seg ? Re : Bw, RI = w->seg && !w->onH ? Re : Bw, RH = w->seg && w->onH ? Re : Bw;
@@ -235,8 +228,8 @@ static mxfp8_status moe_bwd_reserve_job(const void *ctx) {
     const int one = mxfp8i_moe_gemm_one_thread(wk);
     ok = ok && !(w->seg && reserve_segmented_wgrad(w, p, Se, &k));
     ok = ok && !(mxfp8i_moe_gemm_reserve(p, Bw, I, H, 0) || mxfp8i_moe_gemm_reserve(p, Bw, H, I2, 1) ||
-                 (!w->seg && (mxfp8i_moe_gemm_reserve(p, H, I2, p->Bw, -1) ||
-                              mxfp8i_moe_gemm_reserve(p, I, H, p->Bw, -1))) ||
+                 (!w->seg && (mxfp8i_moe_gemm_reserve(p, H, I2, mxfp8i_moe_size_Bw(p), -1) ||
+                              mxfp8i_moe_gemm_reserve(p, I, H, mxfp8i_moe_size_Bw(p), -1))) ||
                  (re_gu && mxfp8i_moe_gemm_reserve(p, Bw, I2, H, 2)) ||
                  (re_down && mxfp8i_moe_gemm_reserve(p, Bw, H, I, 3)));
     mxfp8i_moe_gemm_one_thread(one);

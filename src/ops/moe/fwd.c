@@ -196,7 +196,7 @@ static mxfp8_status moe_fwd_reserve_job(const void *ctx) {
     const mxfp8i_moe *p = j->p;
     fwd_ws *w = j->w;
     /* rows of the longest run of blocks (a worker runs one block at a time) */
-    const int64_t H = p->H, I = p->I, I2 = 2 * I, Bw = j->worker ? p->B : p->Rw;
+    const int64_t H = p->H, I = p->I, I2 = 2 * I, Bw = j->worker ? p->B : mxfp8i_moe_size_Rw(p);
     memset(w, 0, sizeof *w);
     const size_t f = sizeof(float);
     int k = MXFP8I_WS_MOE_BUF0;

@@ -388,6 +388,27 @@ static inline int mxfp8i_moe_run_joins(const mxfp8i_moe *p, int64_t blocks, int6
     const int64_t B = p->B;
     return mxfp8i_moe_runs_pay(p) && (blocks + 1) * B <= MXFP8I_MOE_RUN_ROWS && e_next == e && L == B && L_next > 0;
 }
+/** The rows and block counts the reservations size for (speed only): the call's own (p->Bw, p->Rw, p->Re, p->Se)
+ *  or, where larger, the most that any routing of mxfp8_moe_route's layout with the call's shapes can need -- an
+ *  expert's blocks hold at most T tokens, from each block's first position on, so a block has at most min(B, T)
+ *  rows, a run of blocks at most min(its stack of full blocks, T), an expert at most min(T, N B) positions in at
+ *  most min(N, ceil(T / B)) blocks. The calls of a training loop, whose routing changes from step to step, then
+ *  never need a larger workspace than the first one. */
+static inline int64_t mxfp8i_moe_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t mxfp8i_moe_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t mxfp8i_moe_size_Bw(const mxfp8i_moe *p) {
+    return mxfp8i_moe_max64(p->Bw, mxfp8i_moe_min64(p->B, p->T));
+}
+static inline int64_t mxfp8i_moe_size_Rw(const mxfp8i_moe *p) {
+    const int64_t stack = mxfp8i_moe_runs_pay(p) ? mxfp8i_moe_max64(1, MXFP8I_MOE_RUN_ROWS / p->B) * p->B : p->B;
+    return mxfp8i_moe_max64(p->Rw, mxfp8i_moe_min64(stack, mxfp8i_moe_min64(p->T, p->N * p->B)));
+}
+static inline int64_t mxfp8i_moe_size_Re(const mxfp8i_moe *p) {
+    return mxfp8i_moe_max64(p->Re, mxfp8i_moe_min64(p->T, p->N * p->B));
+}
+static inline int64_t mxfp8i_moe_size_Se(const mxfp8i_moe *p) {
+    return mxfp8i_moe_max64(p->Se, mxfp8i_moe_min64(p->N, p->B > 0 ? (p->T + p->B - 1) / p->B : 0));
+}
 /** Test-only switch of the runs (-1: by size, 0: never, 1: whenever blocks qualify). Not thread-safe: set it while
  *  no MoE call runs. Returns the previous value. */
 int mxfp8i_moe_set_block_runs(int mode);
