@@ -36,6 +36,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <omp.h>
 
 #include "bwd_state.h"
 
@@ -382,7 +383,7 @@ static void par_plan(mxfp8i_moe_bwd *w) {
     w->taken = 0;
 }
 
-/* Thread t's next task (call inside the schedule's critical section), after recording the one it has done (*k >= 0:
+/* Thread t's next task (call holding the schedule's lock), after recording the one it has done (*k >= 0:
  * block *k of expert *e; *which: expert *e's weight gradient). Sets *k (a block of expert *e) or *which (1: dW1, 2:
  * dW2 of expert *e), or neither when nothing is ready yet. Returns 1 when every task has been taken. In order:
  * 1. a weight gradient whose expert's blocks are all done (expert order, dW1 first); 2. the next block of this
@@ -440,6 +441,8 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
     const int64_t *ewave = w->ewave;
     const int nt = mxfp8i_num_threads();
     int failed = 0;
+    omp_lock_t sched; /* the schedule's lock: this call's own (calls from several threads do not wait on each other) */
+    omp_init_lock(&sched);
 #pragma omp parallel num_threads(nt)
     {
         mxfp8i_moe_worker wk;
@@ -457,8 +460,9 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
         int64_t k = -1, e = 0;
         int which = 0, done = 0;
         while (!done) {
-#pragma omp critical(mxfp8i_moe_bwd_sched)
+            omp_set_lock(&sched);
             done = par_take(w, t, &k, &e, &which);
+            omp_unset_lock(&sched);
             if (which && ok) {
                 ok = par_wgrad(&tw, w, ewave[e], e, which) == MXFP8_OK;
             } else if (k >= 0 && ok) {
@@ -472,6 +476,7 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
         }
         mxfp8i_moe_worker_end(&wk, ok, &failed);
     }
+    omp_destroy_lock(&sched);
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
     /* each token's dX rows in expert-major block order (par_plan's list of the blocks with rows), rounded straight
      * into a BF16 output */
