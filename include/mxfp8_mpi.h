@@ -48,7 +48,9 @@
  * of that expert and the blockwise kernels compute it bit for bit alike (weight gradients then accumulate over the
  * same blocks in the same order), and (3) every (token, expert) contribution travels back unrounded (FP32) and is
  * summed on the token's home rank in ascending expert order starting from zero, the order in which the
- * single-process kernel adds a token's blocks, then rounded once to the output dtype.
+ * single-process kernel adds a token's blocks, then rounded once to the output dtype -- under IEEE defaults, as every
+ * libmxfp8 kernel runs, whatever the caller's MXCSR (flush-to-zero or denormals-are-zero set by the caller change
+ * no bit).
  * The gathered problem's trailing padding-only blocks (mxfp8_moe_num_blocks) contribute nothing and do not matter.
  * With expert_affinities_masked given instead of topk ids (see the args), the routed pairs of a token are its
  * nonzero entries; the contract holds with the gathered problem routed from those pairs (each token's experts in

@@ -218,18 +218,24 @@ static mxfp8_status fwd_local(const char *fn, const mxfp8_mpi_moe_fwd_args *A, f
 static void fold(const ep_plan *p, const float *recv, const mxfp8_tensor *out) {
     const int64_t T = p->T, H = p->H;
     const int nt = T * H > 65536 ? ep_threads() : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t h0 = 0; h0 < H; h0 += 256) {
-            const int64_t n = H - h0 < 256 ? H - h0 : 256;
-            float acc[256];
-            for (int64_t h = 0; h < n; h++) acc[h] = 0.0f;
-            for (int64_t j = p->tok_off[t]; j < p->tok_off[t + 1]; j++) {
-                const float *r = recv + (int64_t)p->tok_pair[j] * H + h0;
-                for (int64_t h = 0; h < n; h++) acc[h] += r[h];
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter(); /* the sums under IEEE defaults on every thread, as in libmxfp8 */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h0 = 0; h0 < H; h0 += 256) {
+                const int64_t n = H - h0 < 256 ? H - h0 : 256;
+                float acc[256];
+                for (int64_t h = 0; h < n; h++) acc[h] = 0.0f;
+                for (int64_t j = p->tok_off[t]; j < p->tok_off[t + 1]; j++) {
+                    const float *r = recv + (int64_t)p->tok_pair[j] * H + h0;
+                    for (int64_t h = 0; h < n; h++) acc[h] += r[h];
+                }
+                for (int64_t h = 0; h < n; h++)
+                    ep_store(out, t * out->strides[0] + (h0 + h) * out->strides[1], acc[h]);
             }
-            for (int64_t h = 0; h < n; h++) ep_store(out, t * out->strides[0] + (h0 + h) * out->strides[1], acc[h]);
-        }
+        mxfp8i_fenv_leave(csr);
+    }
 }
 
 /* Dispatch after the second agreement: rows and pairs out, the local problem in. Returns a local status (to be

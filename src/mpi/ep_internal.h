@@ -1,6 +1,7 @@
 /*
  * ep_internal.h -- internals of libmxfp8_mpi (expert parallelism over MPI). Built on the public headers
- * include/mxfp8.h and include/mxfp8_mpi.h only.
+ * include/mxfp8.h and include/mxfp8_mpi.h, and on libmxfp8's header-only MXCSR guard (src/runtime/fenv.h: the home
+ * folds add in FP32 under IEEE defaults whatever the caller's MXCSR, as libmxfp8 does).
  *
  * Vocabulary: the HOME rank of a token holds it (its row of hidden_states); the rank that owns an expert computes
  * the (token, expert) PAIRS routed to it. The PLAN of a call (ep_plan) says, for this rank, which rows go where and
@@ -20,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../runtime/fenv.h"
 #include "mxfp8.h"
 #include "mxfp8_mpi.h"
 

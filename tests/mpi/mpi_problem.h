@@ -48,6 +48,8 @@ typedef struct tcase {
     int empty_expert;            /* an expert no token routes to, or -1 */
     int tokens;                  /* 0: uneven with a rank of none; 1: all on the last rank; 2: none anywhere;
                                     3: 5 + 3 r on rank r (every rank has some); 4: larger, uneven, a rank of none */
+    int ftz;                     /* the ranks call with FTZ and DAZ set, on a problem whose sums are subnormal: W2 zero,
+                                    b2 and the given dX (F32) subnormal */
 } tcase;
 
 /* Rank r's token count for P ranks. */
@@ -216,6 +218,12 @@ static inline void mp_make(mp *m, const tcase *c, int P, uint64_t seed) {
         mp_prequant(m->W2, 3, s2, 2, c, &m->W2b, &m->W2bs);
     }
     m->gdx = mp_random(T * H, c->gdt, -1, 1, &g);
+    if (c->ftz) { /* the output is a * b2 per pair, dX the given value: subnormal sums (scaled by 2^-130, exact) */
+        memset(m->W2, 0, sizeof(float) * (size_t)(E * I * H));
+        for (int64_t i = 0; i < E * H; i++) m->b2[i] = ldexpf(m->b2[i], -130);
+        for (int64_t i = 0; c->gdt == MXFP8_DTYPE_F32 && i < T * H; i++)
+            ((float *)m->gdx)[i] = ldexpf(((float *)m->gdx)[i], -130);
+    }
     m->gW1 = mp_random(E * H * 2 * I, c->gdt, -1, 1, &g);
     m->gW2 = mp_random(E * I * H, c->gdt, -1, 1, &g);
     m->gb1 = mp_random(E * 2 * I, c->gdt, -1, 1, &g);

@@ -11,7 +11,7 @@
 
 static const tcase k_case = {"faults", 64, 32, 6, 2, 8, 0, MXFP8_DTYPE_BF16, MXFP8_DTYPE_BF16, MXFP8_DTYPE_BF16,
                              MXFP8_MPI_WIRE_NATIVE, 1, 0, 0, MXFP8_AFFINITY_ON_I, MXFP8_ACT_SILU, MXFP8_FMT_E4M3,
-                             MXFP8_SCALE_NKI, -INFINITY, INFINITY, -INFINITY, INFINITY, 1, 0, 0, -1, 3};
+                             MXFP8_SCALE_NKI, -INFINITY, INFINITY, -INFINITY, INFINITY, 1, 0, 0, -1, 3, 0};
 
 typedef struct rig {
     mp m;

@@ -7,9 +7,14 @@
  * on any P (E % P != 0), an expert with no tokens, top-1 / top-2 / top-4, routing by affinities, the BF16 (native)
  * and MXFP8 wires, F32 / BF16 / F16 tensors, biases, AFFINITY_ON_H, clamps, every activation, both padding ids,
  * accumulate_hidden_states_grad / skip_grad_initialization, pre-quantized weights, with and without checkpoints,
- * and different thread counts on different ranks (the oracle runs on 2 threads, the ranks on 1 or 2).
+ * different thread counts on different ranks (the oracle runs on 2 threads, the ranks on 1 or 2), and ranks that
+ * call with flush-to-zero and denormals-are-zero set in MXCSR on a problem whose sums are subnormal.
  */
 #include "mpi_problem.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #define F32 MXFP8_DTYPE_F32
 #define BF16 MXFP8_DTYPE_BF16
@@ -20,27 +25,42 @@
 
 static const tcase k_cases[] = {
     /* name, H, I, E, K, B, by_aff, xdt, odt, gdt, wire, keep, bias, prequant, aff, act, quant, rule,
-       glo, ghi, ulo, uhi, skip_token, acc, sgi, empty_expert, tokens */
+       glo, ghi, ulo, uhi, skip_token, acc, sgi, empty_expert, tokens, ftz */
     {"top2 bf16 native", 64, 32, 6, 2, 8, 0, BF16, F32, BF16, NATIVE, 1, 0, 0, MXFP8_AFFINITY_ON_I, MXFP8_ACT_SILU,
-     MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 0, -1, 0},
+     MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 0, -1, 0, 0},
     {"top1 f32 mxfp8-wire, an expert without tokens, H % 32 != 0, recompute", 80, 48, 6, 1, 4, 0, F32, F32, F32,
      MXWIRE, 0, 0, 0, MXFP8_AFFINITY_ON_I, MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0,
-     0, 3, 0},
+     0, 3, 0, 0},
     {"top4 on_h bias clamps swish e5m2 ocp, padding id T, accumulate + skip_grad_init", 64, 32, 6, 4, 16, 0, BF16,
      F32, BF16, NATIVE, 1, 1, 0, MXFP8_AFFINITY_ON_H, MXFP8_ACT_SWISH, MXFP8_FMT_E5M2, MXFP8_SCALE_OCP, -2.0f, 0.5f,
-     -0.4f, 0.4f, 0, 1, 1, -1, 0},
+     -0.4f, 0.4f, 0, 1, 1, -1, 0, 0},
     {"routed by affinities, f16, mxfp8-wire, squared_relu rceil", 96, 32, 6, 3, 8, 1, F16, F32, F16, MXWIRE, 1, 0, 0,
      MXFP8_AFFINITY_ON_I, MXFP8_ACT_SQUARED_RELU, MXFP8_FMT_E4M3, MXFP8_SCALE_RCEIL, -INF, INF, -INF, INF, 1, 0, 0, -1,
-     0},
+     0, 0},
     {"pre-quantized weights, bias", 64, 64, 6, 2, 8, 0, BF16, BF16, F32, NATIVE, 1, 1, 1, MXFP8_AFFINITY_ON_I,
-     MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 0, -1, 0},
+     MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 0, -1, 0, 0},
     {"all tokens on the last rank, on_h mxfp8-wire recompute", 64, 32, 6, 2, 5, 0, BF16, BF16, BF16, MXWIRE, 0, 0, 0,
-     MXFP8_AFFINITY_ON_H, MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 0, 5, 1},
+     MXFP8_AFFINITY_ON_H, MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 0, 5, 1, 0},
     {"larger (threads split the blocks' work), top2 bf16, bias", 256, 128, 6, 2, 128, 0, BF16, F32, BF16, NATIVE, 1,
-     1, 0, MXFP8_AFFINITY_ON_I, MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 0, -1, 4},
+     1, 0, MXFP8_AFFINITY_ON_I, MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 0, -1, 4,
+     0},
     {"no tokens on any rank", 32, 32, 6, 2, 8, 0, BF16, BF16, BF16, NATIVE, 1, 1, 0, MXFP8_AFFINITY_ON_I,
-     MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 1, -1, 2},
+     MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 0, 1, -1, 2, 0},
+    {"the caller's FTZ and DAZ set, subnormal sums, accumulate", 64, 32, 6, 2, 8, 0, F32, F32, F32, NATIVE, 1, 1, 0,
+     MXFP8_AFFINITY_ON_I, MXFP8_ACT_SILU, MXFP8_FMT_E4M3, MXFP8_SCALE_NKI, -INF, INF, -INF, INF, 1, 1, 0, -1, 3, 1},
 };
+
+/* The caller's MXCSR with flush-to-zero and denormals-are-zero set (ftz) or as it was; returns the previous one. */
+static unsigned caller_csr(int ftz, unsigned prev) {
+#if defined(__x86_64__) || defined(__i386__)
+    const unsigned was = _mm_getcsr();
+    _mm_setcsr(ftz ? was | 0x8040u : prev);
+    return was;
+#else
+    (void)ftz, (void)prev;
+    return 0;
+#endif
+}
 
 /* The oracle's outputs: the single-process layer on the gathered problem. */
 typedef struct ref {
@@ -203,7 +223,9 @@ static void run_case(int ci, const tcase *c) {
     memset(out, 0xA5, (size_t)(Tr * (H + 3) + 1) * os);
     mxfp8_mpi_moe_context *ctx = NULL;
     mxfp8_mpi_moe_stats fs, bs;
+    unsigned csr = c->ftz ? caller_csr(1, 0) : 0;
     mxfp8_status st = ep_forward(&m, c, &cfg, out, H + 3, &ctx, &fs);
+    if (c->ftz) caller_csr(0, csr);
     CHECK(st == MXFP8_OK && ctx, "[%s] forward: %s", c->name, mxfp8_mpi_last_error_message());
     for (int64_t t = 0; t < Tr; t++) {
         same("output row", out + (size_t)(t * (H + 3)) * os, mp_at(R.out, c->odt, (o + t) * H), H, c->odt, c->name);
@@ -213,7 +235,9 @@ static void run_case(int ci, const tcase *c) {
     /* the same forward again, for inference (no context), on the other thread count */
     mxfp8_set_num_threads(2 - (g_rank + ci) % 2);
     char *out2 = tu_alloc((size_t)(Tr * H + 1) * os);
+    if (c->ftz) csr = caller_csr(1, 0);
     st = ep_forward(&m, c, &cfg, out2, H, NULL, NULL);
+    if (c->ftz) caller_csr(0, csr);
     CHECK(st == MXFP8_OK, "[%s] inference forward: %s", c->name, mxfp8_mpi_last_error_message());
     same("inference output", out2, mp_at(R.out, c->odt, o * H), Tr * H, c->odt, c->name);
     CHECK(mxfp8_mpi_moe_context_bytes(ctx) > 0, "[%s] context bytes", c->name);
@@ -246,7 +270,9 @@ static void run_case(int ci, const tcase *c) {
         g.gate_and_up_proj_bias_grad = mpv(db1, c->gdt, 3, Er, 2, I, 0);
         g.down_proj_bias_grad = mpv(db2, c->gdt, 2, Er, H, 0, 0);
     }
+    if (c->ftz) csr = caller_csr(1, 0);
     st = mxfp8_mpi_moe_backward(&b, &g, &bs);
+    if (c->ftz) caller_csr(0, csr);
     CHECK(st == MXFP8_OK, "[%s] backward: %s", c->name, mxfp8_mpi_last_error_message());
     same("hidden_states_grad", dx, mp_at(R.dx, c->gdt, o * H), Tr * H, c->gdt, c->name);
     same("expert_affinities_masked_grad", da, mp_at(R.da, c->gdt, o * E), Tr * E, c->gdt, c->name);
