@@ -16,6 +16,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <omp.h>
 
 #include "../../kernels/registry.h"
 #include "moe.h"
@@ -147,7 +148,7 @@ typedef struct fwd_ws {
        [2 (T + 1)] and [N*B]); the starts of the groups of consecutive blocks of one expert [N + 1]; the workers'
        arenas, par_bytes each */
     float *V, *aqs, *b2s;
-    int32_t *first, *list, *grp;
+    int32_t *first, *list, *grp, *gsched; /* gsched: the schedule's per-group state [3 (N + 1)] (take_block) */
     char *par;
     size_t par_bytes;
 } fwd_ws;
@@ -178,6 +179,7 @@ static mxfp8_status moe_fwd_reserve_par(const fwd_job *j) {
     int k = MXFP8I_WS_MOE_BUF0;
     int ok = mxfp8i_moe_combine_reserve(p, &k, &w->acc, &w->V, &w->first, &w->list);
     ok = ok && (w->grp = (int32_t *)mxfp8i_ws_get(k++, (size_t)(p->N + 1) * sizeof(int32_t))) != NULL;
+    ok = ok && (w->gsched = (int32_t *)mxfp8i_ws_get(k++, (size_t)(3 * (p->N + 1)) * sizeof(int32_t))) != NULL;
     ok = ok && (w->aqs = (float *)mxfp8i_ws_get(k++, (size_t)(p->N * p->B > 0 ? p->N * p->B : 1) * sizeof(float)));
     ok = ok && (w->b2s = (float *)mxfp8i_ws_get(k++, (size_t)(p->E * p->H) * sizeof(float))) != NULL;
     ok = ok && (size_t)nt <= SIZE_MAX / w->par_bytes &&
@@ -321,16 +323,42 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
 
 /* The expert-parallel path (speed only, the same bits): where runs of blocks do not pay (small widths), each
  * block's work is too short to split well between threads -- five parallel regions per block, each ending at a
- * barrier. Instead the threads take whole groups of consecutive blocks of one expert (its weights packed once per
- * group), each block on one thread exactly as fwd_run does it, every checkpoint row written by that thread; each
+ * barrier. Instead the threads take whole blocks (take_block: a thread keeps to one group of consecutive blocks of
+ * one expert while it has blocks, its weights packed once, then takes a group nobody is on, and only then the last
+ * blocks of another thread's group), each block on one thread exactly as fwd_run does it, every checkpoint row
+ * written by that thread; each
  * position's a * (down + b2) goes to its own row of V, and each token's rows are then added to acc in position
  * order, which is block order: the additions of the scatter, in the same order. Not with operand statistics (their
  * accumulation per expert is the serial path's) or a down projection checkpoint (its own scatter), and only while
  * the per-position rows stay within 256 MiB. Measured (AMD Zen 4, 2 threads, H = 256, I = 512, B = 128, E = 8,
  * top-2, 2048 tokens): 0.94-0.96 of the forward's time, the same on 1 thread; at H = 1024 0.985, with 64 small
- * experts 1.02 (there runs of blocks apply, and this path is not taken). */
+ * experts 1.02 (there runs of blocks apply, and this path is not taken). Taking whole groups (one per expert there)
+ * left one thread idle for 1.1-2.2 of the region's 11-12 ms, the last expert's share: hence blocks. */
 static int fwd_par(const mxfp8i_moe *p, const mxfp8_moe_fwd_outputs *o, const mxfp8_quant_stats *stats) {
     return !o->down_proj_output_checkpoint.data && mxfp8i_moe_par_pays(p, stats);
+}
+
+/* The next block for the thread on group *cur (-1: none yet), or -1 when every block is taken; call holding the
+ * schedule's lock. Per group g of ng (blocks [grp[g], grp[g + 1])): its next block from the front nx[g], its end
+ * en[g] (blocks stolen from the back lower it), the thread on it ow[g] (-1: none). In order: the next block of the
+ * thread's own group; the first block of the first group nobody is on (the groups in order); the last block of the
+ * group with the most blocks left, when it has two or more (with one left its thread takes it next, and the
+ * stealer would pack that expert's weights first). */
+static int64_t take_block(const fwd_ws *w, int64_t ng, int t, int64_t *cur) {
+    int32_t *nx = w->gsched, *en = nx + ng, *ow = en + ng;
+    if (*cur >= 0 && nx[*cur] < en[*cur]) return nx[*cur]++;
+    int64_t best = -1;
+    for (int64_t g = 0; g < ng; g++) {
+        if (nx[g] >= en[g]) continue;
+        if (ow[g] < 0) {
+            ow[g] = t, *cur = g;
+            return nx[g]++;
+        }
+        if (en[g] - nx[g] >= 2 && (best < 0 || en[g] - nx[g] > en[best] - nx[best])) best = g;
+    }
+    if (best < 0) return -1;
+    *cur = best;
+    return --en[best];
 }
 
 static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_fwd_outputs *o, int *stored) {
@@ -339,6 +367,10 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
     for (int64_t n = 0; n < N; n++)
         if (n == 0 || p->expert[n] != p->expert[n - 1]) w->grp[ng++] = (int32_t)n;
     w->grp[ng] = (int32_t)N;
+    for (int64_t g = 0; g < ng; g++) /* take_block's state */
+        w->gsched[g] = w->grp[g], w->gsched[ng + g] = w->grp[g + 1], w->gsched[2 * ng + g] = -1;
+    omp_lock_t sched; /* the schedule's lock: this call's own */
+    omp_init_lock(&sched);
     for (int64_t e = 0; e < p->E; e++) mxfp8i_moe_load_b2(p, e, w->b2s + e * p->H);
     const int nt = mxfp8i_num_threads();
     int failed = 0;
@@ -350,17 +382,21 @@ static mxfp8_status forward_par(const mxfp8i_moe *p, fwd_ws *w, const mxfp8_moe_
         const fwd_job tj = {p, NULL, &tw, 1, 1};
         /* this worker's buffers, carved from its share of the arena (sized by the same reservation) */
         int ok = !mxfp8i_ws_plan(p->fn, moe_fwd_reserve_job, &tj, NULL) && !moe_fwd_reserve_job(&tj);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t gi = 0; gi < ng; gi++)
-            for (int64_t n = w->grp[gi]; ok && n < w->grp[gi + 1]; n++) {
-                const int64_t L = mxfp8i_moe_block_len(p, n);
-                tw.aq = w->aqs + n * p->B; /* the block's affinities, for the combine */
-                if (L > 0) ok = fwd_run(p, &tw, n, 1, p->expert[n], L, o, w->V) == MXFP8_OK;
-                else if (any_checkpoint(o)) /* a padding-only block: zero checkpoints */
-                    write_checkpoints(p, n, 0, o, 1, tw.g, tw.u, tw.act, tw.inter, tw.down, tw.aq, 0, 1);
-            }
+        int64_t cur = -1, n;
+        for (;;) {
+            omp_set_lock(&sched);
+            n = take_block(w, ng, wk.t, &cur);
+            omp_unset_lock(&sched);
+            if (n < 0) break;
+            const int64_t L = mxfp8i_moe_block_len(p, n);
+            tw.aq = w->aqs + n * p->B; /* the block's affinities, for the combine */
+            if (L > 0 && ok) ok = fwd_run(p, &tw, n, 1, p->expert[n], L, o, w->V) == MXFP8_OK;
+            else if (L == 0 && ok && any_checkpoint(o)) /* a padding-only block: zero checkpoints */
+                write_checkpoints(p, n, 0, o, 1, tw.g, tw.u, tw.act, tw.inter, tw.down, tw.aq, 0, 1);
+        }
         mxfp8i_moe_worker_end(&wk, ok, &failed);
     }
+    omp_destroy_lock(&sched);
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
     /* in position order (block order), rounded straight into a BF16 output */
     *stored = mxfp8i_moe_combine_rows(p, NULL, p->N, w->V, w->aqs, w->b2s, w->acc, w->first, w->list, &o->output, 0);
