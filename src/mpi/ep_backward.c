@@ -265,27 +265,7 @@ static void bwd_store(const mxfp8_mpi_moe_context *c, const float *recv, const m
     const int64_t T = p->T, H = p->H, W = H + 1;
     const mxfp8_tensor *o = &g->hidden_states_grad;
     const int acc_given = c->cfg.accumulate_hidden_states_grad;
-    const int nt = T * H > 65536 ? ep_threads() : 1;
-#pragma omp parallel num_threads(nt)
-    {
-        const unsigned csr = mxfp8i_fenv_enter(); /* the sums under IEEE defaults on every thread, as in libmxfp8 */
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t h0 = 0; h0 < H; h0 += 256) {
-                const int64_t n = H - h0 < 256 ? H - h0 : 256;
-                float acc[256];
-                for (int64_t h = 0; h < n; h++) acc[h] = 0.0f;
-                for (int64_t j = p->tok_off[t]; j < p->tok_off[t + 1]; j++) {
-                    const float *r = recv + (int64_t)p->tok_pair[j] * W + h0;
-                    for (int64_t h = 0; h < n; h++) acc[h] += r[h];
-                }
-                for (int64_t h = 0; h < n; h++) {
-                    const int64_t off = t * o->strides[0] + (h0 + h) * o->strides[1];
-                    ep_store(o, off, acc_given ? ep_load(o, off) + acc[h] : acc[h]);
-                }
-            }
-        mxfp8i_fenv_leave(csr);
-    }
+    ep_fold(p, recv, W, o, acc_given);
     const mxfp8_tensor *ea = &g->expert_affinities_masked_grad, *tk = &g->topk_weights_grad;
     if (ep_present(ea))
         for (int64_t i = 0; i < T * p->E; i++) ep_store(ea, ep_vec_off(ea, i), 0.0f);

@@ -214,30 +214,6 @@ static mxfp8_status fwd_local(const char *fn, const mxfp8_mpi_moe_fwd_args *A, f
     return st ? ep_local_fail(fn, p, st) : MXFP8_OK;
 }
 
-/* output[t] = sum over t's pairs in ascending expert order of the FP32 results, from +0, rounded once. */
-static void fold(const ep_plan *p, const float *recv, const mxfp8_tensor *out) {
-    const int64_t T = p->T, H = p->H;
-    const int nt = T * H > 65536 ? ep_threads() : 1;
-#pragma omp parallel num_threads(nt)
-    {
-        const unsigned csr = mxfp8i_fenv_enter(); /* the sums under IEEE defaults on every thread, as in libmxfp8 */
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t h0 = 0; h0 < H; h0 += 256) {
-                const int64_t n = H - h0 < 256 ? H - h0 : 256;
-                float acc[256];
-                for (int64_t h = 0; h < n; h++) acc[h] = 0.0f;
-                for (int64_t j = p->tok_off[t]; j < p->tok_off[t + 1]; j++) {
-                    const float *r = recv + (int64_t)p->tok_pair[j] * H + h0;
-                    for (int64_t h = 0; h < n; h++) acc[h] += r[h];
-                }
-                for (int64_t h = 0; h < n; h++)
-                    ep_store(out, t * out->strides[0] + (h0 + h) * out->strides[1], acc[h]);
-            }
-        mxfp8i_fenv_leave(csr);
-    }
-}
-
 /* Dispatch after the second agreement: rows and pairs out, the local problem in. Returns a local status (to be
  * agreed after the combine) or MXFP8_MPI_ERR_COMMUNICATION. */
 static mxfp8_status fwd_dispatch(const char *fn, MPI_Comm comm, const mxfp8_mpi_moe_fwd_args *A, fwd *s,
@@ -321,7 +297,7 @@ mxfp8_status mxfp8_mpi_moe_forward(const mxfp8_mpi_moe_fwd_args *args, mxfp8_ten
                       4 * H, &o.combine_bytes_sent, &o.combine_bytes_received);
     if (st) goto out;
     if ((st = ep_agree(comm, fn, local, NULL))) goto out;
-    fold(p, s.crecv, output);
+    ep_fold(p, s.crecv, p->H, output, 0); /* in ascending expert order, from +0, rounded once */
     o.rows_sent = p->nsrow;
     o.rows_received = p->nrrow;
     o.local_pairs = p->nloc;

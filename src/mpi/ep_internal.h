@@ -167,6 +167,10 @@ mxfp8_status ep_unpack_pairs(const char *fn, const ep_plan *p, const void *rbuf,
                              mxfp8_dtype dt, mxfp8_format fmt, void *out, void *tmp);
 /** The affinity vector of the local problem [nloc * E_r] (zero except each pair-row's own expert). */
 void ep_local_affinities(const ep_plan *p, float *a);
+/** The home fold: out[t] = the sum over token t's pairs in ascending expert order of their FP32 rows (recv + pair *
+ *  ld, H floats each), from +0, with add the view's given value + that sum (one FP32 addition), rounded once into
+ *  out [T, H]; under IEEE defaults on every thread whatever the caller's MXCSR, as in libmxfp8. */
+void ep_fold(const ep_plan *p, const float *recv, int64_t ld, const mxfp8_tensor *out, int add);
 
 /* ---- checks shared by the forward and the backward (ep_forward.c) ---- */
 /** UNSUPPORTED, saying why, when the config asks for stochastic rounding: an element's random word follows its

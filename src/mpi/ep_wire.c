@@ -122,3 +122,28 @@ void ep_local_affinities(const ep_plan *p, float *a) {
     if (p->nloc > 0) memset(a, 0, sizeof(float) * (size_t)(p->nloc * p->E_r));
     for (int64_t j = 0; j < p->nloc; j++) a[j * p->E_r + p->lexp[j]] = p->la[j];
 }
+
+void ep_fold(const ep_plan *p, const float *recv, int64_t ld, const mxfp8_tensor *out, int add) {
+    const int64_t T = p->T, H = p->H;
+    const int nt = T * H > 65536 ? ep_threads() : 1;
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned csr = mxfp8i_fenv_enter();
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h0 = 0; h0 < H; h0 += 256) {
+                const int64_t n = H - h0 < 256 ? H - h0 : 256;
+                float acc[256];
+                for (int64_t h = 0; h < n; h++) acc[h] = 0.0f;
+                for (int64_t j = p->tok_off[t]; j < p->tok_off[t + 1]; j++) {
+                    const float *r = recv + (int64_t)p->tok_pair[j] * ld + h0;
+                    for (int64_t h = 0; h < n; h++) acc[h] += r[h];
+                }
+                for (int64_t h = 0; h < n; h++) {
+                    const int64_t off = t * out->strides[0] + (h0 + h) * out->strides[1];
+                    ep_store(out, off, add ? ep_load(out, off) + acc[h] : acc[h]);
+                }
+            }
+        mxfp8i_fenv_leave(csr);
+    }
+}
