@@ -368,8 +368,8 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
                  input_scales=None, weight_scales=None, use_scale_packing=False, input_is_swizzled=False,
                  weights_is_swizzled=False, *, scale_rule="nki", quant_scheme="1x32", scale_layout="compact",
                  tile_loop_order=None, K=None, input_rounding="nearest", weights_rounding="nearest", rounding_seed=0,
-                 stats=False):
-    """Forward of the linear layer with MXFP8 GEMM: Y [M, N] = X [M, K] @ W [N, K]^T, both quantized along K.
+                 stats=False, bias=None):
+    """Forward of the linear layer with MXFP8 GEMM: Y [M, N] = X [M, K] @ W [N, K]^T (+ bias), both quantized along K.
 
     Parameters
     ----------
@@ -395,6 +395,10 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
     rounding_seed : int in [0, 2**64), keyword-only
     stats : bool, keyword-only
         Also return the statistics of both quantizations.
+    bias : array [N] or None, keyword-only
+        float32 / bfloat16 / float16 (float64, numbers and lists are rounded to float32). Not a parameter of the NKI
+        page (the library's mxfp8_linear): each element is the sum without a bias as float32, plus bias[n] in one
+        float32 addition, then rounded once to output_dtype -- torch's ``(y32 + b.float()).to(dtype)``.
 
     Returns
     -------
@@ -442,7 +446,16 @@ def matmul_mxfp8(input_activation, weights, config=None, float8_dtype="float8_e5
         ops.append((o, v, arr))
     vy = _lib.view(y)
     c.workspace = _lib.workspace()
-    _lib.call("mxfp8_matmul", ctypes.byref(ops[0][0]), ctypes.byref(ops[1][0]), ctypes.byref(c), ctypes.byref(vy))
+    if bias is None:
+        _lib.call("mxfp8_matmul", ctypes.byref(ops[0][0]), ctypes.byref(ops[1][0]), ctypes.byref(c),
+                  ctypes.byref(vy))
+    else:
+        b = _lib.as_array(bias, (_lib.F32, _lib.BF16, _lib.F16), "bias")
+        if b.ndim != 1:
+            raise ValueError(f"bias: expected a 1-D array [N], got shape {b.shape}")
+        vb = _lib.view(b, name="bias")
+        _lib.call("mxfp8_linear", ctypes.byref(ops[0][0]), ctypes.byref(ops[1][0]), ctypes.byref(vb),
+                  ctypes.byref(c), ctypes.byref(vy))
     if want:
         return y, {"input_activation": _lib.stats_dict(st[0]), "weights": _lib.stats_dict(st[1])}
     return y

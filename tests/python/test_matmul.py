@@ -89,6 +89,32 @@ def test_forward_vs_oracle(rng, fmt, group):
             _check_bound(y, exact, S, k, "float32", f"forward {M},{K},{N} {fmt} {rule} {group}")
 
 
+def test_forward_bias(rng):
+    """bias: the bias-less sum as float32 plus bias[n] in one float32 addition (numpy's), rounded once to the output
+    dtype (ml_dtypes' and numpy's RNE), bit for bit; bias of any float dtype and stride; shape errors."""
+    M, K, N = 37, 96, 41
+    x = rng.standard_normal((M, K)).astype(BF16)
+    w = rng.standard_normal((N, K)).astype(BF16)
+    y32 = mxfp8.matmul_mxfp8(x, w, output_dtype="float32")
+    for bdt in (np.float32, BF16, np.float16):
+        full = (rng.standard_normal(2 * N) * 4).astype(np.float32).astype(bdt)
+        for b in (full[:N], full[::2]):  # contiguous and strided
+            want32 = y32 + b.astype(np.float32)[None, :]
+            got32 = mxfp8.matmul_mxfp8(x, w, output_dtype="float32", bias=b)
+            assert got32.dtype == np.float32 and np.array_equal(got32.view(np.uint32), want32.view(np.uint32))
+            for od, npdt in (("bfloat16", BF16), ("float16", np.float16)):
+                got = mxfp8.matmul_mxfp8(x, w, output_dtype=od, bias=b)
+                want = want32.astype(npdt)
+                assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), (bdt, od)
+    assert np.array_equal(mxfp8.matmul_mxfp8(x, w, output_dtype="float32", bias=[0.5] * N), y32 + np.float32(0.5))
+    with pytest.raises(ValueError, match="bias"):
+        mxfp8.matmul_mxfp8(x, w, bias=np.zeros((1, N), np.float32))
+    with pytest.raises(mxfp8.MXFP8Error, match="bias"):
+        mxfp8.matmul_mxfp8(x, w, bias=np.zeros(N + 1, np.float32))
+    with pytest.raises(TypeError, match="bias"):
+        mxfp8.matmul_mxfp8(x, w, bias=np.zeros(N, np.int32))
+
+
 def _nki_criteria(k, g):
     k = np.asarray(k).astype(np.float64)
     g = np.asarray(g).astype(np.float64)
