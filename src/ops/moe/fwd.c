@@ -326,14 +326,15 @@ static mxfp8_status fwd_run(const mxfp8i_moe *p, fwd_ws *w, int64_t n, int64_t b
  * barrier. Instead the threads take whole blocks (take_block: a thread keeps to one group of consecutive blocks of
  * one expert while it has blocks, its weights packed once, then takes a group nobody is on, and only then the last
  * blocks of another thread's group), each block on one thread exactly as fwd_run does it, every checkpoint row
- * written by that thread; each
- * position's a * (down + b2) goes to its own row of V, and each token's rows are then added to acc in position
- * order, which is block order: the additions of the scatter, in the same order. Not with operand statistics (their
+ * written by that thread; each position's down projection goes to its own row of V, and the combine then adds each
+ * token's a * (down + b2) in position order, which is block order: the scatter's operations, in the same order, so
+ * the same bits (rounded straight into a BF16 output). Not with operand statistics (their
  * accumulation per expert is the serial path's) or a down projection checkpoint (its own scatter), and only while
  * the per-position rows stay within 256 MiB. Measured (AMD Zen 4, 2 threads, H = 256, I = 512, B = 128, E = 8,
- * top-2, 2048 tokens): 0.94-0.96 of the forward's time, the same on 1 thread; at H = 1024 0.985, with 64 small
- * experts 1.02 (there runs of blocks apply, and this path is not taken). Taking whole groups (one per expert there)
- * left one thread idle for 1.1-2.2 of the region's 11-12 ms, the last expert's share: hence blocks. */
+ * top-2, 2048 tokens) when it took whole groups of blocks: 0.94-0.96 of the serial walk's time, the same on 1
+ * thread; but with one group per expert it left one thread idle for 1.1-2.2 of the region's 11-12 ms, the last
+ * expert's share: hence blocks. Now (with the combine's weighting): 0.93 of the serial walk's time there, 0.97 on
+ * the fine-grained problem (H = 1024, I = 256, 64 experts, top-8). */
 static int fwd_par(const mxfp8i_moe *p, const mxfp8_moe_fwd_outputs *o, const mxfp8_quant_stats *stats) {
     return !o->down_proj_output_checkpoint.data && mxfp8i_moe_par_pays(p, stats);
 }
