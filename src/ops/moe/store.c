@@ -128,9 +128,10 @@ int mxfp8i_moe_combine_reserve(const mxfp8i_moe *p, int *k, float **acc, float *
     const int64_t NB = p->N * p->B, T = p->T, H = p->H;
     const int64_t n[4] = {T * H, NB * H, 2 * (T + 1), NB};
     const size_t es[4] = {sizeof(float), sizeof(float), sizeof(int32_t), sizeof(int32_t)};
-    void **dst[4] = {(void **)acc, (void **)V, (void **)first, (void **)list};
+    void *b[4];
     for (int i = 0; i < 4; i++)
-        if (!(*dst[i] = mxfp8i_ws_get((*k)++, (size_t)(n[i] > 0 ? n[i] : 1) * es[i]))) return 0;
+        if (!(b[i] = mxfp8i_ws_get((*k)++, (size_t)(n[i] > 0 ? n[i] : 1) * es[i]))) return 0;
+    *acc = (float *)b[0], *V = (float *)b[1], *first = (int32_t *)b[2], *list = (int32_t *)b[3];
     return 1;
 }
 
