@@ -332,11 +332,16 @@ AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx c
     int64_t inexact = 0, g = 0;
     __m512 lo, hi;
     __mmask32 sign;
-    for (; g + 16 <= nfull; g += 16) {
+    for (int ng; g < nfull; g += ng) { /* batches of up to 16 whole groups (unused lanes reduce zeros, never read) */
+        ng = nfull - g < 16 ? (int)(nfull - g) : 16;
         const char *s0 = (const char *)src + g * 32 * es;
         char *o0 = (char *)out + g * 32 * os;
         __m512i mm[16];
         for (int j = 0; j < 16; j++) {
+            if (j >= ng) {
+                mm[j] = _mm512_setzero_si512();
+                continue;
+            }
             load_abs32(s0 + j * 32 * es, dt, ~0u, true, &lo, &hi, &sign);
             mm[j] = _mm512_max_epu32(_mm512_castps_si512(lo), _mm512_castps_si512(hi));
         }
@@ -345,13 +350,13 @@ AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx c
         _mm_storeu_si128((__m128i *)sb, _mm512_cvtepi32_epi8(s));
         if (sc) {
             if (sc_gs == 1)
-                memcpy(sc + g, sb, 16);
+                memcpy(sc + g, sb, (size_t)ng);
             else
-                for (int j = 0; j < 16; j++) sc[(g + j) * sc_gs] = sb[j];
+                for (int j = 0; j < ng; j++) sc[(g + j) * sc_gs] = sb[j];
         }
         __mmask16 nf = _mm512_cmpeq_epi32_mask(s, set1(255));
         __m512 inv = inv_scale(s), sv = scale_value(s);
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < ng; j++) {
             const char *sj = s0 + j * 32 * es;
             char *oj = o0 + j * 32 * os;
             if ((nf >> j) & 1) {
