@@ -17,9 +17,9 @@
  *  - qdq values are the rounded |y| times 2^(s-127) (the multiply the reference dequantizer does); BF16 outputs are
  *    the high halves, which is exact because such values have <= 4 significant bits, unless a value lies below
  *    2^-126: then (like NaN groups in qdq) the block is redone element-wise with the reference arithmetic.
- * Rows: up to 16 whole groups per batch, their amax reduced together by a transposing shuffle tree. Cols: per group, tiles of
- * 512 columns swept row by row twice (amax into per-column accumulators; then quantize, from L1/L2 with per-column
- * multipliers), so each pass is one sequential stream.
+ * Rows: up to 16 whole groups per batch, their amax reduced together by a transposing shuffle tree. Cols: per
+ * group, tiles of 512 columns swept row by row twice (amax into per-column accumulators; then quantize, from L1/L2
+ * with per-column multipliers), so each pass is one sequential stream.
  * BF16 sources are processed in the in-lane "unpack order" so that conversion and packing are single instructions.
  * BF16 -> codes (the common training case) has its own path in 16-bit integer lanes, 32 elements per vector, exact
  * by construction (see bf16_codes); groups with a tiny or non-finite amax fall back to the FP32 path. Its cols form

@@ -49,8 +49,7 @@ static size_t stats_bytes(const mxfp8i_moe *p) {
 
 mxfp8_status mxfp8i_moe_stats_reserve(const mxfp8i_moe *p, const mxfp8_quant_stats *stats) {
     if (!stats) return MXFP8_OK;
-    int64_t kmax = p->H > 2 * p->I ? p->H : 2 * p->I;
-    if (mxfp8i_moe_size_Bw(p) > kmax) kmax = mxfp8i_moe_size_Bw(p); /* (for any routing) */
+    const int64_t kmax = mxfp8i_moe_max64(mxfp8i_moe_max64(p->H, 2 * p->I), mxfp8i_moe_size_Bw(p)); /* any routing */
     if (!mxfp8i_ws_get(MXFP8I_WS_MOE_STATS, stats_bytes(p)) || mxfp8i_gop_stats_reserve(kmax, mxfp8i_num_threads()))
         return MXFP8_ERR_OUT_OF_MEMORY;
     return MXFP8_OK;

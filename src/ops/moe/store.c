@@ -158,10 +158,11 @@ int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb
 #pragma omp parallel num_threads(nt)
     {
         const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
-        float *own = acc + (int64_t)omp_get_thread_num() * H; /* direct: this thread's row (acc is scratch then) */
+        const int64_t tid = omp_get_thread_num();
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
-            float *dst = direct ? own : acc + t * H;
+            /* direct: this thread's own row of acc, which is scratch then (a thread with a token has tid < T) */
+            float *dst = acc + (direct ? tid : t) * H;
             if (first[t] == first[t + 1]) memset(dst, 0, (size_t)H * sizeof(float)); /* no rows */
             for (int32_t k = first[t]; k < first[t + 1]; k++) {
                 const int64_t q = list[k];
