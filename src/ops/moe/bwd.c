@@ -383,24 +383,37 @@ static void par_plan(mxfp8i_moe_bwd *w) {
     w->taken = 0;
 }
 
+/* A weight gradient whose expert's blocks are all done, of an expert of a wave before vend (every dW1 in expert
+ * order, then every dW2: the longer first), marked taken: sets *e and *which (1: dW1, 2: dW2); 0 when none. */
+static int take_wgrad(mxfp8i_moe_bwd *w, int64_t vend, int64_t *e, int *which) {
+    const int64_t E = w->p->E, *es = w->estart;
+    for (int b = 1; b <= 2; b++)
+        for (int64_t x = 0; x < E; x++)
+            if (w->ewave[x] < vend && !(w->wtaken[x] & b) && w->bdone[x] == es[x + 1] - es[x] &&
+                w->elo[x] >= w->ehi[x]) {
+                w->wtaken[x] |= b, *which = b, *e = x, w->taken++;
+                return 1;
+            }
+    return 0;
+}
+
 /* Thread t's next task (call holding the schedule's lock), after recording the one it has done (*k >= 0:
  * block *k of expert *e; *which: expert *e's weight gradient). Sets *k (a block of expert *e) or *which (1: dW1, 2:
  * dW2 of expert *e), or neither when nothing is ready yet. Returns 1 when every task has been taken. In order:
- * 1. a weight gradient whose expert's blocks are all done (expert order, dW1 first); 2. the next block of this
- * thread's expert; 3. the first block of an expert nobody is on; 4. the last block of another thread's expert -- of
- * experts whose wave's buffers are free (the wave two before it has all its weight gradients done). */
+ * 1. a weight gradient ready in a wave before the last two (take_wgrad: its wave's buffers are wanted two waves on);
+ * 2. the next block of this thread's expert; 3. the first block of an expert nobody is on; 4. the last block of
+ * another thread's expert -- of experts whose wave's buffers are free (the wave two before it has all its weight
+ * gradients done); 5. a weight gradient of the last two waves. Keeping those for the end lets the threads share
+ * them longest first once the blocks run out, instead of one thread running the last expert's dW1 while the other,
+ * with its dW2 done, waits: 2 threads, width 256 (8 experts, one per wave), the idle end of the call 0.66 -> 0.23 ms
+ * (median of 60 calls). */
 static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which) {
-    const int64_t E = w->p->E, *es = w->estart, *ws = w->wstart, *ewave = w->ewave;
-    int64_t *bdone = w->bdone, *wtaken = w->wtaken, *elo = w->elo, *ehi = w->ehi, *owner = w->owner, *wdone = w->wdone;
-    if (*k >= 0) bdone[*e]++;
+    const int64_t E = w->p->E, *ws = w->wstart, *ewave = w->ewave;
+    int64_t *elo = w->elo, *ehi = w->ehi, *owner = w->owner, *wdone = w->wdone;
+    if (*k >= 0) w->bdone[*e]++;
     if (*which) wdone[ewave[*e]]++;
     *k = -1, *which = 0;
-    for (int b = 1; b <= 2; b++)
-        for (int64_t x = 0; x < E; x++)
-            if (!(wtaken[x] & b) && bdone[x] == es[x + 1] - es[x] && elo[x] >= ehi[x]) {
-                wtaken[x] |= b, *which = b, *e = x, w->taken++;
-                return 0;
-            }
+    if (take_wgrad(w, w->nw - 2, e, which)) return 0;
     for (int step = 2; step <= 4; step++)
         for (int64_t x = 0; x < E; x++) {
             const int64_t v = ewave[x];
@@ -412,28 +425,29 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
             *e = x;
             return 0;
         }
+    if (take_wgrad(w, w->nw, e, which)) return 0;
     return w->taken == 2 * E; /* (every block is taken before its expert's weight gradients) */
 }
 
 /* The expert-parallel path (speed only, the same bits; bwd_par): where runs of blocks do not pay (small widths) a
- * block's work is too short to split well between threads -- three elementwise parallel regions and two to four
- * GEMMs per block, each ending at a barrier, which a slowed thread holds up for all. Instead the threads take whole
- * tasks from one schedule, with no barrier until the end: a block of an expert (every phase as the serial walk runs
- * it, on the calling thread; its Phase 3 / 4 operands written to its rows of its expert's part of its wave's
- * buffers), or the weight gradient dW1 or dW2 of an expert whose blocks are all done (a segmented GEMM over its
- * blocks in block order, with that expert's bias sums, as run_experts does). The experts go in waves of consecutive
- * experts (par_plan); two waves' buffers (wave_rows each, whatever the routing), so a wave's blocks can start once
- * the wave two before it has all its weight gradients done. A thread stays on one expert while it has blocks (its
- * weights packed once), then takes the next expert nobody is on, and only then the last blocks of another thread's
- * expert; weight gradients come first whenever one is ready. What the serial walk adds across experts is added
- * afterwards in its order: each token's dX rows (V) in expert-major block order, then its affinity-gradient terms
- * per (token, expert) in block order. Stochastic-rounding indices depend on the block and position only: the same
- * bits. Measured (AMD Zen 4, 2 threads, H = 256, I = 512, B = 128, E = 8, top-2, 2048 tokens, in one process
- * against the serial walk): quiet
- * 0.95-0.99 of its time in both configurations of the benchmark; with one of the two vCPUs slowed by the host
- * 0.65-0.76 (the serial walk went from 23 to 33 ms, this path stayed at 23.5-25.5). With 64 experts of 2-3 blocks
- * (H = 1024, I = 256, top-8) 0.98-1.00 quiet, 0.77-0.80 disturbed. Tried first: threads on whole experts (an
- * expert's work left one thread idle at the end: 1.00-1.05 quiet) and waves separated by barriers (1.01-1.03). */
+ * block's work is too short to split well between threads -- three elementwise parallel regions and two to four GEMMs
+ * per block, each ending at a barrier, which a slowed thread holds up for all. Instead the threads take whole tasks
+ * from one schedule, with no barrier until the end: a block of an expert (every phase as the serial walk runs it, on
+ * the calling thread; its Phase 3 / 4 operands written to its rows of its expert's part of its wave's buffers), or the
+ * weight gradient dW1 or dW2 of an expert whose blocks are all done (a segmented GEMM over its blocks in block order,
+ * with that expert's bias sums, as run_experts does). The experts go in waves of consecutive experts (par_plan); two
+ * waves' buffers (wave_rows each, whatever the routing), so a wave's blocks can start once the wave two before it has
+ * all its weight gradients done. A thread stays on one expert while it has blocks (its weights packed once), then takes
+ * the next expert nobody is on, and only then the last blocks of another thread's expert; weight gradients come first
+ * whenever one is ready, except those of the last two waves, which wait for the blocks to run out (par_take). What the
+ * serial walk adds across experts is added afterwards in its order: each token's dX rows (V) in expert-major block
+ * order, then its affinity-gradient terms per (token, expert) in block order. Stochastic-rounding indices depend on the
+ * block and position only: the same bits. Measured (AMD Zen 4, 2 threads, H = 256, I = 512, B = 128, E = 8, top-2, 2048
+ * tokens, in one process against the serial walk): quiet 0.95-0.99 of its time in both configurations of the benchmark;
+ * with one of the two vCPUs slowed by the host 0.65-0.76 (the serial walk went from 23 to 33 ms, this path stayed at
+ * 23.5-25.5). With 64 experts of 2-3 blocks (H = 1024, I = 256, top-8) 0.98-1.00 quiet, 0.77-0.80 disturbed. Tried
+ * first: threads on whole experts (an expert's work left one thread idle at the end: 1.00-1.05 quiet) and waves
+ * separated by barriers (1.01-1.03). */
 static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *grads) {
     const mxfp8i_moe *p = w->p;
     const int64_t N = p->N, B = p->B, E = p->E;
