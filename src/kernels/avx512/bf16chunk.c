@@ -182,17 +182,12 @@ void mxfp8i_bf16c_pack_swapped_cm(int is_b, const float *src, int64_t ld, int ro
 /* ---------------------------------------------------------------------------------------------------------- */
 /* The facts of a tile-chunk from the E8M0 codes of its rows' groups (bf16chunk.h, why this is enough): a value of a
  * group with scale e is fp8 * 2^e, nonzero ones with exponent in [e - lo, e + hi] (E4M3: lo 9, hi 8; E5M2: 16, 15)
- * and a lowest set bit >= 2^(e - lo): so qmin >= min(e) - lo, emax <= max(e) + hi. Conservative bounds only send
- * more chunks down the exact path; a code 0 (an all-zero group, or e = -127), 255 (NaN) or one low enough that a
- * value may be a BF16 subnormal returns 0: the caller derives the facts from the values instead. */
-static int meta_from_scales(const uint8_t *sc, int64_t s_r, int rn, int fmt, mxfp8i_bf16c_meta *m) {
+ * and a lowest set bit >= 2^(e - lo): so qmin >= min(e) - lo, emax <= max(e) + hi, from the smallest and largest
+ * code of the tile-chunk's rn rows (scale_range). Conservative bounds only send more chunks down the exact path; a
+ * code 0 (an all-zero group, or e = -127), 255 (NaN) or one low enough that a value may be a BF16 subnormal returns
+ * 0: the caller derives the facts from the values instead. */
+static int meta_from_scales(int smin, int smax, int rn, int fmt, mxfp8i_bf16c_meta *m) {
     const int lo = fmt ? 16 : 9, hi = fmt ? 15 : 8;
-    int smin = 255, smax = 0;
-    for (int r = 0; r < rn; r++) {
-        int c = sc[r * s_r];
-        smin = c < smin ? c : smin;
-        smax = c > smax ? c : smax;
-    }
     memset(m, 0, sizeof *m);
     if (rn <= 0) { /* no valid row: zeros */
         m->qmin = 1000;
@@ -203,6 +198,47 @@ static int meta_from_scales(const uint8_t *sc, int64_t s_r, int rn, int fmt, mxf
     m->qmin = (int16_t)(smin - 127 - lo);
     m->emax = (int16_t)(smax - 127 + hi);
     return 1;
+}
+
+/* The smallest and largest scale code of rows [0, rn) (1 <= rn <= 16) in each of nc <= 64 consecutive chunks c0 + i
+ * (code of row r, chunk c at sc[r * s_r + c * s_g]): mn[i], mx[i]. Vector loads where the codes of a row's chunks
+ * (s_g = 1) or of a chunk's rows (s_r = 1) are adjacent; the scalar loop it replaces took half of a rows-geometry
+ * A panel's packing time. */
+static void scale_range(const uint8_t *sc, int64_t s_r, int64_t s_g, int rn, int64_t c0, int nc, uint8_t *mn,
+                        uint8_t *mx) {
+    if (s_g == 1) {
+        const __mmask64 m = nc >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << nc) - 1);
+        __m512i vmin = _mm512_set1_epi8((char)0xFF), vmax = _mm512_setzero_si512();
+        for (int r = 0; r < rn; r++) {
+            const __m512i v = _mm512_maskz_loadu_epi8(m, sc + r * s_r + c0);
+            vmin = _mm512_min_epu8(vmin, v), vmax = _mm512_max_epu8(vmax, v);
+        }
+        _mm512_mask_storeu_epi8(mn, m, vmin);
+        _mm512_mask_storeu_epi8(mx, m, vmax);
+        return;
+    }
+    if (s_r == 1) { /* per chunk: its rows' codes in one vector, reduced (lane 0 ends as the min / max of all) */
+        const __mmask16 m = (__mmask16)((1u << rn) - 1);
+        for (int i = 0; i < nc; i++) {
+            const uint8_t *p = sc + (c0 + i) * s_g;
+            __m128i a = _mm_mask_loadu_epi8(_mm_set1_epi8((char)0xFF), m, p), b = _mm_maskz_loadu_epi8(m, p);
+            a = _mm_min_epu8(a, _mm_bsrli_si128(a, 8)), b = _mm_max_epu8(b, _mm_bsrli_si128(b, 8));
+            a = _mm_min_epu8(a, _mm_bsrli_si128(a, 4)), b = _mm_max_epu8(b, _mm_bsrli_si128(b, 4));
+            a = _mm_min_epu8(a, _mm_bsrli_si128(a, 2)), b = _mm_max_epu8(b, _mm_bsrli_si128(b, 2));
+            a = _mm_min_epu8(a, _mm_bsrli_si128(a, 1)), b = _mm_max_epu8(b, _mm_bsrli_si128(b, 1));
+            mn[i] = (uint8_t)_mm_cvtsi128_si32(a), mx[i] = (uint8_t)_mm_cvtsi128_si32(b);
+        }
+        return;
+    }
+    for (int i = 0; i < nc; i++) {
+        int smin = 255, smax = 0;
+        for (int r = 0; r < rn; r++) {
+            const int c = sc[r * s_r + (c0 + i) * s_g];
+            smin = c < smin ? c : smin;
+            smax = c > smax ? c : smax;
+        }
+        mn[i] = (uint8_t)smin, mx[i] = (uint8_t)smax;
+    }
 }
 
 /* The pair dwords d[16] of one tile-chunk from BF16 values, in the layout the source gives without a transpose:
@@ -235,19 +271,25 @@ void mxfp8i_bf16c_pack_q(int is_b, const uint16_t *src, int64_t ld, int cm, int 
     uint8_t *panel = panel_v;
     uint32_t t[16 * 32] __attribute__((aligned(64)));
     const int64_t nch = mxfp8i_bf16c_chunks(K);
+    uint8_t mn[2][64] = {{0}}, mx[2][64] = {{0}}; /* the scale codes' range per tile and chunk, 64 at a time */
     for (int64_t ch = 0; ch < nch; ch++) {
         uint8_t *chunk = panel + ch * MXFP8I_BF16C_CHUNK_BYTES;
         memset(chunk, 0, 64);
         chunk[MXFP8I_BF16C_SWAP_BYTE] = (uint8_t)swap;
         const int64_t k0 = ch * MXFP8I_BF16C_KCHUNK;
         const int kn = (int)(K - k0 < MXFP8I_BF16C_KCHUNK ? K - k0 : MXFP8I_BF16C_KCHUNK);
+        for (int tile = 0; tile < 2 && ch % 64 == 0 && tile * 16 < rows; tile++) {
+            const int rn = rows - tile * 16 > 16 ? 16 : rows - tile * 16;
+            scale_range(scales + (int64_t)tile * 16 * s_r, s_r, s_g, rn, ch, nch - ch < 64 ? (int)(nch - ch) : 64,
+                        mn[tile], mx[tile]);
+        }
         for (int tile = 0; tile < 2; tile++) {
             const int rn = rows - tile * 16 < 0 ? 0 : rows - tile * 16 > 16 ? 16 : rows - tile * 16;
             const uint16_t *base = cm ? src + k0 * ld + tile * 16 : src + (int64_t)tile * 16 * ld + k0;
             __m512i d[16];
             load_pairs(base, ld, cm, rn, kn, d); /* B layout when cm, else A layout */
             mxfp8i_bf16c_meta m;
-            if (meta_from_scales(scales + (int64_t)tile * 16 * s_r + ch * s_g, s_r, rn, fmt, &m)) {
+            if (meta_from_scales(mn[tile][ch % 64], mx[tile][ch % 64], rn, fmt, &m)) {
                 memcpy(chunk + tile * sizeof m, &m, sizeof m);
                 store_bf16_slot(is_b, d, cm, chunk + 64 + tile * MXFP8I_BF16C_SLOT, swap);
                 continue;
