@@ -380,7 +380,7 @@ static void par_plan(mxfp8i_moe_bwd *w) {
             w->bdone[x] = w->wtaken[x] = 0, w->elo[x] = es[x], w->ehi[x] = es[x + 1], w->owner[x] = -1,
             w->ewave[x] = v;
     }
-    w->taken = 0;
+    w->taken = w->nbdone = w->cnext = 0;
 }
 
 /* A weight gradient whose expert's blocks are all done, of an expert of a wave before vend (every dW1 in expert
@@ -397,21 +397,23 @@ static int take_wgrad(mxfp8i_moe_bwd *w, int64_t vend, int64_t *e, int *which) {
     return 0;
 }
 
-/* Thread t's next task (call holding the schedule's lock), after recording the one it has done (*k >= 0:
- * block *k of expert *e; *which: expert *e's weight gradient). Sets *k (a block of expert *e) or *which (1: dW1, 2:
- * dW2 of expert *e), or neither when nothing is ready yet. Returns 1 when every task has been taken. In order:
+/* Thread t's next task (call holding the schedule's lock), after recording the one it has done (*which 0 and
+ * *k >= 0: block *k of expert *e; *which 1 or 2: expert *e's weight gradient). Sets *k (a block of expert *e) or
+ * *which (1: dW1, 2: dW2 of expert *e; 3: the dX combine's tokens [*k ctok, *k ctok + ctok)), or neither when nothing
+ * is ready yet. Returns 1 when every task has been taken. In order:
  * 1. a weight gradient ready in a wave before the last two (take_wgrad: its wave's buffers are wanted two waves on);
  * 2. the next block of this thread's expert; 3. the first block of an expert nobody is on; 4. the last block of
  * another thread's expert -- of experts whose wave's buffers are free (the wave two before it has all its weight
- * gradients done); 5. a weight gradient of the last two waves. Keeping those for the end lets the threads share
- * them longest first once the blocks run out, instead of one thread running the last expert's dW1 while the other,
- * with its dW2 done, waits: 2 threads, width 256 (8 experts, one per wave), the idle end of the call 0.66 -> 0.23 ms
- * (median of 60 calls). */
+ * gradients done); 5. a weight gradient of the last two waves; 6. once every block is done, the combine's tokens.
+ * Keeping the last waves' weight gradients for the end lets the threads share them longest first once the blocks
+ * run out, instead of one thread running the last expert's dW1 while the other, with its dW2 done, waits; the
+ * combine's short tasks then fill the ends: 2 threads, width 256 (8 experts, one per wave), the idle end of the
+ * parallel region 0.66 -> 0.23 ms with the ordering (median of 60 calls). */
 static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which) {
     const int64_t E = w->p->E, *ws = w->wstart, *ewave = w->ewave;
     int64_t *elo = w->elo, *ehi = w->ehi, *owner = w->owner, *wdone = w->wdone;
-    if (*k >= 0) w->bdone[*e]++;
-    if (*which) wdone[ewave[*e]]++;
+    if (*which == 0 && *k >= 0) w->bdone[*e]++, w->nbdone++;
+    if (*which == 1 || *which == 2) wdone[ewave[*e]]++;
     *k = -1, *which = 0;
     if (take_wgrad(w, w->nw - 2, e, which)) return 0;
     for (int step = 2; step <= 4; step++)
@@ -426,7 +428,12 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
             return 0;
         }
     if (take_wgrad(w, w->nw, e, which)) return 0;
-    return w->taken == 2 * E; /* (every block is taken before its expert's weight gradients) */
+    if (w->nbdone == w->estart[E] && w->cnext < w->ncomb) {
+        *which = 3, *k = w->cnext++;
+        return 0;
+    }
+    /* (every block is taken before its expert's weight gradients, and done before the combine) */
+    return w->taken == 2 * E && w->cnext == w->ncomb;
 }
 
 /* The expert-parallel path (speed only, the same bits; bwd_par): where runs of blocks do not pay (small widths) a
@@ -440,8 +447,9 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
  * all its weight gradients done. A thread stays on one expert while it has blocks (its weights packed once), then takes
  * the next expert nobody is on, and only then the last blocks of another thread's expert; weight gradients come first
  * whenever one is ready, except those of the last two waves, which wait for the blocks to run out (par_take). What the
- * serial walk adds across experts is added afterwards in its order: each token's dX rows (V) in expert-major block
- * order, then its affinity-gradient terms per (token, expert) in block order. Stochastic-rounding indices depend on the
+ * serial walk adds across experts is added in its order once every block is done: each token's dX rows (V) in
+ * expert-major block order (tasks of ctok tokens of the same schedule), then after the region its affinity-gradient
+ * terms per (token, expert) in block order. Stochastic-rounding indices depend on the
  * block and position only: the same bits. Measured (AMD Zen 4, 2 threads, H = 256, I = 512, B = 128, E = 8, top-2, 2048
  * tokens, in one process against the serial walk): quiet 0.95-0.99 of its time in both configurations of the benchmark;
  * with one of the two vCPUs slowed by the host 0.65-0.76 (the serial walk went from 23 to 33 ms, this path stayed at
@@ -455,6 +463,12 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
     const int64_t *ewave = w->ewave;
     const int nt = mxfp8i_num_threads();
     int failed = 0;
+    /* the dX combine: each token's rows in expert-major block order (par_plan's list of the blocks with rows),
+       rounded straight into a BF16 output; tasks of ctok tokens (about 16 per thread, at least 16 tokens) */
+    w->cdirect = mxfp8i_moe_combine_plan(p, w->bord, w->estart[E], w->first, w->list, &grads->hidden_states_grad,
+                                         p->cfg.accumulate_hidden_states_grad);
+    w->ctok = mxfp8i_moe_max64(16, (p->T + 16 * nt - 1) / (16 * nt));
+    w->ncomb = (p->T + w->ctok - 1) / w->ctok;
     omp_lock_t sched; /* the schedule's lock: this call's own (calls from several threads do not wait on each other) */
     omp_init_lock(&sched);
 #pragma omp parallel num_threads(nt)
@@ -477,7 +491,11 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
             omp_set_lock(&sched);
             done = par_take(w, t, &k, &e, &which);
             omp_unset_lock(&sched);
-            if (which && ok) {
+            if (which == 3 && ok) {
+                const int64_t t0 = k * w->ctok, t1 = t0 + w->ctok < p->T ? t0 + w->ctok : p->T;
+                mxfp8i_moe_combine_tokens(p, w->V, NULL, NULL, w->dx, w->first, w->list, &grads->hidden_states_grad,
+                                          w->cdirect, t0, t1);
+            } else if (which && which != 3 && ok) {
                 ok = par_wgrad(&tw, w, ewave[e], e, which) == MXFP8_OK;
             } else if (k >= 0 && ok) {
                 set_carve(w, ewave[e], w->erow[e], &tw);
@@ -492,10 +510,7 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
     }
     omp_destroy_lock(&sched);
     MXFP8I_RETURN_ERROR_IF(failed, MXFP8_ERR_INTERNAL, "%s: a block failed after its reservation", p->fn);
-    /* each token's dX rows in expert-major block order (par_plan's list of the blocks with rows), rounded straight
-     * into a BF16 output */
-    w->dx_stored = mxfp8i_moe_combine_rows(p, w->bord, w->estart[E], w->V, NULL, NULL, w->dx, w->first, w->list,
-                                           &grads->hidden_states_grad, p->cfg.accumulate_hidden_states_grad);
+    w->dx_stored = w->cdirect;
     for (int64_t q = 0; q < N * B; q++) /* per (token, expert): its positions in block order */
         if (p->tok[q] >= 0) w->da[p->tok[q] * E + p->expert[q / B]] += w->dab[q];
     return MXFP8_OK;

@@ -62,6 +62,10 @@ typedef struct mxfp8i_moe_bwd {
     int64_t *estart, *erow, *wstart, *bdone, *wtaken, *elo, *ehi, *owner, *ewave, *wdone;
     char *sets, *arenas;
     int64_t wrows, nw, taken; /* (nw: the waves; taken: the weight gradients taken so far, backward_par) */
+    /* the dX combine as tasks of ctok tokens (ncomb of them, the next one cnext), once all nbdone blocks are done;
+       cdirect: rounded straight into the output (mxfp8i_moe_combine_plan) */
+    int64_t nbdone, ctok, ncomb, cnext;
+    int cdirect;
     size_t par_bytes;
 } mxfp8i_moe_bwd;
 

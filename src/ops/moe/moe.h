@@ -315,10 +315,21 @@ int mxfp8i_moe_combine_reserve(const mxfp8i_moe *p, int *k, float **acc, float *
  *  position among them; bord NULL: all N blocks ascending), positions ascending within a block; first [2 (T + 1)]
  *  and list [N*B] are scratch. Threads split the tokens: the same bits for any thread count. When out is a
  *  contiguous BF16 [T, H] view and add is 0, each sum is rounded into out instead (as mxfp8i_moe_store_flat_f would
- *  round it; acc is then scratch) and 1 is returned; else 0, acc holding the sums for mxfp8i_moe_store_flat_f. */
+ *  round it; acc is then scratch) and 1 is returned; else 0, acc holding the sums for mxfp8i_moe_store_flat_f.
+ *  It is mxfp8i_moe_combine_plan, then mxfp8i_moe_combine_tokens on each thread's range of tokens: a caller that
+ *  schedules the ranges itself calls the two. */
 int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, const float *aq,
                             const float *b2, float *acc, int32_t *first, int32_t *list, const mxfp8_tensor *out,
                             int add);
+/** The combine's order into first and list (a counting sort of the positions by token, serial); returns whether
+ *  the sums are rounded straight into out (direct). */
+int mxfp8i_moe_combine_plan(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, int32_t *first, int32_t *list,
+                            const mxfp8_tensor *out, int add);
+/** The sums of tokens [t0, t1) on the calling thread (under IEEE defaults), from the plan's first and list;
+ *  direct: rounded into out, row t0 of acc their scratch (so ranges run side by side never share one). */
+void mxfp8i_moe_combine_tokens(const mxfp8i_moe *p, const float *V, const float *aq, const float *b2, float *acc,
+                               const int32_t *first, const int32_t *list, const mxfp8_tensor *out, int direct,
+                               int64_t t0, int64_t t1);
 
 /** Output checks shared by the kernels and the goldens (allow_f64: golden outputs may be F64). */
 mxfp8_status mxfp8i_moe_check_fwd_outputs(const mxfp8i_moe *p, const mxfp8i_moe_in *in, const mxfp8_moe_fwd_outputs *o,

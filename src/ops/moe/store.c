@@ -135,10 +135,9 @@ int mxfp8i_moe_combine_reserve(const mxfp8i_moe *p, int *k, float **acc, float *
     return 1;
 }
 
-int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, const float *aq,
-                            const float *b2, float *acc, int32_t *first, int32_t *list, const mxfp8_tensor *out,
-                            int add) {
-    const int64_t N = p->N, B = p->B, H = p->H, T = p->T;
+int mxfp8i_moe_combine_plan(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, int32_t *first, int32_t *list,
+                            const mxfp8_tensor *out, int add) {
+    const int64_t N = p->N, B = p->B, T = p->T;
     int32_t *cur = first + T + 1;
     /* each token's positions in that order (a counting sort by token) */
     for (int64_t t = 0; t <= T; t++) first[t] = 0;
@@ -151,39 +150,52 @@ int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb
         for (int64_t q = n * B; q < (n + 1) * B; q++)
             if (p->tok[q] >= 0) list[cur[p->tok[q]]++] = (int32_t)q;
     }
-    /* rounded here, row by row from L1, when the output is contiguous BF16 without a given value to add */
-    const int direct = out && !add && out->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(out);
-    mxfp8i_to_bf16_fn to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
-    const int nt = mxfp8i_moe_nt((double)N * (double)B * (double)H);
+    /* rounded row by row from L1 when the output is contiguous BF16 without a given value to add */
+    return out && !add && out->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(out);
+}
+
+void mxfp8i_moe_combine_tokens(const mxfp8i_moe *p, const float *V, const float *aq, const float *b2, float *acc,
+                               const int32_t *first, const int32_t *list, const mxfp8_tensor *out, int direct,
+                               int64_t t0, int64_t t1) {
+    const int64_t B = p->B, H = p->H;
+    const mxfp8i_to_bf16_fn to_bf16 = direct ? mxfp8i_kernels_get()->quant->to_bf16 : NULL;
+    for (int64_t t = t0; t < t1; t++) {
+        /* direct: row t0 of acc, which is scratch then (each range of tokens has its own first row) */
+        float *dst = acc + (direct ? t0 : t) * H;
+        if (first[t] == first[t + 1]) memset(dst, 0, (size_t)H * sizeof(float)); /* no rows */
+        for (int32_t k = first[t]; k < first[t + 1]; k++) {
+            const int64_t q = list[k];
+            const float *src = V + q * H;
+            /* +0 + the first row: the first addition to a zeroed accumulator (a forward token whose weighted rows
+               are all -0 sums to +0; the backward's rows, GEMM outputs, are never -0) */
+            const int lead = k == first[t];
+            if (aq) {
+                const float a = aq[q], *bb = b2 + p->expert[q / B] * H;
+                if (lead)
+                    for (int64_t h = 0; h < H; h++) dst[h] = 0.0f + a * (src[h] + bb[h]);
+                else
+                    for (int64_t h = 0; h < H; h++) dst[h] += a * (src[h] + bb[h]);
+            } else if (lead) {
+                for (int64_t h = 0; h < H; h++) dst[h] = 0.0f + src[h];
+            } else {
+                for (int64_t h = 0; h < H; h++) dst[h] += src[h];
+            }
+        }
+        if (direct) to_bf16(dst, 0, (uint16_t *)out->data + t * H, 0, 1, H);
+    }
+}
+
+int mxfp8i_moe_combine_rows(const mxfp8i_moe *p, const int32_t *bord, int64_t nb, const float *V, const float *aq,
+                            const float *b2, float *acc, int32_t *first, int32_t *list, const mxfp8_tensor *out,
+                            int add) {
+    const int64_t T = p->T;
+    const int direct = mxfp8i_moe_combine_plan(p, bord, nb, first, list, out, add);
+    const int nt = mxfp8i_moe_nt((double)p->N * (double)p->B * (double)p->H);
 #pragma omp parallel num_threads(nt)
     {
         const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
-        const int64_t tid = omp_get_thread_num();
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; t++) {
-            /* direct: this thread's own row of acc, which is scratch then (a thread with a token has tid < T) */
-            float *dst = acc + (direct ? tid : t) * H;
-            if (first[t] == first[t + 1]) memset(dst, 0, (size_t)H * sizeof(float)); /* no rows */
-            for (int32_t k = first[t]; k < first[t + 1]; k++) {
-                const int64_t q = list[k];
-                const float *src = V + q * H;
-                /* +0 + the first row: the first addition to a zeroed accumulator (a forward token whose weighted rows
-                   are all -0 sums to +0; the backward's rows, GEMM outputs, are never -0) */
-                const int lead = k == first[t];
-                if (aq) {
-                    const float a = aq[q], *bb = b2 + p->expert[q / B] * H;
-                    if (lead)
-                        for (int64_t h = 0; h < H; h++) dst[h] = 0.0f + a * (src[h] + bb[h]);
-                    else
-                        for (int64_t h = 0; h < H; h++) dst[h] += a * (src[h] + bb[h]);
-                } else if (lead) {
-                    for (int64_t h = 0; h < H; h++) dst[h] = 0.0f + src[h];
-                } else {
-                    for (int64_t h = 0; h < H; h++) dst[h] += src[h];
-                }
-            }
-            if (direct) to_bf16(dst, 0, (uint16_t *)out->data + t * H, 0, 1, H);
-        }
+        const int64_t tid = omp_get_thread_num(), n = omp_get_num_threads();
+        mxfp8i_moe_combine_tokens(p, V, aq, b2, acc, first, list, out, direct, T * tid / n, T * (tid + 1) / n);
         mxfp8i_fenv_leave(csr);
     }
     return direct;
