@@ -305,41 +305,65 @@ static void test_dense(void) {
     }
 }
 
-/* accumulate_hidden_states_grad / skip_grad_initialization add into the given buffers (one FP32 addition). */
+int mxfp8i_moe_set_expert_parallel(int mode); /* src/ops/moe/moe.h (test-only: -1 auto, 0 never, 1 always) */
+
+/* accumulate_hidden_states_grad / skip_grad_initialization add into the given buffers (one FP32 addition, then the
+ * rounding to the gradient's dtype): F32 and BF16 gradients, on the serial walk and on the expert-parallel path
+ * (2 threads), against the fresh F32 gradients plus the given values (BF16: the oracle's nearest-even BF16 of that
+ * FP32 sum). */
+static float given_at(const grads *G, int j, size_t i) {
+    return G->dt == MXFP8_DTYPE_BF16 ? (float)orc_bf16_value(((uint16_t *)G->p[j])[i]) : ((float *)G->p[j])[i];
+}
 static void test_accumulate(void) {
     mxfp8_moe_config cfg;
     mxfp8_moe_config_init(&cfg);
-    {
-        prob P;
-        prob_make(&P, 30, 40, 24, 3, 2, 16, 1, NULL);
-        mxfp8_moe_config c2 = cfg;
-        c2.bias = 1;
-        mxfp8_moe_bwd_args A;
-        bwd_args(&P, &c2, &A);
-        grads k1, k2;
-        grads_make(&k1, &P, MXFP8_DTYPE_F32, 1);
-        grads_make(&k2, &P, MXFP8_DTYPE_F32, 1);
-        CHECK(mxfp8_moe_backward(&A, &k1.g) == MXFP8_OK, "fresh: %s", mxfp8_last_error_message());
-        check_vs_oracle(&k1, &P, &c2, "bias, ON_I, fresh gradients");
+    prob P;
+    prob_make(&P, 30, 40, 24, 3, 2, 16, 1, NULL);
+    mxfp8_moe_config c2 = cfg;
+    c2.bias = 1;
+    mxfp8_moe_bwd_args A;
+    bwd_args(&P, &c2, &A);
+    grads k1;
+    grads_make(&k1, &P, MXFP8_DTYPE_F32, 1);
+    CHECK(mxfp8_moe_backward(&A, &k1.g) == MXFP8_OK, "fresh: %s", mxfp8_last_error_message());
+    check_vs_oracle(&k1, &P, &c2, "bias, ON_I, fresh gradients");
+    for (int v = 0; v < 4; v++) {
+        const mxfp8_dtype dt = v & 1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
+        const int par = v >> 1;
+        grads k0, k2;
+        grads_make(&k0, &P, dt, 1);
+        grads_make(&k2, &P, dt, 1);
         for (int j = 0; j < 6; j++)
-            for (size_t i = 0; i < k2.n[j]; i++) ((float *)k2.p[j])[i] = uni(-1, 1);
-        grads k0;
-        grads_make(&k0, &P, MXFP8_DTYPE_F32, 1);
-        for (int j = 0; j < 6; j++) memcpy(k0.p[j], k2.p[j], k2.n[j] * 4);
-        c2.accumulate_hidden_states_grad = 1;
-        c2.skip_grad_initialization = 1;
+            for (size_t i = 0; i < k2.n[j]; i++) {
+                const float x = (float)uni(-1, 1);
+                if (dt == MXFP8_DTYPE_BF16) ((uint16_t *)k2.p[j])[i] = orc_bf16_encode(x);
+                else ((float *)k2.p[j])[i] = x;
+            }
+        for (int j = 0; j < 6; j++) memcpy(k0.p[j], k2.p[j], k2.n[j] * mxfp8_dtype_size(dt));
+        mxfp8_moe_config c3 = c2;
+        c3.accumulate_hidden_states_grad = 1;
+        c3.skip_grad_initialization = 1;
+        A.config = &c3;
+        mxfp8i_moe_set_expert_parallel(par);
+        mxfp8_set_num_threads(par ? 2 : 0);
         CHECK(mxfp8_moe_backward(&A, &k2.g) == MXFP8_OK, "accumulate: %s", mxfp8_last_error_message());
+        mxfp8_set_num_threads(0);
+        mxfp8i_moe_set_expert_parallel(-1);
         for (int j = 0; j < 6; j++) {
             int bad = 0;
             for (size_t i = 0; i < k2.n[j] && !bad; i++) {
-                float want = j == 1 ? ((float *)k1.p[j])[i] : ((float *)k0.p[j])[i] + ((float *)k1.p[j])[i];
-                bad = ((float *)k2.p[j])[i] != want;
+                const float fresh = ((float *)k1.p[j])[i], want = j == 1 ? fresh : given_at(&k0, j, i) + fresh;
+                bad = dt == MXFP8_DTYPE_BF16 ? ((uint16_t *)k2.p[j])[i] != orc_bf16_encode(want)
+                                             : given_at(&k2, j, i) != want;
             }
-            CHECK(!bad, "accumulate: %s is not given + grad (affinity grad is overwritten)", GNAME[j]);
+            CHECK(!bad, "accumulate (%s, %s path): %s is not given + grad (affinity grad is overwritten)",
+                  dt == MXFP8_DTYPE_BF16 ? "BF16" : "F32", par ? "expert-parallel" : "serial", GNAME[j]);
         }
-        grads_free(&k0); grads_free(&k1); grads_free(&k2);
-        prob_free(&P);
+        grads_free(&k0);
+        grads_free(&k2);
     }
+    grads_free(&k1);
+    prob_free(&P);
 }
 
 int main(void) {

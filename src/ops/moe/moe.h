@@ -299,6 +299,11 @@ void mxfp8i_moe_bwd_row(const mxfp8_moe_config *c, int64_t I, const float *dI, f
 /** store.c: a row-major flat FP32 / FP64 buffer rounded once into a view of any dtype and strides; add != 0: the
  *  view's given value + src (one FP32 addition), then rounded. */
 void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add);
+/** Whether FP32 sums enter view t by the registry's to_bf16 alone (a contiguous BF16 view, no given value to add):
+ *  mxfp8i_moe_store_flat_f's vectorized rounding, which the combine then does row by row from L1 instead. */
+static inline int mxfp8i_moe_to_bf16_direct(const mxfp8_tensor *t, int add) {
+    return t && !add && t->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(t);
+}
 /** acc[0, n) = +0, threads splitting the range (the layer's FP32 output accumulators, zeroed at the start of a
  *  call: a serial memset of T x H floats left the other threads waiting). */
 void mxfp8i_moe_zero_f(float *acc, int64_t n);

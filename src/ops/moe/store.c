@@ -12,14 +12,14 @@
 void mxfp8i_moe_store_flat_f(const mxfp8_tensor *t, const float *src, int add) {
     int64_t n = mxfp8_tensor_numel(t), idx[MXFP8_MAX_DIMS] = {0};
     if (mxfp8i_is_contiguous(t) && t->dtype != MXFP8_DTYPE_F64) { /* fast path: one pass, threads split the range */
-        const int nt = mxfp8i_moe_nt((double)n);
+        const int nt = mxfp8i_moe_nt((double)n), direct = mxfp8i_moe_to_bf16_direct(t, add);
         mxfp8i_to_bf16_fn to_bf16 = mxfp8i_kernels_get()->quant->to_bf16;
 #pragma omp parallel num_threads(nt)
         {
             const unsigned csr = mxfp8i_fenv_enter(); /* IEEE defaults on every thread of the region */
 #pragma omp for schedule(static) nowait
             for (int c = 0; c < nt; c++) {
-                if (t->dtype == MXFP8_DTYPE_BF16 && !add) { /* the vectorized rounding of the GEMM epilogue */
+                if (direct) { /* the vectorized rounding of the GEMM epilogue */
                     to_bf16(src + n * c / nt, 0, (uint16_t *)t->data + n * c / nt, 0, 1, n * (c + 1) / nt - n * c / nt);
                     continue;
                 }
@@ -150,8 +150,7 @@ int mxfp8i_moe_combine_plan(const mxfp8i_moe *p, const int32_t *bord, int64_t nb
         for (int64_t q = n * B; q < (n + 1) * B; q++)
             if (p->tok[q] >= 0) list[cur[p->tok[q]]++] = (int32_t)q;
     }
-    /* rounded row by row from L1 when the output is contiguous BF16 without a given value to add */
-    return out && !add && out->dtype == MXFP8_DTYPE_BF16 && mxfp8i_is_contiguous(out);
+    return mxfp8i_moe_to_bf16_direct(out, add); /* (then rounded row by row from L1) */
 }
 
 void mxfp8i_moe_combine_tokens(const mxfp8i_moe *p, const float *V, const float *aq, const float *b2, float *acc,
