@@ -16,7 +16,8 @@ Usage: scripts/mutants.sh [--list] [--fast] [--no-python] [--with-mpi] [--keep] 
   ID ...       run only these mutants (default: all)
   --fast       stop testing a mutant at the first stage that kills it (the table then names fewer tests)
   --no-python  C tests only
-  --with-mpi   also the ctests labelled mpi (expert parallelism through mpirun; left out by default for time)
+  --with-mpi   also the ctests labelled mpi for every mutant (expert parallelism through mpirun; left out by
+               default for time, except for the mutants marked `needs: mpi`, whose bugs only those tests reach)
   --timeout S  time limit of one mutant's test run, in seconds (default 900); a run past it counts as killed
   --keep       keep the scratch tree (its path is printed)
 Environment: VENV (default .venv: its python runs pytest), JOBS (default 2).
@@ -126,15 +127,24 @@ def cpu_flags():
 
 
 def missing_features(needs, flags):
+    """What of `needs` this machine lacks: CPU features, or mpirun for `mpi`."""
     want = {"avx512": ["avx512f", "avx512bw", "avx512vl"], "avx512_bf16": ["avx512f", "avx512bw", "avx512_bf16"],
             "amx": ["amx_tile", "amx_bf16"]}
     miss = []
     for n in needs.replace(",", " ").split():
+        if n == "mpi":
+            if shutil.which("mpirun") is None:
+                miss.append("mpirun")
+            continue
         if n not in want:
-            raise ListError(f"unknown 'needs' value {n!r} (avx512, avx512_bf16, amx)")
+            raise ListError(f"unknown 'needs' value {n!r} (avx512, avx512_bf16, amx, mpi)")
         if any(f not in flags for f in want[n]):
             miss.append(n)
     return miss
+
+
+def needs_mpi(m):
+    return "mpi" in m["needs"].replace(",", " ").split()
 
 
 def copy_tree(dst):
@@ -210,18 +220,19 @@ def pytest_failures(tree, py, timeout):
     return names, out
 
 
-def test_stages(tree, args, py):
-    stages = [("ctest", lambda t: ctest_failures(tree, None, args.jobs, t, args.with_mpi)),
-              ("ctest scalar", lambda t: ctest_failures(tree, "scalar", args.jobs, t, args.with_mpi))]
+def test_stages(tree, args, py, mpi):
+    stages = [("ctest", lambda t: ctest_failures(tree, None, args.jobs, t, mpi)),
+              ("ctest scalar", lambda t: ctest_failures(tree, "scalar", args.jobs, t, mpi))]
     if not args.no_python:
         stages.append(("pytest", lambda t: pytest_failures(tree, py, t)))
     return stages
 
 
-def run_suite(tree, args, py, stop_early):
-    """(killers, log, timed_out) of one run of the fast subset within args.timeout seconds."""
+def run_suite(tree, args, py, stop_early, mpi):
+    """(killers, log, timed_out) of one run of the fast subset within args.timeout seconds (mpi: with the ctests
+    labelled mpi)."""
     t0, killers, log = time.time(), [], []
-    for name, fn in test_stages(tree, args, py):
+    for name, fn in test_stages(tree, args, py, mpi):
         left = args.timeout - (time.time() - t0)
         if left <= 0:
             return killers + [f"time limit ({args.timeout} s)"], "\n".join(log), True
@@ -306,7 +317,9 @@ def mutate_all(tree, muts, args, py):
     if rc != 0:
         print(out + "\nmutants: the unmutated tree does not build", file=sys.stderr)
         return 1
-    killers, log, _ = run_suite(tree, args, py, False)
+    # the unmutated tree passes every test a mutant will run: the mpi ctests too when one of them needs them
+    base_mpi = args.with_mpi or any(needs_mpi(m) and not m["missing"] for m in muts)
+    killers, log, _ = run_suite(tree, args, py, False, base_mpi)
     if killers:
         print(log + f"\nmutants: the unmutated tree fails ({', '.join(killers)}): fix that first", file=sys.stderr)
         return 1
@@ -315,8 +328,8 @@ def mutate_all(tree, muts, args, py):
     for i, m in enumerate(muts, 1):
         t1 = time.time()
         if m["missing"]:
-            rows.append((m, f"not run: this CPU lacks {', '.join(m['missing'])}", 0.0))
-            print(f"[{i}/{len(muts)}] {m['id']}: not run (CPU lacks {', '.join(m['missing'])})", flush=True)
+            rows.append((m, f"not run: this machine lacks {', '.join(m['missing'])}", 0.0))
+            print(f"[{i}/{len(muts)}] {m['id']}: not run (this machine lacks {', '.join(m['missing'])})", flush=True)
             continue
         path = os.path.join(tree, m["file"])
         orig = open(path, encoding="utf-8").read()
@@ -327,7 +340,7 @@ def mutate_all(tree, muts, args, py):
                 verdict, failed = "BUILD FAILED (fix the mutant's 'new:' text)", failed + 1
                 print(out[-3000:], file=sys.stderr)
             else:
-                killers, log, _ = run_suite(tree, args, py, args.fast)
+                killers, log, _ = run_suite(tree, args, py, args.fast, args.with_mpi or needs_mpi(m))
                 if killers:
                     verdict = "killed by " + ", ".join(killers)
                 else:
@@ -346,7 +359,7 @@ def mutate_all(tree, muts, args, py):
     survived = sum(1 for _, v, _ in rows if v == "SURVIVED")
     notrun = sum(1 for _, v, _ in rows if v.startswith("not run"))
     print(f"\nmutants: {len(rows) - survived - notrun - (failed - survived)} killed, {survived} survived, "
-          f"{failed - survived} did not build, {notrun} not run (CPU features) in {time.time() - t0:.0f} s")
+          f"{failed - survived} did not build, {notrun} not run (CPU features, mpirun) in {time.time() - t0:.0f} s")
     return 1 if failed else 0
 
 
