@@ -402,13 +402,18 @@ static int take_wgrad(mxfp8i_moe_bwd *w, int64_t vend, int64_t *e, int *which) {
  * *which (1: dW1, 2: dW2 of expert *e; 3: the dX combine's tokens [*k ctok, *k ctok + ctok)), or neither when nothing
  * is ready yet. Returns 1 when every task has been taken. In order:
  * 1. a weight gradient ready in a wave before the last two (take_wgrad: its wave's buffers are wanted two waves on);
- * 2. the next block of this thread's expert; 3. the first block of an expert nobody is on; 4. the last block of
- * another thread's expert -- of experts whose wave's buffers are free (the wave two before it has all its weight
- * gradients done); 5. a weight gradient of the last two waves; 6. once every block is done, the combine's tokens.
- * Keeping the last waves' weight gradients for the end lets the threads share them longest first once the blocks
- * run out, instead of one thread running the last expert's dW1 while the other, with its dW2 done, waits; the
- * combine's short tasks then fill the ends: 2 threads, width 256 (8 experts, one per wave), the idle end of the
- * parallel region 0.66 -> 0.23 ms with the ordering (median of 60 calls). */
+ * 2. the next block of this thread's expert; 3. the first block of an expert nobody is on -- of experts whose
+ * wave's buffers are free (the wave two before it has all its weight gradients done); 4. a weight gradient of the
+ * last two waves; 5. the last block of another thread's expert that has two or more left (with one left its thread
+ * takes it next, and the stealer would first quantize and pack that expert's weights for itself); 6. once every
+ * block is done, the combine's tokens. Keeping the last waves' weight gradients until the blocks run out lets the
+ * threads share them longest first, instead of one thread running the last expert's dW1 while the other, with its
+ * dW2 done, waits; taken before a steal they also spare most steals (3 per call at width 256 before, each packing
+ * the two weights again); the combine's short tasks then fill the ends. 2 threads, width 256 (8 experts, one per
+ * wave): the idle end of the parallel region 0.66 -> 0.23 ms with the ordering, 0.01 ms with the combine's tasks;
+ * taking the weight gradients before steals and stealing only from two blocks 0.978-0.991 of the time
+ * (mxfp8.torch's configuration), 0.985-0.997 (the BF16 one), 0.975-0.978 on the fine-grained problem (one run
+ * of three at 1.034). */
 static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which) {
     const int64_t E = w->p->E, *ws = w->wstart, *ewave = w->ewave;
     int64_t *elo = w->elo, *ehi = w->ehi, *owner = w->owner, *wdone = w->wdone;
@@ -416,18 +421,22 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
     if (*which == 1 || *which == 2) wdone[ewave[*e]]++;
     *k = -1, *which = 0;
     if (take_wgrad(w, w->nw - 2, e, which)) return 0;
-    for (int step = 2; step <= 4; step++)
+    for (int step = 2; step <= 5; step++) {
+        if (step == 4) {
+            if (take_wgrad(w, w->nw, e, which)) return 0;
+            continue;
+        }
         for (int64_t x = 0; x < E; x++) {
             const int64_t v = ewave[x];
             if (elo[x] >= ehi[x] || (v >= 2 && wdone[v - 2] < 2 * (ws[v - 1] - ws[v - 2]))) continue;
             if (step == 2 && owner[x] == t) *k = elo[x]++;
             else if (step == 3 && owner[x] < 0) owner[x] = t, *k = elo[x]++;
-            else if (step == 4) *k = --ehi[x];
+            else if (step == 5 && ehi[x] - elo[x] >= 2) *k = --ehi[x];
             else continue;
             *e = x;
             return 0;
         }
-    if (take_wgrad(w, w->nw, e, which)) return 0;
+    }
     if (w->nbdone == w->estart[E] && w->cnext < w->ncomb) {
         *which = 3, *k = w->cnext++;
         return 0;
@@ -446,7 +455,8 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
  * waves' buffers (wave_rows each, whatever the routing), so a wave's blocks can start once the wave two before it has
  * all its weight gradients done. A thread stays on one expert while it has blocks (its weights packed once), then takes
  * the next expert nobody is on, and only then the last blocks of another thread's expert; weight gradients come first
- * whenever one is ready, except those of the last two waves, which wait for the blocks to run out (par_take). What the
+ * whenever one is ready, except those of the last two waves, which wait for the blocks of the thread's own and new
+ * experts to run out (par_take). What the
  * serial walk adds across experts is added in its order once every block is done: each token's dX rows (V) in
  * expert-major block order (tasks of ctok tokens of the same schedule), then after the region its affinity-gradient
  * terms per (token, expert) in block order. Stochastic-rounding indices depend on the
