@@ -130,10 +130,10 @@ static void set_carve(const mxfp8i_moe_bwd *w, int64_t wi, int64_t r0, mxfp8i_mo
 /* The call's buffers on the expert-parallel path (in the call's arena): the accumulators of dX, the affinity and
  * bias gradients, each position's dX row V [N*B, H] and affinity-gradient term dab [N*B], the dX combine's scratch
  * and the blocks in expert-major order ([N + E + 1]), every expert's blocks and its first row in its wave, the waves
- * (estart, erow, wstart [E + 1]; sn, sL, so [N]), the Phase 3 / 4 operand buffers of a wave's experts (wave_rows
- * rows each), and every worker's arena (sized by the worker's own reservation). The slots of V, the combine's
- * scratch and the arenas are those of the forward's expert-parallel path: one arena serving both holds the larger of
- * each. */
+ * (estart, erow, wstart [E + 1]; sn, sL, so [N]; onw [threads]), the Phase 3 / 4 operand buffers of a wave's
+ * experts (wave_rows rows each), and every worker's arena (sized by the worker's own reservation). The slots of V,
+ * the combine's scratch and the arenas are those of the forward's expert-parallel path: one arena serving both holds
+ * the larger of each. */
 static mxfp8_status moe_bwd_reserve_par(const bwd_job *j) {
     const mxfp8i_moe *p = j->p;
     mxfp8i_moe_bwd *w = j->w;
@@ -160,11 +160,11 @@ static mxfp8_status moe_bwd_reserve_par(const bwd_job *j) {
     w->db1 = (double *)slot(&k, E * 2 * p->I, sizeof(double), &ok);
     w->db2 = (double *)slot(&k, E * H, sizeof(double), &ok);
     w->dab = (double *)slot(&k, NB, sizeof(double), &ok);
-    w->estart = (int64_t *)slot(&k, 10 * (E + 1) + 3 * N, sizeof(int64_t), &ok);
+    w->estart = (int64_t *)slot(&k, 10 * (E + 1) + 3 * N + nt, sizeof(int64_t), &ok);
     MXFP8I_RETURN_ERROR_IF(!ok, MXFP8_ERR_OUT_OF_MEMORY, "%s: cannot allocate workspaces", p->fn);
     int64_t **tab[] = {&w->erow, &w->wstart, &w->bdone, &w->wtaken, &w->elo, &w->ehi, &w->owner, &w->ewave, &w->wdone};
     for (int i = 0; i < 9; i++) *tab[i] = w->estart + (i + 1) * (E + 1);
-    w->sn = w->estart + 10 * (E + 1), w->sL = w->sn + N, w->so = w->sL + N;
+    w->sn = w->estart + 10 * (E + 1), w->sL = w->sn + N, w->so = w->sL + N, w->onw = w->so + N;
     return MXFP8_OK;
 }
 
@@ -381,6 +381,7 @@ static void par_plan(mxfp8i_moe_bwd *w) {
             w->ewave[x] = v;
     }
     w->taken = w->nbdone = w->cnext = 0;
+    for (int t = 0; t < mxfp8i_num_threads(); t++) w->onw[t] = 0;
 }
 
 /* A weight gradient whose expert's blocks are all done, of an expert of a wave before vend (every dW1 in expert
@@ -405,7 +406,8 @@ static int take_wgrad(mxfp8i_moe_bwd *w, int64_t vend, int64_t *e, int *which) {
  * 2. the next block of this thread's expert; 3. the first block of an expert nobody is on -- of experts whose
  * wave's buffers are free (the wave two before it has all its weight gradients done); 4. a weight gradient of the
  * last two waves; 5. the last block of another thread's expert that has two or more left (with one left its thread
- * takes it next, and the stealer would first quantize and pack that expert's weights for itself); 6. once every
+ * takes it next, and the stealer would first quantize and pack that expert's weights for itself), or one while that
+ * thread runs a weight gradient (onw); 6. once every
  * block is done, the combine's tokens. Keeping the last waves' weight gradients until the blocks run out lets the
  * threads share them longest first, instead of one thread running the last expert's dW1 while the other, with its
  * dW2 done, waits; taken before a steal they also spare most steals (3 per call at width 256 before, each packing
@@ -418,12 +420,18 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
     const int64_t E = w->p->E, *ws = w->wstart, *ewave = w->ewave;
     int64_t *elo = w->elo, *ehi = w->ehi, *owner = w->owner, *wdone = w->wdone;
     if (*which == 0 && *k >= 0) w->bdone[*e]++, w->nbdone++;
-    if (*which == 1 || *which == 2) wdone[ewave[*e]]++;
+    if (*which == 1 || *which == 2) wdone[ewave[*e]]++, w->onw[t] = 0;
     *k = -1, *which = 0;
-    if (take_wgrad(w, w->nw - 2, e, which)) return 0;
+    if (take_wgrad(w, w->nw - 2, e, which)) {
+        w->onw[t] = 1;
+        return 0;
+    }
     for (int step = 2; step <= 5; step++) {
         if (step == 4) {
-            if (take_wgrad(w, w->nw, e, which)) return 0;
+            if (take_wgrad(w, w->nw, e, which)) {
+                w->onw[t] = 1;
+                return 0;
+            }
             continue;
         }
         for (int64_t x = 0; x < E; x++) {
@@ -431,7 +439,7 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
             if (elo[x] >= ehi[x] || (v >= 2 && wdone[v - 2] < 2 * (ws[v - 1] - ws[v - 2]))) continue;
             if (step == 2 && owner[x] == t) *k = elo[x]++;
             else if (step == 3 && owner[x] < 0) owner[x] = t, *k = elo[x]++;
-            else if (step == 5 && ehi[x] - elo[x] >= 2) *k = --ehi[x];
+            else if (step == 5 && (ehi[x] - elo[x] >= 2 || (owner[x] >= 0 && w->onw[owner[x]]))) *k = --ehi[x];
             else continue;
             *e = x;
             return 0;
@@ -456,10 +464,9 @@ static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which
  * all its weight gradients done. A thread stays on one expert while it has blocks (its weights packed once), then takes
  * the next expert nobody is on, and only then the last blocks of another thread's expert; weight gradients come first
  * whenever one is ready, except those of the last two waves, which wait for the blocks of the thread's own and new
- * experts to run out (par_take). What the
- * serial walk adds across experts is added in its order once every block is done: each token's dX rows (V) in
- * expert-major block order (tasks of ctok tokens of the same schedule), then after the region its affinity-gradient
- * terms per (token, expert) in block order. Stochastic-rounding indices depend on the
+ * experts to run out (par_take). What the serial walk adds across experts is added in its order once every block is
+ * done: each token's dX rows (V) in expert-major block order (tasks of ctok tokens of the same schedule), then after
+ * the region its affinity-gradient terms per (token, expert) in block order. Stochastic-rounding indices depend on the
  * block and position only: the same bits. Measured (AMD Zen 4, 2 threads, H = 256, I = 512, B = 128, E = 8, top-2, 2048
  * tokens, in one process against the serial walk): quiet 0.95-0.99 of its time in both configurations of the benchmark;
  * with one of the two vCPUs slowed by the host 0.65-0.76 (the serial walk went from 23 to 33 ms, this path stayed at

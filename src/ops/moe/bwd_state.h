@@ -66,6 +66,7 @@ typedef struct mxfp8i_moe_bwd {
        cdirect: rounded straight into the output (mxfp8i_moe_combine_plan) */
     int64_t nbdone, ctok, ncomb, cnext;
     int cdirect;
+    int64_t *onw; /* [threads]: thread t runs a weight gradient (par_take) */
     size_t par_bytes;
 } mxfp8i_moe_bwd;
 
