@@ -26,7 +26,7 @@
 #define NWORKERS 4
 #define ROUNDS 3
 
-enum { QM = 48, QK = 96, GM = 24, GN = 40, GK = 72 };
+enum { QM = 48, QK = 96, GM = 24, GN = 40, GK = 72, MT = 40 /* MoE tokens */ };
 
 typedef struct work {
     int id;
@@ -41,8 +41,8 @@ typedef struct work {
     float c[GM * GN];
     uint16_t dx[GM * GK], dw[GN * GK];
 #if RELV_HAVE_MOE
-    float moe_dx[5 * 32], moe_da[5 * 2], moe_dw1[2 * 32 * 2 * 32], moe_dw2[2 * 32 * 32];
-    float moe_x[5 * 32], moe_a[5 * 2], moe_w1[2 * 32 * 2 * 32], moe_w2[2 * 32 * 32], moe_dy[5 * 32];
+    float moe_dx[MT * 32], moe_da[MT * 2], moe_dw1[2 * 32 * 2 * 32], moe_dw2[2 * 32 * 32];
+    float moe_x[MT * 32], moe_a[MT * 2], moe_w1[2 * 32 * 2 * 32], moe_w2[2 * 32 * 32], moe_dy[MT * 32];
 #endif
     int failures;
     char msg[256];
@@ -55,11 +55,12 @@ static void fill(work *w) {
     for (int i = 0; i < GM * GN; i++) w->dy[i] = (float)(tu_uniform(&r) * 2 - 1);
     for (int i = 0; i < GM * GK; i++) w->act[i] = (float)(tu_uniform(&r) * 2 - 1);
 #if RELV_HAVE_MOE
-    for (int i = 0; i < 5 * 32; i++) w->moe_x[i] = (float)(tu_uniform(&r) * 2 - 1), w->moe_dy[i] = (float)(tu_uniform(&r) - 0.5);
+    for (int i = 0; i < MT * 32; i++)
+        w->moe_x[i] = (float)(tu_uniform(&r) * 2 - 1), w->moe_dy[i] = (float)(tu_uniform(&r) - 0.5);
     for (int i = 0; i < 2 * 32 * 2 * 32; i++) w->moe_w1[i] = (float)(tu_uniform(&r) * 0.2 - 0.1);
     for (int i = 0; i < 2 * 32 * 32; i++) w->moe_w2[i] = (float)(tu_uniform(&r) * 0.2 - 0.1);
-    for (int t = 0; t < 5; t++)
-        for (int e = 0; e < 2; e++) w->moe_a[t * 2 + e] = (t % 2 == e) ? 0.5f + 0.1f * (float)t : 0.0f;
+    for (int t = 0; t < MT; t++)
+        for (int e = 0; e < 2; e++) w->moe_a[t * 2 + e] = (t % 2 == e) ? 0.5f + 0.01f * (float)t : 0.0f;
 #endif
 }
 
@@ -120,22 +121,26 @@ static void compute(work *w) {
     WCHECK(w, st == MXFP8_OK, "matmul_backward: %s", mxfp8_last_error_message());
 
 #if RELV_HAVE_MOE
-    /* MoE backward: T 5, H 32, I 32, E 2, B 4; expert 0 gets tokens 0 2 4, expert 1 tokens 1 3 */
-    static const int32_t tok[8] = {0, 2, 4, -1, 1, 3, -1, -1}, b2e[2] = {0, 1};
+    /* MoE backward: T = MT, H 32, I 32, E 2, B 4; expert 0 gets the even tokens (blocks 0-4), expert 1 the odd ones
+       (blocks 5-9); with 4 OpenMP threads it takes the expert-parallel path, whose dX combine runs as tasks of 16
+       tokens: three of them side by side */
+    int32_t tok[MT], b2e[MT / 4];
+    for (int q = 0; q < MT; q++) tok[q] = q < MT / 2 ? 2 * q : 2 * (q - MT / 2) + 1;
+    for (int n = 0; n < MT / 4; n++) b2e[n] = n >= MT / 8;
     mxfp8_moe_bwd_args m;
     mxfp8_moe_bwd_args_init(&m);
-    m.hidden_states = mxfp8_tensor_make(w->moe_x, MXFP8_DTYPE_F32, 2, (const int64_t[]){5, 32});
-    m.expert_affinities_masked = mxfp8_tensor_make(w->moe_a, MXFP8_DTYPE_F32, 2, (const int64_t[]){10, 1});
+    m.hidden_states = mxfp8_tensor_make(w->moe_x, MXFP8_DTYPE_F32, 2, (const int64_t[]){MT, 32});
+    m.expert_affinities_masked = mxfp8_tensor_make(w->moe_a, MXFP8_DTYPE_F32, 2, (const int64_t[]){2 * MT, 1});
     m.gate_up_proj_weight = mxfp8_tensor_make(w->moe_w1, MXFP8_DTYPE_F32, 4, (const int64_t[]){2, 32, 2, 32});
     m.down_proj_weight = mxfp8_tensor_make(w->moe_w2, MXFP8_DTYPE_F32, 3, (const int64_t[]){2, 32, 32});
-    m.token_position_to_id = mxfp8_tensor_make((void *)tok, MXFP8_DTYPE_I32, 1, (const int64_t[]){8});
-    m.block_to_expert = mxfp8_tensor_make((void *)b2e, MXFP8_DTYPE_I32, 1, (const int64_t[]){2});
-    m.output_hidden_states_grad = mxfp8_tensor_make(w->moe_dy, MXFP8_DTYPE_F32, 2, (const int64_t[]){5, 32});
+    m.token_position_to_id = mxfp8_tensor_make(tok, MXFP8_DTYPE_I32, 1, (const int64_t[]){MT});
+    m.block_to_expert = mxfp8_tensor_make(b2e, MXFP8_DTYPE_I32, 1, (const int64_t[]){MT / 4});
+    m.output_hidden_states_grad = mxfp8_tensor_make(w->moe_dy, MXFP8_DTYPE_F32, 2, (const int64_t[]){MT, 32});
     m.block_size = 4;
     mxfp8_moe_bwd_grads g;
     memset(&g, 0, sizeof g);
-    g.hidden_states_grad = mxfp8_tensor_make(w->moe_dx, MXFP8_DTYPE_F32, 2, (const int64_t[]){5, 32});
-    g.expert_affinities_masked_grad = mxfp8_tensor_make(w->moe_da, MXFP8_DTYPE_F32, 2, (const int64_t[]){10, 1});
+    g.hidden_states_grad = mxfp8_tensor_make(w->moe_dx, MXFP8_DTYPE_F32, 2, (const int64_t[]){MT, 32});
+    g.expert_affinities_masked_grad = mxfp8_tensor_make(w->moe_da, MXFP8_DTYPE_F32, 2, (const int64_t[]){2 * MT, 1});
     g.gate_up_proj_weight_grad = mxfp8_tensor_make(w->moe_dw1, MXFP8_DTYPE_F32, 4, (const int64_t[]){2, 32, 2, 32});
     g.down_proj_weight_grad = mxfp8_tensor_make(w->moe_dw2, MXFP8_DTYPE_F32, 3, (const int64_t[]){2, 32, 32});
     st = mxfp8_moe_backward(&m, &g);
