@@ -384,69 +384,69 @@ static void par_plan(mxfp8i_moe_bwd *w) {
     for (int t = 0; t < mxfp8i_num_threads(); t++) w->onw[t] = 0;
 }
 
-/* A weight gradient whose expert's blocks are all done, of an expert of a wave before vend (every dW1 in expert
- * order, then every dW2: the longer first), marked taken: sets *e and *which (1: dW1, 2: dW2); 0 when none. */
-static int take_wgrad(mxfp8i_moe_bwd *w, int64_t vend, int64_t *e, int *which) {
+/* par_take's task kinds besides a block: 1 and 2 (dW1, dW2: the bits of wtaken), and a run of the combine's tokens. */
+#define PAR_COMBINE 3
+
+/* For thread t, a weight gradient whose expert's blocks are all done, of an expert of a wave before vend (every dW1
+ * in expert order, then every dW2: the longer first), marked taken and t marked as on it (onw): sets *e and *which
+ * (1: dW1, 2: dW2); 0 when none. */
+static int take_wgrad(mxfp8i_moe_bwd *w, int t, int64_t vend, int64_t *e, int *which) {
     const int64_t E = w->p->E, *es = w->estart;
     for (int b = 1; b <= 2; b++)
         for (int64_t x = 0; x < E; x++)
             if (w->ewave[x] < vend && !(w->wtaken[x] & b) && w->bdone[x] == es[x + 1] - es[x] &&
                 w->elo[x] >= w->ehi[x]) {
-                w->wtaken[x] |= b, *which = b, *e = x, w->taken++;
+                w->wtaken[x] |= b, *which = b, *e = x, w->taken++, w->onw[t] = 1;
                 return 1;
             }
     return 0;
 }
 
-/* Thread t's next task (call holding the schedule's lock), after recording the one it has done (*which 0 and
- * *k >= 0: block *k of expert *e; *which 1 or 2: expert *e's weight gradient). Sets *k (a block of expert *e) or
- * *which (1: dW1, 2: dW2 of expert *e; 3: the dX combine's tokens [*k ctok, *k ctok + ctok)), or neither when nothing
- * is ready yet. Returns 1 when every task has been taken. In order:
- * 1. a weight gradient ready in a wave before the last two (take_wgrad: its wave's buffers are wanted two waves on);
- * 2. the next block of this thread's expert; 3. the first block of an expert nobody is on -- of experts whose
- * wave's buffers are free (the wave two before it has all its weight gradients done); 4. a weight gradient of the
- * last two waves; 5. the last block of another thread's expert that has two or more left (with one left its thread
- * takes it next, and the stealer would first quantize and pack that expert's weights for itself), or one while that
- * thread runs a weight gradient (onw); 6. once every
- * block is done, the combine's tokens. Keeping the last waves' weight gradients until the blocks run out lets the
- * threads share them longest first, instead of one thread running the last expert's dW1 while the other, with its
- * dW2 done, waits; taken before a steal they also spare most steals (3 per call at width 256 before, each packing
- * the two weights again); the combine's short tasks then fill the ends. 2 threads, width 256 (8 experts, one per
- * wave): the idle end of the parallel region 0.66 -> 0.23 ms with the ordering, 0.01 ms with the combine's tasks;
- * taking the weight gradients before steals and stealing only from two blocks 0.978-0.991 of the time
- * (mxfp8.torch's configuration), 0.985-0.997 (the BF16 one), 0.975-0.978 on the fine-grained problem (one run
- * of three at 1.034). */
+/* For thread t, a block by par_take's step 2 (the next of its own expert), 3 (the first of an expert nobody is on)
+ * or 5 (the last of another thread's expert: with two or more left, or one while that thread runs a weight
+ * gradient), of an expert whose wave's buffers are free: sets *k and *e; 0 when none. */
+static int take_block(mxfp8i_moe_bwd *w, int t, int step, int64_t *k, int64_t *e) {
+    const int64_t E = w->p->E, *ws = w->wstart, *ewave = w->ewave, *wdone = w->wdone;
+    int64_t *elo = w->elo, *ehi = w->ehi, *owner = w->owner;
+    for (int64_t x = 0; x < E; x++) {
+        const int64_t v = ewave[x];
+        if (elo[x] >= ehi[x] || (v >= 2 && wdone[v - 2] < 2 * (ws[v - 1] - ws[v - 2]))) continue;
+        if (step == 2 && owner[x] == t) *k = elo[x]++;
+        else if (step == 3 && owner[x] < 0) owner[x] = t, *k = elo[x]++;
+        else if (step == 5 && (ehi[x] - elo[x] >= 2 || (owner[x] >= 0 && w->onw[owner[x]]))) *k = --ehi[x];
+        else continue;
+        *e = x;
+        return 1;
+    }
+    return 0;
+}
+
+/* Thread t's next task (call holding the schedule's lock), after recording the one it has done (*which 0 and *k >= 0:
+ * block *k of expert *e; *which 1 or 2: expert *e's weight gradient). Sets *k (a block of expert *e) or *which (1: dW1,
+ * 2: dW2 of expert *e; PAR_COMBINE: the dX combine's tokens [*k ctok, *k ctok + ctok)), or neither when nothing is
+ * ready yet. Returns 1 when every task has been taken. In order: 1. a weight gradient ready in a wave before the last
+ * two (take_wgrad: its wave's buffers are wanted two waves on); 2. the next block of this thread's expert; 3. the first
+ * block of an expert nobody is on -- of experts whose wave's buffers are free (the wave two before it has all its
+ * weight gradients done); 4. a weight gradient of the last two waves; 5. the last block of another thread's expert that
+ * has two or more left (with one left its thread takes it next, and the stealer would first quantize and pack that
+ * expert's weights for itself), or one while that thread runs a weight gradient (onw); 6. once every block is done, the
+ * combine's tokens. Keeping the last waves' weight gradients until the blocks run out lets the threads share them
+ * longest first, instead of one thread running the last expert's dW1 while the other, with its dW2 done, waits; taken
+ * before a steal they also spare most steals (3 per call at width 256 before, each packing the two weights again); the
+ * combine's short tasks then fill the ends. 2 threads, width 256 (8 experts, one per wave): the idle end of the
+ * parallel region 0.66 -> 0.23 ms with the ordering, 0.01 ms with the combine's tasks; taking the weight gradients
+ * before steals and stealing only from two blocks 0.978-0.991 of the time (mxfp8.torch's configuration), 0.985-0.997
+ * (the BF16 one), 0.975-0.978 on the fine-grained problem (one run of three at 1.034). */
 static int par_take(mxfp8i_moe_bwd *w, int t, int64_t *k, int64_t *e, int *which) {
-    const int64_t E = w->p->E, *ws = w->wstart, *ewave = w->ewave;
-    int64_t *elo = w->elo, *ehi = w->ehi, *owner = w->owner, *wdone = w->wdone;
     if (*which == 0 && *k >= 0) w->bdone[*e]++, w->nbdone++;
-    if (*which == 1 || *which == 2) wdone[ewave[*e]]++, w->onw[t] = 0;
+    if (*which == 1 || *which == 2) w->wdone[w->ewave[*e]]++, w->onw[t] = 0;
     *k = -1, *which = 0;
-    if (take_wgrad(w, w->nw - 2, e, which)) {
-        w->onw[t] = 1;
+    if (take_wgrad(w, t, w->nw - 2, e, which) || take_block(w, t, 2, k, e) || take_block(w, t, 3, k, e) ||
+        take_wgrad(w, t, w->nw, e, which) || take_block(w, t, 5, k, e))
         return 0;
-    }
-    for (int step = 2; step <= 5; step++) {
-        if (step == 4) {
-            if (take_wgrad(w, w->nw, e, which)) {
-                w->onw[t] = 1;
-                return 0;
-            }
-            continue;
-        }
-        for (int64_t x = 0; x < E; x++) {
-            const int64_t v = ewave[x];
-            if (elo[x] >= ehi[x] || (v >= 2 && wdone[v - 2] < 2 * (ws[v - 1] - ws[v - 2]))) continue;
-            if (step == 2 && owner[x] == t) *k = elo[x]++;
-            else if (step == 3 && owner[x] < 0) owner[x] = t, *k = elo[x]++;
-            else if (step == 5 && (ehi[x] - elo[x] >= 2 || (owner[x] >= 0 && w->onw[owner[x]]))) *k = --ehi[x];
-            else continue;
-            *e = x;
-            return 0;
-        }
-    }
+    const int64_t E = w->p->E;
     if (w->nbdone == w->estart[E] && w->cnext < w->ncomb) {
-        *which = 3, *k = w->cnext++;
+        *which = PAR_COMBINE, *k = w->cnext++;
         return 0;
     }
     /* (every block is taken before its expert's weight gradients, and done before the combine) */
@@ -508,17 +508,20 @@ static mxfp8_status backward_par(mxfp8i_moe_bwd *w, const mxfp8_moe_bwd_grads *g
             omp_set_lock(&sched);
             done = par_take(w, t, &k, &e, &which);
             omp_unset_lock(&sched);
-            if (which == 3 && ok) {
+            if (which == PAR_COMBINE) {
                 const int64_t t0 = k * w->ctok, t1 = t0 + w->ctok < p->T ? t0 + w->ctok : p->T;
-                mxfp8i_moe_combine_tokens(p, w->V, NULL, NULL, w->dx, w->first, w->list, &grads->hidden_states_grad,
-                                          w->cdirect, t0, t1);
-            } else if (which && which != 3 && ok) {
-                ok = par_wgrad(&tw, w, ewave[e], e, which) == MXFP8_OK;
-            } else if (k >= 0 && ok) {
-                set_carve(w, ewave[e], w->erow[e], &tw);
-                seg_point(&tw, w->so[k]);
-                ok = mxfp8i_moe_bwd_run(&tw, w->sn[k], 1, e, w->sL[k]) == MXFP8_OK;
-            } else if (!which && k < 0 && !done) {
+                if (ok)
+                    mxfp8i_moe_combine_tokens(p, w->V, NULL, NULL, w->dx, w->first, w->list,
+                                              &grads->hidden_states_grad, w->cdirect, t0, t1);
+            } else if (which) {
+                if (ok) ok = par_wgrad(&tw, w, ewave[e], e, which) == MXFP8_OK;
+            } else if (k >= 0) {
+                if (ok) {
+                    set_carve(w, ewave[e], w->erow[e], &tw);
+                    seg_point(&tw, w->so[k]);
+                    ok = mxfp8i_moe_bwd_run(&tw, w->sn[k], 1, e, w->sL[k]) == MXFP8_OK;
+                }
+            } else if (!done) {
                 for (volatile int spin = 0; spin < 256; spin++) {
                 } /* (nothing ready: another thread's task comes first) */
             }
