@@ -42,6 +42,22 @@ static inline __attribute__((always_inline)) void mxfp8i_act_sigmoid(mxfp8i_exp_
     for (int64_t i = 0; i < I; i++) s[i] = 1.0f / (1.0f + s[i]);
 }
 
+/* After the exponential e (held in e[]): s = 1 / (1 + e), act = g * s, inter = act * u (or act * (u + 1)), one
+ * pass element by element (the expressions of mxfp8i_act_sigmoid's last loop and of the forward row's act and inter
+ * loops). keep_s: s into e[] (the kept sigmoid); put_act: act into act[] (else act[] is inter's row, which inter
+ * overwrites anyway). Constant flags, so each caller's loop is straight-line and vectorizes with no overlap checks
+ * between rows that are one array. */
+static inline __attribute__((always_inline)) void mxfp8i_act_fwd_sig(int64_t I, const float *g, const float *u,
+                                                                      float *e, int keep_s, float *act, int put_act,
+                                                                      float *inter, int p1) {
+    for (int64_t i = 0; i < I; i++) {
+        const float si = 1.0f / (1.0f + e[i]), a = g[i] * si;
+        if (keep_s) e[i] = si;
+        if (put_act) act[i] = a;
+        inter[i] = p1 ? a * (u[i] + 1.0f) : a * u[i];
+    }
+}
+
 /* The forward row of qpanel.h's mxfp8i_act_fwd_fn. */
 static inline __attribute__((always_inline)) void mxfp8i_act_fwd_impl(mxfp8i_exp_f32_fn expf32,
                                                                        const mxfp8i_act_params *ap, int64_t I,
@@ -60,6 +76,20 @@ static inline __attribute__((always_inline)) void mxfp8i_act_fwd_impl(mxfp8i_exp
         else
             for (int64_t i = 0; i < I; i++) u[i] = mxfp8i_act_clamp(gu[I + i] + b1[I + i], ul, uh);
     }
+    if (!act_given && !ap->squared_relu && !inter_given) { /* the exponential, then one pass (mxfp8i_act_fwd_sig) */
+        const float nb = -ap->beta;
+        float *e = sg ? sg : act;
+        for (int64_t i = 0; i < I; i++) e[i] = nb * g[i];
+        expf32(e, e, I);
+        const int p1 = ap->up_plus_one;
+        if (sg && act == inter) mxfp8i_act_fwd_sig(I, g, u, sg, 1, inter, 0, inter, p1);
+        else if (sg) mxfp8i_act_fwd_sig(I, g, u, sg, 1, act, 1, inter, p1);
+        else if (act == inter) mxfp8i_act_fwd_sig(I, g, u, inter, 0, inter, 0, inter, p1);
+        else mxfp8i_act_fwd_sig(I, g, u, act, 0, act, 1, inter, p1);
+        if (S)
+            for (int64_t i = 0; i < I; i++) S[i] = aq * inter[i];
+        return;
+    }
     if (!act_given && !ap->squared_relu) {
         float *s = sg ? sg : act; /* act itself holds the sigmoid until it is overwritten by g * s */
         mxfp8i_act_sigmoid(expf32, ap->beta, g, s, I);
@@ -75,6 +105,26 @@ static inline __attribute__((always_inline)) void mxfp8i_act_fwd_impl(mxfp8i_exp
         for (int64_t i = 0; i < I; i++) S[i] = aq * inter[i];
 }
 
+/* The backward row from the forward's sigmoid s, one pass element by element (the expressions of the backward
+ * row's loops, in their order): dIv = aq * dI (dI where the row is not scaled), dg = dIv * u * act'(g) (u + 1 with
+ * p1), du = dIv * act (act = g * s, the forward row's own product, where act[] is not given), then the clamps'
+ * masks. has_act constant, so each caller's loop is straight-line. */
+static inline __attribute__((always_inline)) void mxfp8i_act_bwd_sig(int64_t I, const float *dI, float aq, int scale,
+                                                                      const float *g, const float *u,
+                                                                      const float *act, int has_act, const float *s,
+                                                                      float b, int p1, const mxfp8i_act_params *ap,
+                                                                      float *dg, float *du) {
+    const float gl = ap->gate_lo, gh = ap->gate_hi, ul = ap->up_lo, uh = ap->up_hi;
+    const int gl_on = gl != -INFINITY, gh_on = gh != INFINITY, ul_on = ul != -INFINITY, uh_on = uh != INFINITY;
+    for (int64_t i = 0; i < I; i++) {
+        const float d = scale ? aq * dI[i] : dI[i], si = s[i], gi = g[i], ui = u[i];
+        const float da = si * (1.0f + b * gi * (1.0f - si));
+        const float vg = (p1 ? d * (ui + 1.0f) : d * ui) * da, vu = has_act ? d * act[i] : d * (gi * si);
+        dg[i] = mxfp8i_act_pass(gi, gl_on, gl, gh_on, gh) ? vg : 0.0f;
+        du[i] = mxfp8i_act_pass(ui, ul_on, ul, uh_on, uh) ? vu : 0.0f;
+    }
+}
+
 /* The backward row of qpanel.h's mxfp8i_act_bwd_fn. */
 static inline __attribute__((always_inline)) void mxfp8i_act_bwd_impl(mxfp8i_exp_f32_fn expf32,
                                                                        const mxfp8i_act_params *ap, int64_t I,
@@ -85,13 +135,16 @@ static inline __attribute__((always_inline)) void mxfp8i_act_bwd_impl(mxfp8i_exp
     const float gl = ap->gate_lo, gh = ap->gate_hi, ul = ap->up_lo, uh = ap->up_hi, b = ap->beta;
     const int gl_on = gl != -INFINITY, gh_on = gh != INFINITY, ul_on = ul != -INFINITY, uh_on = uh != INFINITY;
     float *dg = dgu, *du = dgu + I; /* du first holds dIv */
+    if (sg) { /* one pass (mxfp8i_act_bwd_sig) */
+        if (act) mxfp8i_act_bwd_sig(I, dI, aq, scale, g, u, act, 1, sg, b, ap->up_plus_one, ap, dg, du);
+        else mxfp8i_act_bwd_sig(I, dI, aq, scale, g, u, g, 0, sg, b, ap->up_plus_one, ap, dg, du);
+        return;
+    }
     if (scale)
         for (int64_t i = 0; i < I; i++) du[i] = aq * dI[i];
     else
         for (int64_t i = 0; i < I; i++) du[i] = dI[i];
-    if (sg) {
-        for (int64_t i = 0; i < I; i++) dg[i] = sg[i] * (1.0f + b * g[i] * (1.0f - sg[i]));
-    } else if (!ap->squared_relu) { /* the forward's sigmoid recomputed, held in dg */
+    if (!ap->squared_relu) { /* the forward's sigmoid recomputed, held in dg */
         mxfp8i_act_sigmoid(expf32, b, g, dg, I);
         for (int64_t i = 0; i < I; i++) dg[i] = dg[i] * (1.0f + b * g[i] * (1.0f - dg[i]));
     } else {
@@ -101,10 +154,7 @@ static inline __attribute__((always_inline)) void mxfp8i_act_bwd_impl(mxfp8i_exp
         for (int64_t i = 0; i < I; i++) dg[i] = du[i] * (u[i] + 1.0f) * dg[i];
     else
         for (int64_t i = 0; i < I; i++) dg[i] = du[i] * u[i] * dg[i];
-    if (act)
-        for (int64_t i = 0; i < I; i++) du[i] = du[i] * act[i];
-    else /* act(g) = g * sigmoid(beta g) from the forward's sigmoid: the forward row's own product */
-        for (int64_t i = 0; i < I; i++) du[i] = du[i] * (g[i] * sg[i]);
+    for (int64_t i = 0; i < I; i++) du[i] = du[i] * act[i]; /* (without the sigmoid, act is given) */
     /* the clamps' gradient masks, where a limit is present (g and u are the clamped values, unchanged above) */
     if (gl_on || gh_on)
         for (int64_t i = 0; i < I; i++) dg[i] = mxfp8i_act_pass(g[i], gl_on, gl, gh_on, gh) ? dg[i] : 0.0f;
