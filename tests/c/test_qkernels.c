@@ -5,7 +5,8 @@
  * untouched. Every kernel the CPU supports runs, whatever MXFP8_ISA says (it chooses the library's path, not what is
  * tested); a kernel whose instructions the CPU lacks is a counted skip with the reason printed.
  * Data: all 65,536 BF16 and F16 values (sorted and shuffled), random FP32 values across every binade (NaN/Inf
- * included), boundary groups (RCEIL's 1.75 boundary, exact ties, clamped exponents, subnormal amax), axis lengths 1,
+ * included), boundary groups (RCEIL's 1.75 boundary, exact ties, clamped exponents, subnormal amax), groups at
+ * the smallest scale codes with elements down to 2^-149 (qdq values below 2^-126, ties included), axis lengths 1,
  * 31, 32, 33, 127, 129, 2432, rows and columns with odd leading dimensions, both formats, all three rules, 1x32 and
  * wrapX; a strided panel that a SIMD kernel may decline (then it must write nothing); dequantization of random codes
  * and scales (NaN codes, scale 0 and 255 included); the FP32 -> BF16 rounding of the GEMM epilogue that comes with
@@ -615,6 +616,20 @@ static void fill_edge_f32(float *x, int64_t n, tu_rng *rng) {
     }
 }
 
+/* Groups at the smallest scales: amax exponents -135..-96 (scale codes 0 to about 30 under every rule and format),
+ * element j of a group j binades below amax (j = 1..31, down to 2^-149), with random low mantissa bits or an exact
+ * tie of the FP8 grid, random signs: qdq values reach below 2^-126 at scale codes up to 16 (E5M2's smallest
+ * subnormal, 31 binades below its largest value), where a BF16 output must be rounded, not truncated. */
+static void fill_tiny_f32(float *x, int64_t n, tu_rng *rng) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t r = tu_next(rng);
+        const int E = -135 + (int)((i / 32) % 40), j = (int)(i % 32);
+        const float m = j == 0 ? 1.0f + (float)((r >> 40) & 0x7F) / 128.0f
+                               : (r & 4) ? 1.5f : 1.0f + (float)((r >> 20) & 0xFFFF) / 65536.0f;
+        x[i] = (r & 1 ? -1.0f : 1.0f) * ldexpf(m, E - j < -149 ? -149 : E - j);
+    }
+}
+
 static void shuffle_u16(uint16_t *v, int64_t n, tu_rng *rng) {
     for (int64_t i = n - 1; i > 0; i--) {
         int64_t j = (int64_t)(tu_next(rng) % (uint64_t)(i + 1));
@@ -642,10 +657,14 @@ static void test_all_kernels(void) {
     float *xf = tu_alloc((size_t)nf * 4), *xe = tu_alloc((size_t)nf * 4);
     tu_fill_random_f32(xf, nf, &rng);
     fill_edge_f32(xe, nf, &rng);
+    float *xt = tu_alloc(40 * 32 * 16 * 4);
+    fill_tiny_f32(xt, 40 * 32 * 16, &rng);
     for (int cols = 0; cols < 2; cols++) {
         quant_case(xf, nf, MXFP8_DTYPE_F32, nf / 32, 32, cols, MXFP8_GROUP_1X32, "f32 random");
         quant_case(xf, nf, MXFP8_DTYPE_F32, nf / 2432 + 1, 2432, cols, MXFP8_GROUP_1X32, "f32 random");
         quant_case(xe, nf, MXFP8_DTYPE_F32, nf / 64, 64, cols, MXFP8_GROUP_1X32, "f32 edge groups");
+        quant_case(xt, 40 * 32 * 16, MXFP8_DTYPE_F32, 40 * 16, 32, cols, MXFP8_GROUP_1X32, "f32 tiny scales");
+        quant_case(xt, 40 * 32 * 16, MXFP8_DTYPE_F32, 40, 512, cols, MXFP8_GROUP_1X32, "f32 tiny scales");
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) /* short lengths, few lines: tails across lines */
             quant_case(xf + 1000, 37 * Ks[ki], MXFP8_DTYPE_F32, 37, Ks[ki], cols, MXFP8_GROUP_1X32, "f32 random");
         for (size_t ki = 0; ki < sizeof Kw / sizeof Kw[0]; ki++) {
@@ -666,7 +685,7 @@ static void test_all_kernels(void) {
     check_exp_f32();
     check_act_rows(&rng);
     check_dot_f64(&rng);
-    free(xf), free(xe), free(all), free(shuf);
+    free(xf), free(xe), free(xt), free(all), free(shuf);
 }
 
 int main(void) {

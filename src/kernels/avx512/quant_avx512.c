@@ -16,7 +16,8 @@
  *    after; under nki/rceil a finite group never exceeds max normal);
  *  - qdq values are the rounded |y| times 2^(s-127) (the multiply the reference dequantizer does); BF16 outputs are
  *    the high halves, which is exact because such values have <= 4 significant bits, unless a value lies below
- *    2^-126: then (like NaN groups in qdq) the block is redone element-wise with the reference arithmetic.
+ *    2^-126 in a block with a scale code below 10 (MXFP8I_QDQ_EXACT_S): then (like NaN groups in qdq) the block is
+ *    redone element-wise with the reference arithmetic, after the loop over the blocks (no call inside it).
  * Rows: up to 16 whole groups per batch, their amax reduced together by a transposing shuffle tree. Cols: per
  * group, tiles of 512 columns swept row by row twice (amax into per-column accumulators; then quantize, from L1/L2
  * with per-column multipliers), so each pass is one sequential stream.
@@ -46,7 +47,7 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
     _Alignas(64) __m512i acc[CT / 16];
     _Alignas(64) __m512 inv[CT / 16], sv[CT / 16];
     _Alignas(64) uint8_t s8[CT];
-    uint32_t nfmask[CT / 32];
+    uint32_t nfmask[CT / 32], tiny[CT / 32];
     __m512 lo, hi;
     __mmask32 sign;
     for (int64_t g = 0; g < G; g++) {
@@ -70,11 +71,15 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
                 __m256i sb = pack_bytes(slo, shi, dt);
                 _mm256_store_si256((__m256i *)(s8 + 32 * ch), sb);
                 nfmask[ch] = _mm256_cmpeq_epi8_mask(sb, _mm256_set1_epi8(-1)) & tail_mask(ch == nch - 1 ? lastn : 32);
+                tiny[ch] = _mm256_cmplt_epu8_mask(sb, _mm256_set1_epi8(MXFP8I_QDQ_EXACT_S)) &
+                           tail_mask(ch == nch - 1 ? lastn : 32);
                 any_nf |= nfmask[ch];
                 inv[2 * ch] = inv_scale(slo), inv[2 * ch + 1] = inv_scale(shi);
                 sv[2 * ch] = scale_value(slo), sv[2 * ch + 1] = scale_value(shi);
             }
             if (p->scales) memcpy(p->scales + g * p->sc_gs + c0, s8, (size_t)W);
+            uint32_t redo[CT / 32] = {0}; /* per chunk, the rows quant_block leaves: by the reference arithmetic
+                                             after the loop (no call inside it) */
             for (int i = 0; i < n; i++) {
                 const char *row = src + (idx[i] * p->src_ks + c0) * es;
                 char *o = out + (idx[i] * p->out_ks + c0) * os;
@@ -82,11 +87,20 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
                     int nc = ch == nch - 1 ? lastn : 32;
                     if (any_nf && nfmask[ch]) continue; /* done below */
                     load_abs32(row + 32 * ch * es, dt, tail_mask(nc), nc == 32, &lo, &hi, &sign);
-                    inexact += do_block(row + 32 * ch * es, dt, fmt, ok, cx.sat, lo, hi, sign, inv[2 * ch],
-                                        inv[2 * ch + 1], sv[2 * ch], sv[2 * ch + 1], tail_mask(nc), nc == 32, nc,
-                                        o + 32 * ch * os, s8 + 32 * ch, 1);
+                    const int64_t r = quant_block(dt, fmt, ok, cx.sat, lo, hi, sign, inv[2 * ch], inv[2 * ch + 1],
+                                                  sv[2 * ch], sv[2 * ch + 1], tail_mask(nc), nc == 32, o + 32 * ch * os,
+                                                  tiny[ch] != 0);
+                    if (r < 0) redo[ch] |= 1u << i;
+                    else inexact += r;
                 }
             }
+            for (int ch = 0; ch < nch; ch++)
+                for (uint32_t b = redo[ch]; b; b &= b - 1) {
+                    const int i = __builtin_ctz(b);
+                    inexact += ref_elems(src + (idx[i] * p->src_ks + c0 + 32 * ch) * es, dt,
+                                         ch == nch - 1 ? lastn : 32, s8 + 32 * ch, 1, fmt, ok,
+                                         out + (idx[i] * p->out_ks + c0 + 32 * ch) * os);
+                }
             if (any_nf)
                 for (int ch = 0; ch < nch; ch++)
                     if (nfmask[ch])

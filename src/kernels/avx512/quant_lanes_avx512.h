@@ -259,14 +259,22 @@ static const int16_t HI_WORDS_NATURAL[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17,
 static const int32_t F32_FROM_UNPACK[32] = {0, 1, 2,  3,  16, 17, 18, 19, 4,  5,  6,  7,  20, 21, 22, 23,
                                             8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
 
+/* From scale code 10 up every qdq value is exact in BF16 as its FP32 high half, below 2^-126 too: it is an FP8
+ * value (a multiple of 2^-16 in E5M2, of 2^-9 in E4M3) times 2^(s - 127), so a multiple of 2^(s - 143) >= 2^-133,
+ * BF16's subnormal spacing (FP32 holds it exactly; its low 16 bits are zero). Blocks whose scale codes are all >=
+ * MXFP8I_QDQ_EXACT_S skip store_qdq32's test for values below 2^-126. */
+#define MXFP8I_QDQ_EXACT_S 10
+
 /* Store the qdq magnitudes (vlo, vhi; block order) with signs. Returns the inexact count, or -1 when a lane needs
- * the element-wise fallback (a non-zero value below 2^-126 for BF16 output: truncation would not be RNE). */
-AI int64_t store_qdq32(char *o, int ok, int dt, __m512 vlo, __m512 vhi, __mmask32 sign, __mmask32 m, bool full) {
+ * the element-wise fallback (a non-zero value below 2^-126 for BF16 output: truncation might not be RNE); tiny = 0
+ * (every scale code of the block >= MXFP8I_QDQ_EXACT_S: truncation is exact) skips that test. */
+AI int64_t store_qdq32(char *o, int ok, int dt, __m512 vlo, __m512 vhi, __mmask32 sign, __mmask32 m, bool full,
+                       int tiny) {
     if (ok == OUT_BF16) {
         __m512i bl = _mm512_castps_si512(vlo), bh = _mm512_castps_si512(vhi);
         __mmask16 rl = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(bl, set1(1)), set1(0x007FFFFFu));
         __mmask16 rh = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(bh, set1(1)), set1(0x007FFFFFu));
-        if ((((uint32_t)rl | ((uint32_t)rh << 16)) & m) != 0) return -1;
+        if (tiny && (((uint32_t)rl | ((uint32_t)rh << 16)) & m) != 0) return -1;
         /* every value is an exact BF16 (<= 4 significant bits, normal or zero or Inf): take the high halves */
         __m512i idx = _mm512_loadu_si512(unpack_order(dt) ? HI_WORDS_UNPACK : HI_WORDS_NATURAL);
         __m512i w = _mm512_permutex2var_epi16(bl, idx, bh);
@@ -304,10 +312,11 @@ AI __m512 scaled_abs(__m512 x, __m512 inv, int fmt, int sat) {
 }
 
 /* One block: quantize the magnitudes with multipliers (ilo, ihi) and store codes or qdq values (scale values
- * svlo/svhi). s32/ss: the scale codes for the fallback. */
-AI int64_t do_block(const char *src, int dt, int fmt, int ok, int sat, __m512 lo, __m512 hi, __mmask32 sign, __m512 ilo,
-                    __m512 ihi, __m512 svlo, __m512 svhi, __mmask32 m, bool full, int n, char *o, const uint8_t *s32,
-                    int ss) {
+ * svlo/svhi). Returns the inexact count, or -1, writing nothing, when the block needs the element-wise fallback
+ * (store_qdq32). No calls: a loop of these keeps its constants in registers (a call on the path, even a rare one,
+ * makes the compiler rematerialize them at every block, all vector registers being call-clobbered). */
+AI int64_t quant_block(int dt, int fmt, int ok, int sat, __m512 lo, __m512 hi, __mmask32 sign, __m512 ilo, __m512 ihi,
+                       __m512 svlo, __m512 svhi, __mmask32 m, bool full, char *o, int tiny) {
     __m512 alo = scaled_abs(lo, ilo, fmt, sat), ahi = scaled_abs(hi, ihi, fmt, sat);
     if (ok == OUT_CODES) {
         __m256i c = pack_bytes(fp8_code(alo, fmt), fp8_code(ahi, fmt), dt);
@@ -319,7 +328,14 @@ AI int64_t do_block(const char *src, int dt, int fmt, int ok, int sat, __m512 lo
         return 0;
     }
     __m512 vlo = _mm512_mul_ps(fp8_round(alo, fmt), svlo), vhi = _mm512_mul_ps(fp8_round(ahi, fmt), svhi);
-    int64_t r = store_qdq32(o, ok, dt, vlo, vhi, sign, m, full);
+    return store_qdq32(o, ok, dt, vlo, vhi, sign, m, full, tiny);
+}
+/* quant_block with its fallback: the n elements at src again by the reference arithmetic (s32/ss: the scale
+ * codes). */
+AI int64_t do_block(const char *src, int dt, int fmt, int ok, int sat, __m512 lo, __m512 hi, __mmask32 sign, __m512 ilo,
+                    __m512 ihi, __m512 svlo, __m512 svhi, __mmask32 m, bool full, int n, char *o, const uint8_t *s32,
+                    int ss) {
+    const int64_t r = quant_block(dt, fmt, ok, sat, lo, hi, sign, ilo, ihi, svlo, svhi, m, full, o, 1);
     return r >= 0 ? r : ref_elems(src, dt, n, s32, ss, fmt, ok, o);
 }
 
@@ -354,19 +370,25 @@ AI int64_t q_row_seg(const void *src, int dt, int64_t K, int fmt, int ok, qctx c
             else
                 for (int j = 0; j < ng; j++) sc[(g + j) * sc_gs] = sb[j];
         }
-        __mmask16 nf = _mm512_cmpeq_epi32_mask(s, set1(255));
+        /* groups by the reference arithmetic after the loop (NaN groups, and blocks quant_block leaves): no call
+           inside it */
+        uint32_t redo = _mm512_cmpeq_epi32_mask(s, set1(255));
+        const uint32_t tiny = _mm512_cmplt_epu32_mask(s, set1(MXFP8I_QDQ_EXACT_S));
         __m512 inv = inv_scale(s), sv = scale_value(s);
         for (int j = 0; j < ng; j++) {
+            if ((redo >> j) & 1) continue;
             const char *sj = s0 + j * 32 * es;
-            char *oj = o0 + j * 32 * os;
-            if ((nf >> j) & 1) {
-                inexact += ref_elems(sj, dt, 32, sb + j, 0, fmt, ok, oj);
-                continue;
-            }
             __m512i bj = _mm512_set1_epi32(j);
             __m512 ij = _mm512_permutexvar_ps(bj, inv), svj = _mm512_permutexvar_ps(bj, sv);
             load_abs32(sj, dt, ~0u, true, &lo, &hi, &sign);
-            inexact += do_block(sj, dt, fmt, ok, cx.sat, lo, hi, sign, ij, ij, svj, svj, ~0u, true, 32, oj, sb + j, 0);
+            const int64_t r = quant_block(dt, fmt, ok, cx.sat, lo, hi, sign, ij, ij, svj, svj, ~0u, true,
+                                          o0 + j * 32 * os, (tiny >> j) & 1);
+            if (r < 0) redo |= 1u << j;
+            else inexact += r;
+        }
+        for (uint32_t b = redo & ((1u << ng) - 1); b; b &= b - 1) {
+            const int j = __builtin_ctz(b);
+            inexact += ref_elems(s0 + j * 32 * es, dt, 32, sb + j, 0, fmt, ok, o0 + j * 32 * os);
         }
     }
     for (; g < G; g++) {
