@@ -2,8 +2,9 @@
  * test_moe.c -- blockwise MoE: router, forward, backward, checked first against the tests' independent FP64 oracle
  * (tests/c/oracle/moe.c: its own activations, clamp masks, affinity options, biases, routing and quantizer), with the
  * library's FP64 golden references as a second opinion, and against themselves where the contract promises bitwise
- * equality (checkpoints vs recomputing, pre-quantized vs on-the-fly weights, 1 vs 2 threads). Edge cases and bad
- * input: test_moe_edges.c. The numpy oracle of tests/python/moe_oracle.py is a third opinion.
+ * equality (checkpoints vs recomputing, pre-quantized vs on-the-fly weights, BF16 vs F32 inputs of the same values,
+ * 1 vs 2 threads). Edge cases and bad input: test_moe_edges.c. The numpy oracle of tests/python/moe_oracle.py is a
+ * third opinion.
  */
 #include "moe_util.h"
 
@@ -108,6 +109,52 @@ static void test_vs_golden(void) {
     prob_free(&P);
 }
 
+/* BF16 hidden states and output gradient (mxfp8.torch's under autocast): against the oracle, and bitwise equal to
+ * the same values given as F32 (quantization sees values only, whatever their storage: the same codes, the same
+ * stochastic-rounding indices), for both affinity options with and without biases, with stochastic rounding of dY's
+ * and X's operands on the last pass; 1 and 2 threads. */
+static void test_bf16_inputs(void) {
+    prob P;
+    prob_make(&P, 40, 64, 48, 3, 2, 16, 1, NULL);
+    const int64_t n = P.T * P.H;
+    uint16_t *x16 = xc(sizeof(uint16_t) * n), *dy16 = xc(sizeof(uint16_t) * n);
+    for (int64_t i = 0; i < n; i++) { /* the F32 inputs become BF16 values (the oracle's encoder) */
+        x16[i] = orc_bf16_encode(P.X[i]), dy16[i] = orc_bf16_encode(P.dY[i]);
+        P.X[i] = (float)orc_bf16_value(x16[i]), P.dY[i] = (float)orc_bf16_value(dy16[i]);
+    }
+    for (int v = 0; v < 5; v++) {
+        mxfp8_moe_config cfg;
+        mxfp8_moe_config_init(&cfg);
+        cfg.affinity_option = (mxfp8_affinity_option)(v & 1);
+        cfg.bias = (v >> 1) & 1;
+        if (v == 4) {
+            cfg.stochastic_rounding = 1u << MXFP8_MOE_P1_DY | 1u << MXFP8_MOE_P4_DY | 1u << MXFP8_MOE_P3_X;
+            cfg.rounding_seed = 7;
+        }
+        mxfp8_moe_bwd_args A, A16;
+        bwd_args(&P, &cfg, &A);
+        A16 = A;
+        A16.hidden_states = v2(x16, MXFP8_DTYPE_BF16, P.T, P.H);
+        A16.output_hidden_states_grad = v2(dy16, MXFP8_DTYPE_BF16, P.T, P.H);
+        char what[80];
+        snprintf(what, sizeof what, "BF16 X and dY, affinity %d bias %d%s", v & 1, cfg.bias, v == 4 ? " SR" : "");
+        for (int nt = 1; nt <= 2; nt++) {
+            mxfp8_set_num_threads(nt);
+            grads k, k16;
+            grads_make(&k, &P, MXFP8_DTYPE_F32, cfg.bias);
+            grads_make(&k16, &P, MXFP8_DTYPE_F32, cfg.bias);
+            CHECK(mxfp8_moe_backward(&A, &k.g) == MXFP8_OK, "%s: %s", what, mxfp8_last_error_message());
+            CHECK(mxfp8_moe_backward(&A16, &k16.g) == MXFP8_OK, "%s: %s", what, mxfp8_last_error_message());
+            if (v < 4) check_vs_oracle(&k16, &P, &cfg, what);
+            grads_bitwise(&k16, &k, cfg.bias, what);
+            grads_free(&k), grads_free(&k16);
+        }
+        mxfp8_set_num_threads(0);
+    }
+    printf("BF16 inputs: oracle and F32 inputs' bits, 5 option sets, 1 and 2 threads\n");
+    free(x16), free(dy16);
+    prob_free(&P);
+}
 
 /* forward F32 checkpoints -> backward with every checkpoint subset is bitwise equal to recomputing */
 static void test_checkpoints(void) {
@@ -296,6 +343,7 @@ static void test_threads(void) {
 int main(void) {
     test_route();
     test_vs_golden();
+    test_bf16_inputs();
     test_checkpoints();
     test_prequantized();
     test_threads();

@@ -42,7 +42,7 @@ static mxfp8i_gop p4_a(const mxfp8i_moe_bwd *w, int64_t n, int64_t L, const floa
 }
 
 /* Positions [q0, q1) of the block: X and dY rows of their tokens (padding rows zero; X in mxfp8i_moe_xb_dtype, dY
- * in FP32). */
+ * in FP32, or as BF16 with dy16). */
 static void gather_rows(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t q0, int64_t q1) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H;
@@ -56,8 +56,19 @@ static void gather_rows(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t q0, int64
             mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
             mxfp8i_moe_prefetch_row(&p->dY, tok[q + 1], H);
         }
-        mxfp8i_moe_row_f32(&p->dY, tok[q], H, w->dyb + q * H);
+        if (w->dy16)
+            memcpy(w->dyb + q * H, (const uint16_t *)p->dY.data + tok[q] * p->dY.strides[0], (size_t)H * 2);
+        else
+            mxfp8i_moe_row_f32(&p->dY, tok[q], H, w->dyb + q * H);
     }
+}
+
+/* Rows [r, r + L) of a dY buffer (base: dyb or dyb0) as a GEMM operand: [L, H] (t = 0: Phase 1's A) or its
+ * transpose [H, L] (t = 1: Phase 4's B); FP32 rows of H, or BF16 rows in their places (dy16: 2 H BF16 apart). */
+static mxfp8i_gop dy_op(const mxfp8i_moe_bwd *w, const float *base, int64_t r, int64_t L, int t) {
+    const int64_t H = w->p->H, ld = w->dy16 ? 2 * H : H;
+    const mxfp8_dtype dt = w->dy16 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
+    return t ? mxfp8i_gop_hp(base + r * H, dt, H, L, 1, ld) : mxfp8i_gop_hp(base + r * H, dt, L, H, ld, 1);
 }
 
 /* Positions [q0, q1) of a checkpoint's [I] x [positions] block (positions innermost, strides si, sq) into d[q][i],
@@ -235,7 +246,7 @@ static mxfp8_status forward_values(mxfp8i_moe_bwd *w, int64_t n, int64_t e, cons
 static mxfp8_status phase1(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L) {
     const mxfp8i_moe *p = w->p;
     const int64_t H = p->H, I = p->I;
-    mxfp8i_gop A = mxfp8i_gop_hp(w->onH ? w->D : w->dyb, MXFP8_DTYPE_F32, L, H, H, 1);
+    mxfp8i_gop A = w->onH ? mxfp8i_gop_hp(w->D, MXFP8_DTYPE_F32, L, H, H, 1) : dy_op(w, w->dyb, 0, L, 0);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P1_DY, n, H, H, 1);
     mxfp8i_gop W = mxfp8i_moe_weight(p, &w->wc, e, MXFP8I_W2_H);
     mxfp8i_ws_bkey(0, (uint64_t)e + 1, W.data); /* W2[e]'s packed panels serve all of e's blocks (slot 0) */
@@ -389,7 +400,7 @@ static mxfp8_status phases34(mxfp8i_moe_bwd *w, int64_t n, int64_t e, int64_t L,
     mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P3_DGU, n, I2, 1, I2);
     MXFP8I_FORWARD_IF_ERROR(mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P3_X, &B, MXFP8_MOE_P3_DGU, 1, w->dw1, I2));
     A = p4_a(w, n, L, w->S, w->inter, r);
-    B = mxfp8i_gop_hp((w->onH ? w->D : w->dyb) + r * H, MXFP8_DTYPE_F32, H, L, 1, H);
+    B = w->onH ? mxfp8i_gop_hp(w->D + r * H, MXFP8_DTYPE_F32, H, L, 1, H) : dy_op(w, w->dyb, r, L, 1);
     mxfp8i_moe_round_block(p, &A, MXFP8_MOE_P4_S, n, I, 1, I);
     mxfp8i_moe_round_block(p, &B, MXFP8_MOE_P4_DY, n, H, 1, H);
     return mxfp8i_moe_gemm(p, e, &A, MXFP8_MOE_P4_S, &B, MXFP8_MOE_P4_DY, 1, w->dw2, H);
@@ -431,7 +442,7 @@ mxfp8_status mxfp8i_moe_wgrad_segments(mxfp8i_moe_bwd *w, int64_t e, int which) 
     for (int s = 0; s < ns; s++) {
         const int64_t n = w->sn[s], L = w->sL[s], r = w->so[s];
         A[s] = p4_a(w, n, L, w->S0, w->inter0, r);
-        B[s] = mxfp8i_gop_hp(w->onH ? w->D0 + r * H : w->dyb0 + r * H, MXFP8_DTYPE_F32, H, L, 1, H);
+        B[s] = w->onH ? mxfp8i_gop_hp(w->D0 + r * H, MXFP8_DTYPE_F32, H, L, 1, H) : dy_op(w, w->dyb0, r, L, 1);
         mxfp8i_moe_round_block(p, &A[s], MXFP8_MOE_P4_S, n, I, 1, I);
         mxfp8i_moe_round_block(p, &B[s], MXFP8_MOE_P4_DY, n, H, 1, H);
     }

@@ -18,6 +18,10 @@ typedef struct mxfp8i_moe_bwd {
     /* a run's buffers, rows [0, Rw) */
     float *xb, *dyb, *gu, *g, *u, *act, *inter, *dI, *dgu, *dxb, *S, *D, *down, *b1, *b2;
     float *sg;                       /**< sigmoid(c g) of the forward, for act'(g) (valid when have_sg) */
+    int dy16;                        /**< dyb holds dY's BF16 rows as they are (row q at (uint16_t *)(dyb + q H), in
+                                          the FP32 rows' places): dY BF16 with unit stride along H, AFFINITY_ON_I,
+                                          no biases, so that only Phases 1 and 4 read it, as GEMM operands (the
+                                          same values: the same codes); else FP32 rows */
     const float *gck;                /**< NULL, or the run's g rows read in place from an F32 gate/up checkpoint in
                                           positions-major memory (position q's g at gck + q gld, u at uck + q gld;
                                           set per run by mxfp8i_moe_bwd_run): then g and u are not copied */
