@@ -112,9 +112,10 @@ static inline __attribute__((always_inline)) void mxfp8i_act_fwd_impl(mxfp8i_exp
 static inline __attribute__((always_inline)) void mxfp8i_act_bwd_sig(int64_t I, const float *dI, float aq, int scale,
                                                                       const float *g, const float *u,
                                                                       const float *act, int has_act, const float *s,
-                                                                      float b, int p1, const mxfp8i_act_params *ap,
-                                                                      float *dg, float *du) {
-    const float gl = ap->gate_lo, gh = ap->gate_hi, ul = ap->up_lo, uh = ap->up_hi;
+                                                                      const mxfp8i_act_params *ap, float *dg,
+                                                                      float *du) {
+    const float gl = ap->gate_lo, gh = ap->gate_hi, ul = ap->up_lo, uh = ap->up_hi, b = ap->beta;
+    const int p1 = ap->up_plus_one;
     const int gl_on = gl != -INFINITY, gh_on = gh != INFINITY, ul_on = ul != -INFINITY, uh_on = uh != INFINITY;
     for (int64_t i = 0; i < I; i++) {
         const float d = scale ? aq * dI[i] : dI[i], si = s[i], gi = g[i], ui = u[i];
@@ -136,8 +137,8 @@ static inline __attribute__((always_inline)) void mxfp8i_act_bwd_impl(mxfp8i_exp
     const int gl_on = gl != -INFINITY, gh_on = gh != INFINITY, ul_on = ul != -INFINITY, uh_on = uh != INFINITY;
     float *dg = dgu, *du = dgu + I; /* du first holds dIv */
     if (sg) { /* one pass (mxfp8i_act_bwd_sig) */
-        if (act) mxfp8i_act_bwd_sig(I, dI, aq, scale, g, u, act, 1, sg, b, ap->up_plus_one, ap, dg, du);
-        else mxfp8i_act_bwd_sig(I, dI, aq, scale, g, u, g, 0, sg, b, ap->up_plus_one, ap, dg, du);
+        if (act) mxfp8i_act_bwd_sig(I, dI, aq, scale, g, u, act, 1, sg, ap, dg, du);
+        else mxfp8i_act_bwd_sig(I, dI, aq, scale, g, u, g, 0, sg, ap, dg, du);
         return;
     }
     if (scale)
