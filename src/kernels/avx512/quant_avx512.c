@@ -19,7 +19,8 @@
  *    2^-126 in a block with a scale code below 10 (MXFP8I_QDQ_EXACT_S): then (like NaN groups in qdq) the block is
  *    redone element-wise with the reference arithmetic, after the loop over the blocks (no call inside it).
  * Rows: up to 16 whole groups per batch, their amax reduced together by a transposing shuffle tree. Cols: per
- * group, tiles of 512 columns swept row by row twice (amax into per-column accumulators; then quantize, from L1/L2
+ * group, tiles of 512 columns swept row by row twice (amax into per-column accumulators, four 32-column chunks at a
+ * time so that their accumulators stay in registers; then quantize, from L1/L2
  * with per-column multipliers), so each pass is one sequential stream.
  * BF16 sources are processed in the in-lane "unpack order" so that conversion and packing are single instructions.
  * BF16 -> codes (the common training case) has its own path in 16-bit integer lanes, 32 elements per vector, exact
@@ -55,15 +56,22 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
         for (int64_t c0 = 0; c0 < C; c0 += CT) {
             const int W = C - c0 >= CT ? CT : (int)(C - c0), nch = (W + 31) / 32;
             const int lastn = W - 32 * (nch - 1);
-            for (int v = 0; v < 2 * nch; v++) acc[v] = _mm512_setzero_si512();
-            for (int i = 0; i < n; i++) {
-                const char *row = src + (idx[i] * p->src_ks + c0) * es;
-                for (int ch = 0; ch < nch; ch++) {
-                    int nc = ch == nch - 1 ? lastn : 32;
-                    load_abs32(row + 32 * ch * es, dt, tail_mask(nc), nc == 32, &lo, &hi, &sign);
-                    acc[2 * ch] = _mm512_max_epu32(acc[2 * ch], _mm512_castps_si512(lo));
-                    acc[2 * ch + 1] = _mm512_max_epu32(acc[2 * ch + 1], _mm512_castps_si512(hi));
+            for (int c4 = 0; c4 < nch; c4 += 4) { /* 4 chunks at a time: their 8 accumulators stay in registers */
+                __m512i a[8];
+                for (int v = 0; v < 8; v++) a[v] = _mm512_setzero_si512();
+                for (int i = 0; i < n; i++) {
+                    const char *row = src + (idx[i] * p->src_ks + c0) * es;
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        const int ch = c4 + k;
+                        if (ch >= nch) break;
+                        const int nc = ch == nch - 1 ? lastn : 32;
+                        load_abs32(row + 32 * ch * es, dt, tail_mask(nc), nc == 32, &lo, &hi, &sign);
+                        a[2 * k] = _mm512_max_epu32(a[2 * k], _mm512_castps_si512(lo));
+                        a[2 * k + 1] = _mm512_max_epu32(a[2 * k + 1], _mm512_castps_si512(hi));
+                    }
                 }
+                for (int v = 0; v < 8 && 2 * c4 + v < 2 * nch; v++) acc[2 * c4 + v] = a[v];
             }
             uint32_t any_nf = 0;
             for (int ch = 0; ch < nch; ch++) {
