@@ -20,8 +20,8 @@
  *    redone element-wise with the reference arithmetic, after the loop over the blocks (no call inside it).
  * Rows: up to 16 whole groups per batch, their amax reduced together by a transposing shuffle tree. Cols: per
  * group, tiles of 512 columns swept row by row twice (amax into per-column accumulators, four 32-column chunks at a
- * time so that their accumulators stay in registers; then quantize, from L1/L2
- * with per-column multipliers), so each pass is one sequential stream.
+ * time so that their accumulators stay in registers; then quantize, from L1/L2 with per-column multipliers), so each
+ * pass is one sequential stream.
  * BF16 sources are processed in the in-lane "unpack order" so that conversion and packing are single instructions.
  * BF16 -> codes (the common training case) has its own path in 16-bit integer lanes, 32 elements per vector, exact
  * by construction (see bf16_codes); groups with a tiny or non-finite amax fall back to the FP32 path. Its cols form
