@@ -34,11 +34,17 @@ static inline int mxfp8i_act_pass(float x, int lo_on, float lo, int hi_on, float
     return (!lo_on || !(x <= lo)) && (!hi_on || !(x >= hi));
 }
 
-/* s[i] = 1 / (1 + exp(-b g[i])) (the exponential in a pass of its own); s may not be g. */
+/* e[i] = exp(-b g[i]) (the exponential in a pass of its own); e may not be g. */
+static inline __attribute__((always_inline)) void mxfp8i_act_exp_neg(mxfp8i_exp_f32_fn expf32, float b,
+                                                                      const float *g, float *e, int64_t I) {
+    for (int64_t i = 0; i < I; i++) e[i] = -b * g[i];
+    expf32(e, e, I);
+}
+
+/* s[i] = 1 / (1 + exp(-b g[i])); s may not be g. */
 static inline __attribute__((always_inline)) void mxfp8i_act_sigmoid(mxfp8i_exp_f32_fn expf32, float b,
                                                                       const float *g, float *s, int64_t I) {
-    for (int64_t i = 0; i < I; i++) s[i] = -b * g[i];
-    expf32(s, s, I);
+    mxfp8i_act_exp_neg(expf32, b, g, s, I);
     for (int64_t i = 0; i < I; i++) s[i] = 1.0f / (1.0f + s[i]);
 }
 
@@ -77,30 +83,25 @@ static inline __attribute__((always_inline)) void mxfp8i_act_fwd_impl(mxfp8i_exp
             for (int64_t i = 0; i < I; i++) u[i] = mxfp8i_act_clamp(gu[I + i] + b1[I + i], ul, uh);
     }
     if (!act_given && !ap->squared_relu && !inter_given) { /* the exponential, then one pass (mxfp8i_act_fwd_sig) */
-        const float nb = -ap->beta;
-        float *e = sg ? sg : act;
-        for (int64_t i = 0; i < I; i++) e[i] = nb * g[i];
-        expf32(e, e, I);
         const int p1 = ap->up_plus_one;
+        mxfp8i_act_exp_neg(expf32, ap->beta, g, sg ? sg : act, I); /* (in act until g * s overwrites it) */
         if (sg && act == inter) mxfp8i_act_fwd_sig(I, g, u, sg, 1, inter, 0, inter, p1);
         else if (sg) mxfp8i_act_fwd_sig(I, g, u, sg, 1, act, 1, inter, p1);
         else if (act == inter) mxfp8i_act_fwd_sig(I, g, u, inter, 0, inter, 0, inter, p1);
         else mxfp8i_act_fwd_sig(I, g, u, act, 0, act, 1, inter, p1);
-        if (S)
-            for (int64_t i = 0; i < I; i++) S[i] = aq * inter[i];
-        return;
+    } else {
+        if (!act_given && !ap->squared_relu) {
+            float *s = sg ? sg : act; /* act itself holds the sigmoid until it is overwritten by g * s */
+            mxfp8i_act_sigmoid(expf32, ap->beta, g, s, I);
+            for (int64_t i = 0; i < I; i++) act[i] = g[i] * s[i];
+        } else if (!act_given) {
+            for (int64_t i = 0; i < I; i++) act[i] = mxfp8i_act_relu2(g[i]);
+        }
+        if (!inter_given && ap->up_plus_one)
+            for (int64_t i = 0; i < I; i++) inter[i] = act[i] * (u[i] + 1.0f);
+        else if (!inter_given)
+            for (int64_t i = 0; i < I; i++) inter[i] = act[i] * u[i];
     }
-    if (!act_given && !ap->squared_relu) {
-        float *s = sg ? sg : act; /* act itself holds the sigmoid until it is overwritten by g * s */
-        mxfp8i_act_sigmoid(expf32, ap->beta, g, s, I);
-        for (int64_t i = 0; i < I; i++) act[i] = g[i] * s[i];
-    } else if (!act_given) {
-        for (int64_t i = 0; i < I; i++) act[i] = mxfp8i_act_relu2(g[i]);
-    }
-    if (!inter_given && ap->up_plus_one)
-        for (int64_t i = 0; i < I; i++) inter[i] = act[i] * (u[i] + 1.0f);
-    else if (!inter_given)
-        for (int64_t i = 0; i < I; i++) inter[i] = act[i] * u[i];
     if (S)
         for (int64_t i = 0; i < I; i++) S[i] = aq * inter[i];
 }

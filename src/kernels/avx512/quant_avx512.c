@@ -78,9 +78,9 @@ AI int64_t q_cols(const mxfp8i_qpanel *p, int dt, int fmt, int ok, qctx cx) {
                 __m512i slo = scale_codes(acc[2 * ch], cx.d, rcm), shi = scale_codes(acc[2 * ch + 1], cx.d, rcm);
                 __m256i sb = pack_bytes(slo, shi, dt);
                 _mm256_store_si256((__m256i *)(s8 + 32 * ch), sb);
-                nfmask[ch] = _mm256_cmpeq_epi8_mask(sb, _mm256_set1_epi8(-1)) & tail_mask(ch == nch - 1 ? lastn : 32);
-                tiny[ch] = _mm256_cmplt_epu8_mask(sb, _mm256_set1_epi8(MXFP8I_QDQ_EXACT_S)) &
-                           tail_mask(ch == nch - 1 ? lastn : 32);
+                const __mmask32 live = tail_mask(ch == nch - 1 ? lastn : 32);
+                nfmask[ch] = _mm256_cmpeq_epi8_mask(sb, _mm256_set1_epi8(-1)) & live;
+                tiny[ch] = _mm256_cmplt_epu8_mask(sb, _mm256_set1_epi8(MXFP8I_QDQ_EXACT_S)) & live;
                 any_nf |= nfmask[ch];
                 inv[2 * ch] = inv_scale(slo), inv[2 * ch + 1] = inv_scale(shi);
                 sv[2 * ch] = scale_value(slo), sv[2 * ch + 1] = scale_value(shi);

@@ -559,7 +559,7 @@ static void bwd_state(mxfp8i_moe_bwd *w, const mxfp8i_moe *p, const mxfp8_moe_bw
     w->p = p;
     w->args = args;
     w->onH = p->cfg.affinity_option == MXFP8_AFFINITY_ON_H;
-    w->dy16 = !w->onH && p->dY.dtype == MXFP8_DTYPE_BF16 && p->dY.strides[1] == 1 && !p->cfg.bias;
+    w->dy16 = !w->onH && !p->cfg.bias && mxfp8i_moe_xb_dtype(&p->dY) == MXFP8_DTYPE_BF16;
     w->seg = use_segmented(p); /* the validate entry sizes the same path as the call */
 }
 

@@ -56,8 +56,8 @@ static void gather_rows(mxfp8i_moe_bwd *w, const int32_t *tok, int64_t q0, int64
             mxfp8i_moe_prefetch_row(&p->X, tok[q + 1], H);
             mxfp8i_moe_prefetch_row(&p->dY, tok[q + 1], H);
         }
-        if (w->dy16)
-            memcpy(w->dyb + q * H, (const uint16_t *)p->dY.data + tok[q] * p->dY.strides[0], (size_t)H * 2);
+        if (w->dy16) /* (X's gather: BF16 rows as they are, here one per FP32 row) */
+            mxfp8i_moe_x_row(&p->dY, tok[q], H, w->dyb + q * H, 0);
         else
             mxfp8i_moe_row_f32(&p->dY, tok[q], H, w->dyb + q * H);
     }

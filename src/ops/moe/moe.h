@@ -104,7 +104,8 @@ static inline void mxfp8i_moe_row_f32(const mxfp8_tensor *t, int64_t r, int64_t 
     }
 }
 /** The dtype of a block's X buffer: BF16 for a BF16 input with unit-stride rows (the same values, so the same
- *  quantization; half the bytes, and the packer's BF16 lanes), else F32. X_blk enters GEMMs only. */
+ *  quantization; half the bytes, and the packer's BF16 lanes), else F32. X_blk enters GEMMs only. The backward
+ *  gathers dY's rows by the same rule where only GEMMs read them (bwd_state.h, dy16). */
 static inline mxfp8_dtype mxfp8i_moe_xb_dtype(const mxfp8_tensor *X) {
     return X->dtype == MXFP8_DTYPE_BF16 && X->strides[1] == 1 ? MXFP8_DTYPE_BF16 : MXFP8_DTYPE_F32;
 }
